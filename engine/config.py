@@ -1,0 +1,199 @@
+"""Typed, frozen configuration: the checkpoint (`ModelConfig`) and how to run it (`EngineConfig`).
+
+`ModelConfig` is parsed once from a checkpoint's `config.json`; `EngineConfig` carries the engine
+knobs. Neither is mutated after construction: values learned at run time (how many KV blocks fit,
+the effective context limit) produce new objects through `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from dgpp.engine.errors import ConfigError, ModelLoadError
+
+PrefillPrecision = Literal["fp32", "model"]
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters, normalised across `rope_scaling` (transformers 4) and
+    `rope_parameters` (transformers 5) spellings."""
+
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts the engine needs, read from `config.json`."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    hidden_act: str = "silu"
+    checkpoint_dtype: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        architectures = raw.get("architectures") or []
+        if not architectures:
+            raise ModelLoadError("config.json names no architectures; cannot pick a model class")
+        architecture = architectures[0]
+        try:
+            num_heads = int(raw["num_attention_heads"])
+            hidden_size = int(raw["hidden_size"])
+            head_dim = raw.get("head_dim") or hidden_size // num_heads
+            eos = raw.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            return cls(
+                architecture=architecture,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden_size,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+                head_dim=int(head_dim),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+                rope=_parse_rope(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                # Qwen2 always carries q/k/v biases; Llama and Qwen3 declare it.
+                qkv_bias=architecture == "Qwen2ForCausalLM"
+                or bool(raw.get("attention_bias", False)),
+                mlp_bias=bool(raw.get("mlp_bias", False)),
+                qk_norm=architecture == "Qwen3ForCausalLM",
+                hidden_act=str(raw.get("hidden_act", "silu")),
+                checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+                eos_token_ids=eos_ids,
+                bos_token_id=raw.get("bos_token_id"),
+            )
+        except KeyError as missing:
+            raise ModelLoadError(f"config.json lacks the required key {missing}") from None
+
+    @classmethod
+    def from_checkpoint(cls, path: Path) -> ModelConfig:
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ModelLoadError(f"{path} is not a checkpoint: it has no config.json")
+        try:
+            raw = json.loads(config_file.read_text())
+        except json.JSONDecodeError as err:
+            raise ModelLoadError(f"{config_file} is not valid JSON: {err}") from None
+        return cls.from_dict(raw)
+
+
+def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in ("default", "linear", "llama3", "yarn"):
+        raise ModelLoadError(f"unsupported RoPE scaling type {rope_type!r}")
+    original = params.get("original_max_position_embeddings")
+    if original is None and rope_type in ("llama3", "yarn"):
+        original = raw.get("max_position_embeddings")
+    return RopeConfig(
+        theta=float(theta),
+        rope_type=rope_type,
+        factor=float(params.get("factor") or 1.0),
+        original_max_position_embeddings=original,
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs. `dtype=None` means float32 on CPU and bfloat16 on CUDA.
+
+    `kv_capacity` is the number of tokens the KV pool holds per rank (rounded up to whole blocks).
+    `max_model_len=None` takes the smaller of the model's position limit and the pool.
+    `prefill_chunk_tokens` bounds the prompt tokens computed per step, so decodes keep running
+    while a long prompt is prefilled.
+    """
+
+    model: str
+    dtype: str | None = None
+    device: str = "cpu"
+    prefill_precision: PrefillPrecision = "fp32"
+    kv_capacity: int = 16384
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_concurrency: int = 64
+    prefill_chunk_tokens: int = 512
+    seed: int | None = None
+    num_threads: int | None = None
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.prefill_precision not in ("fp32", "model"):
+            raise ConfigError(
+                f"prefill_precision must be 'fp32' or 'model', got {self.prefill_precision!r}"
+            )
+        for name in ("kv_capacity", "block_size", "max_concurrency", "prefill_chunk_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads must be positive, got {self.num_threads}")
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return -(-self.kv_capacity // self.block_size)
+
+    @property
+    def resolved_dtype(self) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
+
+    def effective_max_model_len(self, model: ModelConfig) -> int:
+        pool_tokens = self.num_kv_blocks * self.block_size
+        limit = min(model.max_position_embeddings, pool_tokens)
+        if self.max_model_len is None:
+            return limit
+        if self.max_model_len > limit:
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} exceeds what this model and KV pool allow "
+                f"({limit}: position limit {model.max_position_embeddings}, "
+                f"pool {pool_tokens} tokens)"
+            )
+        return self.max_model_len

@@ -1,0 +1,224 @@
+"""The engine step: schedule -> run -> sample -> append, for every request in flight."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from dgpp.engine.block_manager import BlockManager
+from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.detokenizer import IncrementalDetokenizer
+from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.model_runner import ModelRunner
+from dgpp.engine.models.registry import model_class
+from dgpp.engine.request import CompletionOutput, FinishReason, Request, RequestOutput
+from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.scheduler import Scheduler
+from dgpp.engine.tokenizer import eos_token_ids, load_tokenizer
+
+
+class LLMEngine:
+    """Serves many requests at once on one rank. Not thread-safe: one caller drives `step()`."""
+
+    def __init__(self, config: EngineConfig, checkpoint: Path) -> None:
+        model_config = ModelConfig.from_checkpoint(checkpoint)
+        model_class(model_config)  # refuse unknown architectures before any heavy loading
+        max_model_len = config.effective_max_model_len(model_config)
+        self.config = replace(config, max_model_len=max_model_len)
+        self.model_config = model_config
+        self.checkpoint = checkpoint
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.tokenizer = load_tokenizer(checkpoint)
+        self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
+        self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len)
+        self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager, self.config.max_concurrency, self.config.prefill_chunk_tokens
+        )
+        self.sampler = Sampler(model_config.vocab_size)
+        self.generator = torch.Generator(device=self.runner.device)
+        if config.seed is not None:
+            self.generator.manual_seed(config.seed)
+        else:
+            self.generator.seed()
+        self._requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._prompts: dict[str, str | None] = {}
+        self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        assert self.config.max_model_len is not None
+        return self.config.max_model_len
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+    ) -> Request:
+        """Validate and queue a request; raise a typed error for input that can never run."""
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        prompt_ids = self._prompt_ids(prompt)
+        num_prompt = len(prompt_ids)
+        if num_prompt >= self.max_model_len:
+            raise ContextLengthExceededError(
+                f"the prompt has {num_prompt} tokens; this model's context is {self.max_model_len} "
+                "tokens and at least one must be left to generate",
+                param="prompt",
+            )
+        max_tokens = params.max_tokens or self.max_model_len - num_prompt
+        if num_prompt + max_tokens > self.max_model_len:
+            raise ContextLengthExceededError(
+                f"prompt ({num_prompt} tokens) plus max_tokens ({max_tokens}) exceeds this model's "
+                f"context of {self.max_model_len} tokens",
+                param="max_tokens",
+            )
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        request = Request(request_id, prompt_ids, params, max_tokens, generator)
+        self._requests[request_id] = request
+        self._prompts[request_id] = prompt if isinstance(prompt, str) else None
+        self._detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids,
+            params.stop,
+            params.include_stop_str_in_output,
+            params.skip_special_tokens,
+        )
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its blocks return to the pool at the next step."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.is_abort_requested = True
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._reap_aborted()
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return outputs
+        logits = self.runner.run(plan)  # [num_sampling, padded_vocab]
+        for chunk in plan.chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+        sampling = [chunk.request for chunk in plan.chunks if chunk.is_sampling]
+        result = self.sampler(logits, [self._row(r) for r in sampling], self.generator)
+        for request, token_id, logprobs in zip(
+            sampling, result.token_ids, result.logprobs, strict=True
+        ):
+            outputs.append(self._append(request, token_id, logprobs))
+        return outputs
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt).input_ids) if prompt else []
+        elif isinstance(prompt, list | tuple):
+            vocab = self.model_config.vocab_size
+            for token in prompt:
+                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                    raise InvalidRequestError(
+                        f"prompt token ids must be integers in [0, {vocab}), got {token!r}",
+                        param="prompt",
+                    )
+            ids = list(prompt)
+        else:
+            raise InvalidRequestError(
+                f"a prompt is a string or a list of token ids, got {type(prompt).__name__}",
+                param="prompt",
+            )
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        return ids
+
+    def _row(self, request: Request) -> SamplerRow:
+        params = request.params
+        needs_history = (
+            params.repetition_penalty != 1.0
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+        )
+        return SamplerRow(
+            params=params,
+            prompt_token_ids=request.prompt_token_ids if needs_history else (),
+            output_token_ids=request.output_token_ids if needs_history else (),
+            generator=request.generator,
+        )
+
+    def _append(
+        self, request: Request, token_id: int, logprobs: TokenLogprobs | None
+    ) -> RequestOutput:
+        request.token_ids.append(token_id)
+        if logprobs is not None:
+            request.logprobs.append(logprobs)
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+        params = request.params
+        detokenizer = self._detokenizers[request.request_id]
+        if token_id in params.stop_token_ids:
+            self._finish(request, FinishReason.STOP, token_id)
+        elif token_id in self.eos_token_ids and not params.ignore_eos:
+            self._finish(request, FinishReason.STOP, None)
+        else:
+            stop = detokenizer.add_token(token_id)
+            if stop is not None:
+                self._finish(request, FinishReason.STOP, stop)
+            elif (
+                request.num_output_tokens >= request.max_tokens
+                or request.num_tokens >= self.max_model_len
+            ):
+                self._finish(request, FinishReason.LENGTH, None)
+        return self._output(request, num_new_tokens=1)
+
+    def _finish(
+        self, request: Request, reason: FinishReason, stop_reason: str | int | None
+    ) -> None:
+        request.finish_reason = reason
+        request.stop_reason = stop_reason
+        self.scheduler.finish(request)
+
+    def _reap_aborted(self) -> list[RequestOutput]:
+        outputs = []
+        for request in [r for r in self._requests.values() if r.is_abort_requested]:
+            self._finish(request, FinishReason.ABORT, None)
+            outputs.append(self._output(request, num_new_tokens=0))
+        return outputs
+
+    def _output(self, request: Request, num_new_tokens: int) -> RequestOutput:
+        request_id = request.request_id
+        detokenizer = self._detokenizers[request_id]
+        delta = detokenizer.take_delta()
+        finished = request.is_finished
+        if finished:
+            delta += detokenizer.flush()
+            del self._requests[request_id], self._detokenizers[request_id]
+        completion = CompletionOutput(
+            index=0,
+            text=detokenizer.text,
+            token_ids=tuple(request.output_token_ids),
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            stop_reason=request.stop_reason,
+            logprobs=tuple(request.logprobs) if request.params.logprobs is not None else None,
+        )
+        return RequestOutput(
+            request_id=request_id,
+            prompt=self._prompts.pop(request_id) if finished else self._prompts[request_id],
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            outputs=(completion,),
+            finished=finished,
+            text_delta=delta,
+            num_new_tokens=num_new_tokens,
+        )

@@ -1,0 +1,47 @@
+"""Typed errors raised by the engine.
+
+Every error a caller can cause derives from `DgppError` and carries a machine-readable `code` and,
+where one input is at fault, the `param` that names it. The HTTP layer maps these onto OpenAI-style
+error bodies in one handler; nothing else needs to inspect messages.
+"""
+
+
+class DgppError(Exception):
+    """Base of every error dgpp raises on purpose."""
+
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(DgppError, ValueError):
+    """A request (prompt or sampling parameters) is malformed or out of range."""
+
+    code = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    """The prompt, or prompt plus the requested tokens, can never fit the context or the KV pool."""
+
+    code = "context_length_exceeded"
+
+
+class ModelLoadError(DgppError):
+    """A checkpoint could not be found, read or understood."""
+
+    code = "model_load_error"
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint's architecture is not in the model registry."""
+
+    code = "unsupported_model"
+
+
+class ConfigError(DgppError, ValueError):
+    """An engine knob has a value the engine cannot run with."""
+
+    code = "config_error"

@@ -1,0 +1,159 @@
+"""Tensor-parallel linear layers; each parameter carries a `weight_loader` that takes the full
+checkpoint tensor and copies this rank's shard into place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.engine.parallel import ParallelContext
+from dgpp.kernels.linear import LinearFn, LinearPacker
+
+
+def _attach_loader(param: nn.Parameter, loader: object) -> None:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+
+
+def _new_param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class PackableLinear(nn.Module):
+    """A linear layer whose matmul can be swapped, once weights are loaded, for a packed kernel.
+
+    After `pack()` the dense weight is released: the packed copy is the only one kept.
+    """
+
+    weight: nn.Parameter | None
+    bias: nn.Parameter | None
+    packed: LinearFn | None = None
+
+    def pack(self, packer: LinearPacker, with_bias: bool = True) -> None:
+        assert self.weight is not None, "pack() called twice"
+        self.packed = packer(self.weight.detach(), self.bias if with_bias else None)
+        self.weight = None
+
+    def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x)
+        return F.linear(x, self.weight, self.bias if with_bias else None)
+
+
+class ColumnParallelLinear(PackableLinear):
+    """Y = X W^T with W's output rows split across ranks; each rank returns its slice of Y."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, parallel: ParallelContext
+    ) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.output_size_local = parallel.shard(output_size, "output_size")
+        self.weight = _new_param(self.output_size_local, input_size)
+        _attach_loader(self.weight, self.load_rows)
+        self.bias = _new_param(self.output_size_local) if bias else None
+        if self.bias is not None:
+            _attach_loader(self.bias, self.load_rows)
+
+    def load_rows(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        rows = param.shape[0]
+        param.data.copy_(loaded.narrow(0, self.parallel.tp_rank * rows, rows))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input fused into one matmul (gate/up).
+
+    The checkpoint stores them separately; shard `i` of each rank's weight holds this rank's slice
+    of projection `i`."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: Sequence[int],
+        bias: bool,
+        parallel: ParallelContext,
+    ) -> None:
+        self.output_sizes_local = [parallel.shard(size, "output_size") for size in output_sizes]
+        super().__init__(input_size, sum(output_sizes), bias, parallel)
+
+    def load_rows(  # type: ignore[override]
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int
+    ) -> None:
+        size = self.output_sizes_local[shard_id]
+        offset = sum(self.output_sizes_local[:shard_id])
+        shard = loaded.narrow(0, self.parallel.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The fused query/key/value projection. Query heads split evenly across ranks; key/value heads
+    split too, or are replicated when there are fewer of them than ranks."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        parallel: ParallelContext,
+    ) -> None:
+        self.head_dim = head_dim
+        self.num_heads_local = parallel.shard(num_heads, "num_attention_heads")
+        tp_size = parallel.tp_size
+        if num_kv_heads >= tp_size:
+            self.num_kv_heads_local = parallel.shard(num_kv_heads, "num_key_value_heads")
+            self.kv_head_start = parallel.tp_rank * self.num_kv_heads_local
+        else:
+            if tp_size % num_kv_heads:
+                raise ValueError(
+                    f"tp_size={tp_size} is not a multiple of num_kv_heads={num_kv_heads}"
+                )
+            self.num_kv_heads_local = 1
+            self.kv_head_start = parallel.tp_rank // (tp_size // num_kv_heads)
+        total_local = (self.num_heads_local + 2 * self.num_kv_heads_local) * head_dim
+        super().__init__(hidden_size, total_local * tp_size, bias, parallel)
+
+    def load_rows(  # type: ignore[override]
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str
+    ) -> None:
+        q_size = self.num_heads_local * self.head_dim
+        kv_size = self.num_kv_heads_local * self.head_dim
+        if shard_id == "q":
+            offset, size, start = 0, q_size, self.parallel.tp_rank * q_size
+        elif shard_id == "k":
+            offset, size, start = q_size, kv_size, self.kv_head_start * self.head_dim
+        else:
+            offset, size, start = q_size + kv_size, kv_size, self.kv_head_start * self.head_dim
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+
+
+class RowParallelLinear(PackableLinear):
+    """Y = X W^T with W's input columns split across ranks; partial products are summed over the
+    group, so every rank returns the full Y. The bias is added once, after the sum."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool, parallel: ParallelContext
+    ) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.input_size_local = parallel.shard(input_size, "input_size")
+        self.weight = _new_param(output_size, self.input_size_local)
+        _attach_loader(self.weight, self.load_columns)
+        self.bias = _new_param(output_size) if bias else None
+
+    def load_columns(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        cols = param.shape[1]
+        param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
+
+    def pack(self, packer: LinearPacker, with_bias: bool = False) -> None:
+        super().pack(packer, with_bias=False)  # the bias is added once, after the reduction
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.parallel.all_reduce(self.matmul(x, with_bias=False))
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,107 @@
+"""Rotary position embeddings with the scaling variants of the Llama and Qwen families
+(default, linear, llama3, yarn), applied in the rotate-half (GPT-NeoX) layout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dgpp.engine.config import RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, rotary_dim: int) -> tuple[torch.Tensor, float]:
+    """Return (inv_freq [rotary_dim / 2], attention scaling applied to cos and sin)."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "default":
+        return inv_freq, 1.0
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(inv_freq, rope, rotary_dim)
+    raise ValueError(f"unsupported rope type {rope.rope_type!r}")
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    assert rope.original_max_position_embeddings is not None
+    old_len = rope.original_max_position_embeddings
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(inv_freq: torch.Tensor, rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    assert rope.original_max_position_embeddings is not None
+    factor, base, original = rope.factor, rope.theta, rope.original_max_position_embeddings
+    if rope.attention_factor is not None:
+        attention_factor = float(rope.attention_factor)
+    elif rope.mscale and rope.mscale_all_dim:
+        attention_factor = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(
+            factor, rope.mscale_all_dim
+        )
+    else:
+        attention_factor = _yarn_mscale(factor)
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    interpolated = inv_freq / factor
+    blended = interpolated * (1 - extrapolation_weight) + inv_freq * extrapolation_weight
+    return blended, attention_factor
+
+
+RopeAngles = tuple[torch.Tensor, torch.Tensor]
+
+
+class RotaryEmbedding(nn.Module):
+    """Holds float32 cos/sin tables for every position below `max_position`.
+
+    The sin table carries the rotate-half sign (`[-sin, sin]`), so rotating is
+    `x * cos + roll(x, D/2) * sin`: three kernels instead of the reference's seven.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq, scaling = inverse_frequencies(rope, head_dim)
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)  # [P, D]
+        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeAngles:
+        """(cos, signed sin), each [T, 1, D], for the token positions [T]."""
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
+
+def apply_rotary(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+    """Rotate x [T, heads, D] (rotate-half layout) by the angles from `RotaryEmbedding.lookup`."""
+    cos, sin = angles
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)

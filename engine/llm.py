@@ -1,0 +1,154 @@
+"""The offline API, in the shape vLLM users know: `LLM(model=...).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from dgpp.engine.config import EngineConfig
+from dgpp.engine.engine import LLMEngine
+from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
+from dgpp.engine.request import RequestOutput
+from dgpp.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Message = dict[str, Any]
+
+_KNOBS = {f.name for f in fields(EngineConfig)} - {"model"}
+
+
+class LLM:
+    """Loads a checkpoint and generates for batches of prompts or conversations.
+
+    `model` is a checkpoint directory, or any reference `dgpp model` understands (`default`, or a
+    Hugging Face repo id already in the local cache). Keyword arguments are `EngineConfig` knobs.
+    """
+
+    def __init__(self, model: str | Path, **knobs: Any) -> None:
+        unknown = sorted(set(knobs) - _KNOBS)
+        if unknown:
+            raise ConfigError(
+                f"unknown engine option(s): {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_KNOBS))}"
+            )
+        checkpoint = _resolve(str(model))
+        self.engine = LLMEngine(EngineConfig(model=str(model), **knobs), checkpoint)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        batch = _as_batch(prompts)
+        params = _params_for(batch, sampling_params)
+        # Validate every prompt before queueing any, so a bad one leaves no work behind.
+        request_ids = [f"offline-{uuid.uuid4().hex}" for _ in batch]
+        try:
+            for prompt, param, request_id in zip(batch, params, request_ids, strict=True):
+                self.engine.add_request(prompt, param, request_id)
+        except Exception:
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            self.engine.step()
+            raise
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(batch):
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Render each conversation with the checkpoint's chat template, then generate."""
+        conversations = _as_conversations(messages)
+        prompts: list[Prompt] = [
+            self.render_chat(conversation, chat_template_kwargs, add_generation_prompt)
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params)
+
+    def render_chat(
+        self,
+        messages: Sequence[Message],
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Token ids of a conversation rendered through the checkpoint's own chat template."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **(chat_template_kwargs or {}),
+            )
+        except Exception as err:
+            raise InvalidRequestError(f"the chat template rejected the messages: {err}") from None
+        # The template already wrote any BOS it wants; do not add special tokens twice.
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _resolve(model: str) -> Path:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        # The offline facade accepts the same names as `dgpp model`; the engine core only ever
+        # sees the resolved directory.
+        from dgpp.appliance.model_store import resolve_model
+    except ImportError:  # pragma: no cover - appliance ships with the engine
+        raise ModelLoadError(f"model {model!r} is not a directory") from None
+    return resolve_model(model)
+
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list | tuple) and prompts and all(isinstance(p, int) for p in prompts):
+        return [list(prompts)]  # one prompt of token ids
+    if isinstance(prompts, list | tuple):
+        if not prompts:
+            raise InvalidRequestError("no prompts given", param="prompt")
+        return [p if isinstance(p, str) else list(p) for p in prompts]
+    raise InvalidRequestError(
+        f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}",
+        param="prompt",
+    )
+
+
+def _params_for(
+    batch: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
+) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * len(batch)
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * len(batch)
+    params = list(sampling_params)
+    if len(params) != len(batch):
+        raise InvalidRequestError(
+            f"{len(params)} sampling params for {len(batch)} prompts", param="sampling_params"
+        )
+    return params
+
+
+def _as_conversations(
+    messages: Sequence[Message] | Sequence[Sequence[Message]],
+) -> list[list[Message]]:
+    if not messages:
+        raise InvalidRequestError("no messages given", param="messages")
+    if isinstance(messages[0], dict):
+        return [list(messages)]  # type: ignore[arg-type]
+    return [list(conversation) for conversation in messages]  # type: ignore[arg-type]

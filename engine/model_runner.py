@@ -1,0 +1,129 @@
+"""Turns a step plan into tensors, runs the model forward and returns the logits to sample from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.layers.embedding import ParallelLMHead
+from dgpp.engine.layers.linear import PackableLinear
+from dgpp.engine.loader import load_weights
+from dgpp.engine.models.registry import build_model
+from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.scheduler import StepPlan
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.dispatch import attention_kernels
+from dgpp.kernels.linear import select_packer
+from dgpp.kernels.paged_attention_torch import decode_gather_inputs
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    """Owns the model weights and this rank's KV pool [layers, 2, blocks, block_size, H_kv, D]."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        checkpoint: Path,
+        max_model_len: int,
+        parallel: ParallelContext | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = torch.device(config.device)
+        self.dtype = TORCH_DTYPES[config.resolved_dtype]
+        self.block_size = config.block_size
+        parallel = parallel or ParallelContext()
+        kernels = attention_kernels(config.device)
+        with torch.device("cpu"):
+            model = build_model(model_config, parallel, max_model_len, kernels)
+        model = model.to(self.dtype)
+        load_weights(model, checkpoint)
+        self.model = model.to(self.device).eval()
+        # Rotary tables stay float32 whatever the weights' dtype.
+        self.model.model.rotary.float()
+        packer = select_packer(self.device, self.dtype)
+        if packer is not None:
+            for module in self.model.modules():
+                if isinstance(module, PackableLinear | ParallelLMHead):
+                    module.pack(packer)
+        attention = self.model.model.layers[0].self_attn
+        self.kv_cache = torch.zeros(
+            model_config.num_layers,
+            2,
+            config.num_kv_blocks,
+            config.block_size,
+            attention.num_kv_heads,
+            model_config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Forward the plan; float32 logits [num_sampling_chunks, padded_vocab], in plan order."""
+        input_ids, positions, metadata, sample_index = self._prepare(plan)
+        hidden = self.model(input_ids, positions, self.kv_cache, metadata)
+        hidden = hidden[sample_index]
+        fp32_logits = plan.has_prefill and self.config.prefill_precision == "fp32"
+        logits = self.model.compute_logits(hidden, torch.float32 if fp32_logits else None)
+        return logits.float()
+
+    def _prepare(
+        self, plan: StepPlan
+    ) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, torch.Tensor]:
+        block_size = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        sample_index: list[int] = []
+        for chunk in plan.chunks:
+            request = chunk.request
+            end = chunk.start + chunk.num_tokens
+            input_ids.extend(request.token_ids[chunk.start : end])
+            span = range(chunk.start, end)
+            positions.extend(span)
+            table = request.block_table
+            slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
+            query_start.append(query_start[-1] + chunk.num_tokens)
+            seq_lens.append(end)
+            if chunk.is_sampling:
+                sample_index.append(query_start[-1] - 1)
+        max_blocks = max(len(chunk.request.block_table) for chunk in plan.chunks)
+        tables = [
+            chunk.request.block_table + [0] * (max_blocks - len(chunk.request.block_table))
+            for chunk in plan.chunks
+        ]
+        device = self.device
+
+        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        decode_slots, decode_mask = None, None
+        if plan.num_decodes:
+            decode_slots, decode_mask = decode_gather_inputs(
+                [chunk.request.block_table for chunk in plan.chunks[: plan.num_decodes]],
+                seq_lens[: plan.num_decodes],
+                block_size,
+                device,
+            )
+        metadata = PagedAttentionMetadata(
+            slot_mapping=tensor(slots),
+            block_tables=tensor(tables),
+            query_start_loc=tensor(query_start),
+            seq_lens=tensor(seq_lens),
+            query_start_loc_host=tuple(query_start),
+            seq_lens_host=tuple(seq_lens),
+            num_decodes=plan.num_decodes,
+            max_seq_len=max(seq_lens),
+            prefill_softmax_fp32=self.config.prefill_precision == "fp32",
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+        )
+        return tensor(input_ids), tensor(positions), metadata, tensor(sample_index)

@@ -1,0 +1,197 @@
+"""The Llama decoder family: Llama (SmolLM2), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm).
+
+Tensor-parallel layout: fused QKV and gate/up projections are column-parallel, the attention output
+and down projections row-parallel, the embedding and LM head vocabulary-parallel.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.layers.activation import SiluAndMul
+from dgpp.engine.layers.attention import PagedAttention
+from dgpp.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from dgpp.engine.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from dgpp.engine.layers.norm import RMSNorm
+from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
+from dgpp.engine.parallel import ParallelContext
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.dispatch import AttentionKernels
+
+
+class DecoderAttention(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        parallel: ParallelContext,
+        kernels: AttentionKernels,
+    ) -> None:
+        super().__init__()
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            config.head_dim,
+            config.num_heads,
+            config.num_kv_heads,
+            config.qkv_bias,
+            parallel,
+        )
+        self.num_heads = self.qkv_proj.num_heads_local
+        self.num_kv_heads = self.qkv_proj.num_kv_heads_local
+        self.head_dim = config.head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_heads * config.head_dim, config.hidden_size, False, parallel
+        )
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            config.head_dim,
+            config.head_dim**-0.5,
+            layer_index,
+            kernels,
+        )
+
+    def forward(
+        self,
+        angles: RopeAngles,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
+        v = qkv[:, num_heads + num_kv_heads :]  # [T, H_kv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = apply_rotary(self.q_norm(qkv[:, :num_heads]), angles)
+            k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), angles)
+        else:
+            # q and k are adjacent heads in the fused output: rotate them in one pass.
+            qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], angles)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        out = self.attn(q, k, v, kv_cache, metadata)  # [T, H, D]
+        return self.o_proj(out.view(num_tokens, num_heads * head_dim))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, config: ModelConfig, parallel: ParallelContext) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias, parallel
+        )
+        self.down_proj = RowParallelLinear(
+            config.intermediate_size, config.hidden_size, config.mlp_bias, parallel
+        )
+        self.act = SiluAndMul()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(hidden)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_index: int,
+        parallel: ParallelContext,
+        kernels: AttentionKernels,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DecoderAttention(config, layer_index, parallel, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DecoderMLP(config, parallel)
+
+    def forward(
+        self,
+        angles: RopeAngles,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(angles, self.input_layernorm(hidden), kv_cache, metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        max_position: int,
+        kernels: AttentionKernels,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, index, parallel, kernels) for index in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        angles = self.rotary.lookup(positions, hidden.dtype)  # looked up once for every layer
+        for layer in self.layers:
+            hidden = layer(angles, hidden, kv_cache, metadata)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM head over `DecoderModel`; also serves Qwen2 and Qwen3 (flags in ModelConfig)."""
+
+    # checkpoint name fragment -> (fused parameter fragment, shard id)
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str | int]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        max_position: int,
+        kernels: AttentionKernels,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, parallel, max_position, kernels)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_cache, metadata)
+
+    def compute_logits(
+        self, hidden: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        """Logits [N, padded_vocab] for hidden [N, hidden]; `dtype` overrides the compute dtype."""
+        return self.lm_head.compute_logits(hidden, dtype)

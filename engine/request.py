@@ -1,0 +1,102 @@
+"""A request's mutable state while the engine serves it, and the results it returns."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dgpp.engine.sampler import TokenLogprobs
+from dgpp.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # cancelled by the caller
+
+
+@dataclass
+class Request:
+    """Owned by the engine; the scheduler moves it between queues and the runner reads it.
+
+    `token_ids` is the prompt followed by every generated token. The first `num_computed_tokens`
+    of them have keys and values in the blocks of `block_table`.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    generator: torch.Generator | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    is_abort_requested: bool = False
+    num_preemptions: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    first_token_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose keys and values still have to be computed."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What the engine reports for one request after a step (`finished` once it is done)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: tuple[int, ...]
+    outputs: tuple[CompletionOutput, ...]
+    finished: bool
+    text_delta: str = ""
+    num_new_tokens: int = 0

@@ -1,0 +1,143 @@
+"""Continuous batching with chunked prefill.
+
+Each step the scheduler plans decode rows for every running request that has finished its prompt,
+then spends a prompt-token budget (`prefill_chunk_tokens`) on prompts in arrival order, so a long
+prompt advances in chunks while decodes keep running. When the pool runs out of blocks, the newest
+running request is preempted (its blocks freed, to be recomputed later): the oldest request can
+always progress, because admission refused any request that could not fit the pool alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from dgpp.engine.block_manager import BlockManager
+from dgpp.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute `num_tokens` tokens of `request`, starting at position `start`."""
+
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def is_sampling(self) -> bool:
+        """The chunk reaches the end of the known tokens, so its last logits choose the next one."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One engine step: decode rows first (one token each), then prefill chunks."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    num_decodes: int
+    preempted: tuple[Request, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.num_decodes < len(self.chunks)
+
+
+class Scheduler:
+    def __init__(
+        self, block_manager: BlockManager, max_concurrency: int, prefill_chunk_tokens: int
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_concurrency = max_concurrency
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished or aborted request from the queues and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.FINISHED
+
+    def schedule(self) -> StepPlan:
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        preempted: list[Request] = []
+        budget = self.prefill_chunk_tokens
+        index = 0
+        # Oldest first; preemption takes from the tail, so it never touches a planned request.
+        while index < len(self.running):
+            request = self.running[index]
+            pending = request.num_pending_tokens
+            is_decode = pending == 1
+            num_tokens = 1 if is_decode else min(pending, budget)
+            if num_tokens == 0:
+                index += 1
+                continue
+            if not self._allocate_or_preempt(request, num_tokens, preempted):
+                break  # `request` itself was preempted; everything newer already was
+            chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+            if is_decode:
+                decodes.append(chunk)
+            else:
+                prefills.append(chunk)
+                budget -= num_tokens
+            index += 1
+        # Admit new requests only when nothing had to be preempted this step.
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.max_concurrency
+        ):
+            request = self.waiting[0]
+            num_tokens = min(request.num_pending_tokens, budget)
+            if not self.block_manager.allocate_slots(request, num_tokens):
+                break  # head-of-line waits for blocks; arrival order is kept
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+            (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
+            budget -= num_tokens
+        return StepPlan(tuple(decodes + prefills), len(decodes), tuple(preempted))
+
+    def _allocate_or_preempt(
+        self, request: Request, num_tokens: int, preempted: list[Request]
+    ) -> bool:
+        while not self.block_manager.allocate_slots(request, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and queue it first, to recompute its tokens when it returns."""
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)

@@ -1,0 +1,32 @@
+"""Loads a checkpoint's tokenizer and the token ids that end generation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.errors import ModelLoadError
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:
+        raise ModelLoadError(f"cannot load the tokenizer from {path}: {err}") from None
+
+
+def eos_token_ids(
+    path: Path, model_config: ModelConfig, tokenizer: PreTrainedTokenizerBase
+) -> frozenset[int]:
+    """EOS ids from generation_config.json, config.json and the tokenizer, as HF generate."""
+    ids: set[int] = set(model_config.eos_token_ids)
+    generation_config = path / "generation_config.json"
+    if generation_config.is_file():
+        eos = json.loads(generation_config.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(int(token) for token in ids)

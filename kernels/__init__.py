@@ -1,0 +1,1 @@
+"""Compute kernels: each Triton kernel has a PyTorch twin with the same signature."""

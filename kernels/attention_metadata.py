@@ -1,0 +1,35 @@
+"""Inputs the paged-attention kernels share for one forward step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedAttentionMetadata:
+    """Describes a flattened batch of sequences for paged attention.
+
+    Rows `[0, num_decodes)` are decode rows with exactly one query token; the rest are prefill
+    chunks. Each sequence's queries are the *last* `query_len` positions of its `seq_len` tokens,
+    whose keys and values (the new ones included) live in the blocks of its block table.
+    Host-side lists mirror the tensors so CPU code never synchronises to read them.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
+    block_tables: torch.Tensor  # [B, max_blocks] int64, padded with 0
+    query_start_loc: torch.Tensor  # [B + 1] int64
+    seq_lens: torch.Tensor  # [B] int64
+    query_start_loc_host: tuple[int, ...]
+    seq_lens_host: tuple[int, ...]
+    num_decodes: int
+    max_seq_len: int
+    prefill_softmax_fp32: bool  # compute prefill attention in float32 whatever the model dtype
+    # Decode rows only, computed once per step rather than once per layer:
+    decode_slots: torch.Tensor | None = None  # [B_dec, S_max] cache slot of every context token
+    decode_mask: torch.Tensor | None = None  # [B_dec, 1, 1, S_max] bool; None when no padding
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)

