@@ -9,13 +9,13 @@ import os
 # ~0.3 ms) keeps them awake across the gaps (+10% decode tok/s here) and idles soon after a burst.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
-from importlib.metadata import version  # noqa: E402
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib.metadata import version
 
-from dgpp.appliance.engine_options import add_engine_options, add_sampling_options  # noqa: E402
-from dgpp.engine.errors import DgppError  # noqa: E402
+from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
+from dgpp.engine.errors import DgppError
 
 EXIT_OK = 0
 EXIT_ERROR = 1

