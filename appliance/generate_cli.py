@@ -26,7 +26,8 @@ def stream(llm: LLM, prompt: str | list[int], params: SamplingParams) -> Iterato
                 return
 
 
-def run_generate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     llm = LLM(args.model, **engine_knobs(args))
     params = SamplingParams(**sampling_kwargs(args))
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
@@ -39,8 +40,9 @@ def run_generate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def run_chat(args: argparse.Namespace, inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+def run_chat(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     """A conversation on the terminal; `/reset` starts over, `/exit` or end of input leaves."""
+    inp, out = inp or sys.stdin, out or sys.stdout
     llm = LLM(args.model, **engine_knobs(args))
     params = SamplingParams(**sampling_kwargs(args))
     messages: list[dict[str, Any]] = []

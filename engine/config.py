@@ -8,6 +8,7 @@ the effective context limit) produce new objects through `dataclasses.replace`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -162,6 +163,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.prefill_precision not in ("fp32", "model"):
             raise ConfigError(
                 f"prefill_precision must be 'fp32' or 'model', got {self.prefill_precision!r}"

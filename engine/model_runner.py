@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
@@ -35,6 +36,8 @@ class ModelRunner:
         self.config = config
         self.model_config = model_config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {config.device!r} requested but this torch sees no CUDA GPU")
         self.dtype = TORCH_DTYPES[config.resolved_dtype]
         self.block_size = config.block_size
         parallel = parallel or ParallelContext()

@@ -1,4 +1,4 @@
-"""`prefill_precision`: fp32 keeps prefill attention and logits in float32 under bfloat16 weights."""
+"""`prefill_precision=fp32` keeps prefill attention and logits in float32 under bf16 weights."""
 
 from __future__ import annotations
 
