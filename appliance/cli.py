@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 
 from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
+from dgpp.appliance.serve_cli import add_server_options
 from dgpp.engine.errors import DgppError
 
 EXIT_OK = 0
@@ -44,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_options(generate)
     add_sampling_options(generate)
+
+    serve = commands.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
+    add_engine_options(serve)
+    add_server_options(serve)
 
     chat = commands.add_parser("chat", help="chat with a model on the terminal")
     chat.add_argument("--system", default=None, help="system message")
@@ -78,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "model":
             return _run_model(args)
+        if args.command == "serve":
+            from dgpp.appliance.serve_cli import run_serve
+
+            return run_serve(args)
         from dgpp.appliance import generate_cli
 
         if args.command == "generate":

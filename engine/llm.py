@@ -34,7 +34,7 @@ class LLM:
                 f"unknown engine option(s): {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(_KNOBS))}"
             )
-        checkpoint = _resolve(str(model))
+        checkpoint = resolve_checkpoint(str(model))
         self.engine = LLMEngine(EngineConfig(model=str(model), **knobs), checkpoint)
 
     @property
@@ -101,7 +101,8 @@ class LLM:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def _resolve(model: str) -> Path:
+def resolve_checkpoint(model: str) -> Path:
+    """The checkpoint directory of a model reference (a directory, `default` or a cached repo)."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path

@@ -1,0 +1,175 @@
+"""Drives an `LLMEngine` from a dedicated thread and streams each request's outputs to asyncio.
+
+The HTTP layer lives on an asyncio loop; the engine step is blocking compute. One engine thread
+owns the `LLMEngine` exclusively: callers hand it commands (add, abort) through a queue, and it
+hands outputs back with `call_soon_threadsafe`, so no engine state is shared between threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from dgpp.engine.engine import LLMEngine
+from dgpp.engine.errors import DgppError
+from dgpp.engine.request import RequestOutput
+from dgpp.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class OverloadedError(DgppError):
+    """The waiting queue is full; the client should retry later."""
+
+    code = "overloaded"
+
+
+class EngineFailureError(DgppError):
+    """The engine stopped while serving; in-flight requests cannot complete."""
+
+    code = "engine_failure"
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class _Stream:
+    """One request's outputs, delivered from the engine thread to an asyncio consumer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    """Thread-safe, asyncio-facing front of one engine.
+
+    `queue_limit` bounds the requests waiting beyond `max_concurrency` running ones; past it
+    `generate` raises `OverloadedError` at once instead of queueing without bound.
+    """
+
+    def __init__(self, engine: LLMEngine, queue_limit: int = 256) -> None:
+        self.engine = engine
+        self.queue_limit = queue_limit
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._wakeup = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._num_pending = 0  # submitted, not yet finished; guarded by _lock
+        self._lock = threading.Lock()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._failure is None
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dgpp-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._commands.put(None)
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs until it finishes. Leaving the iteration early (the client
+        went away) aborts the request, and its KV blocks are freed at the next step."""
+        if self._failure is not None:
+            raise EngineFailureError(f"the engine has failed: {self._failure}")
+        with self._lock:
+            if self._num_pending >= self.engine.config.max_concurrency + self.queue_limit:
+                raise OverloadedError(
+                    f"the server is at its queue limit ({self.queue_limit} waiting requests)"
+                )
+            self._num_pending += 1
+        stream = _Stream(asyncio.get_running_loop())
+        self._commands.put(_Add(request_id, prompt, params, stream))
+        self._wakeup.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                self._num_pending -= 1
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                if not self._drain_commands():
+                    return
+                if not self.engine.has_unfinished():
+                    self._wakeup.wait()
+                    self._wakeup.clear()
+                    continue
+                for output in self.engine.step():
+                    stream = self._streams.get(output.request_id)
+                    if stream is None:
+                        continue
+                    if output.finished:
+                        del self._streams[output.request_id]
+                    stream.put(output)
+        except BaseException as err:
+            log.exception("engine thread failed")
+            self._failure = err
+            failure = EngineFailureError(f"the engine failed while serving: {err}")
+            for stream in self._streams.values():
+                stream.put(failure)
+            self._streams.clear()
+
+    def _drain_commands(self) -> bool:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if command is None:
+                return False
+            if isinstance(command, _Abort):
+                if command.request_id in self._streams:
+                    self.engine.abort(command.request_id)
+                continue
+            try:
+                self.engine.add_request(command.prompt, command.params, command.request_id)
+            except DgppError as err:
+                command.stream.put(err)
+                continue
+            self._streams[command.request_id] = command.stream

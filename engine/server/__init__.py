@@ -1,0 +1,1 @@
+"""The HTTP front of rank 0: OpenAI-compatible routes over an `AsyncEngine`."""

@@ -1,0 +1,54 @@
+"""`create_app(state)`: the FastAPI application of rank 0."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+
+from dgpp.engine.server import misc_routes, openai_routes
+from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
+from dgpp.engine.server.state import ServerState
+
+OPEN_PATHS = ("/health", "/docs", "/openapi.json", "/redoc")
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="dgpp", version="0.1.0", description="OpenAI-compatible LLM serving")
+    app.state.dgpp = state
+    install_error_handlers(app)
+    app.include_router(misc_routes.router)
+    app.include_router(openai_routes.router)
+    config = state.config
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+            return error_response(
+                APIError(
+                    413,
+                    f"request body over {config.max_body_bytes} bytes",
+                    code="request_too_large",
+                )
+            )
+        if config.api_key is not None and request.url.path not in OPEN_PATHS:
+            presented = request.headers.get("x-api-key") or ""
+            bearer = request.headers.get("authorization", "")
+            if bearer.lower().startswith("bearer "):
+                presented = bearer[7:].strip()
+            if not hmac.compare_digest(presented.encode(), config.api_key.encode()):
+                return error_response(
+                    APIError(
+                        401,
+                        "invalid or missing API key",
+                        type_="authentication_error",
+                        code="invalid_api_key",
+                    )
+                )
+        return await call_next(request)
+
+    return app

@@ -1,0 +1,21 @@
+"""Settings of the HTTP server (the engine's knobs live in `EngineConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 18080
+    api_key: str | None = None
+    served_model_names: tuple[str, ...] = ()  # empty: the model reference's last path part
+    # Agents often omit max_tokens; a tiny default leaves them with empty answers. None means
+    # "up to the context limit", capped to what is left of the context after the prompt.
+    default_max_tokens: int | None = 8192
+    max_body_bytes: int = 32 * 1024 * 1024
+    queue_limit: int = 256
+    keepalive_interval_s: float = 10.0
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,137 @@
+"""One mapping from every error to an OpenAI-style body: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dgpp.engine.async_engine import EngineFailureError, OverloadedError
+from dgpp.engine.errors import ContextLengthExceededError, DgppError, InvalidRequestError
+
+RETRY_AFTER_SECONDS = "5"
+
+
+class APIError(Exception):
+    """An error the API reports as it is (status, type, code, param)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.headers = headers
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def from_dgpp_error(err: DgppError) -> APIError:
+    """The HTTP form of an engine error."""
+    if isinstance(err, OverloadedError):
+        return APIError(
+            503,
+            err.message,
+            type_="overloaded_error",
+            code="overloaded",
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        )
+    if isinstance(err, EngineFailureError):
+        return APIError(
+            503,
+            err.message,
+            type_="server_error",
+            code="engine_failure",
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        )
+    if isinstance(err, ContextLengthExceededError):
+        return APIError(400, err.message, code="context_length_exceeded", param=err.param)
+    if isinstance(err, InvalidRequestError):
+        return APIError(400, err.message, code="invalid_value", param=err.param)
+    return APIError(500, err.message, type_="server_error", code=err.code)
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(err.message, err.type, err.code, err.param),
+        status_code=err.status,
+        headers=err.headers,
+    )
+
+
+def _validation_response(err: RequestValidationError) -> JSONResponse:
+    first = err.errors()[0] if err.errors() else {}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return error_response(
+            APIError(400, "the request body is not valid JSON", code="invalid_json")
+        )
+    if kind == "extra_forbidden":
+        message = f"unsupported parameter: {param}"
+        return error_response(APIError(400, message, code="unsupported_parameter", param=param))
+    if kind == "missing":
+        message = f"missing required parameter: {param}"
+        return error_response(
+            APIError(400, message, code="missing_required_parameter", param=param)
+        )
+    detail = first.get("msg", "invalid value")
+    return error_response(APIError(400, f"{param}: {detail}", code="invalid_type", param=param))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, err: APIError) -> JSONResponse:
+        return error_response(err)
+
+    @app.exception_handler(DgppError)
+    async def _dgpp_error(_: Request, err: DgppError) -> JSONResponse:
+        return error_response(from_dgpp_error(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, err: RequestValidationError) -> JSONResponse:
+        return _validation_response(err)
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _bad_json(_: Request, err: json.JSONDecodeError) -> JSONResponse:
+        return error_response(APIError(400, f"the request body is not valid JSON: {err}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        return error_response(
+            APIError(
+                err.status_code,
+                str(err.detail),
+                code=codes.get(err.status_code),
+                headers=getattr(err, "headers", None),
+            )
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, err: Exception) -> JSONResponse:
+        return error_response(
+            APIError(
+                500,
+                f"internal error: {type(err).__name__}: {err}",
+                type_="server_error",
+                code="internal_error",
+            )
+        )

@@ -1,0 +1,84 @@
+"""GET /health, GET /v1/models[/{id}], POST /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from dgpp.engine.errors import InvalidRequestError
+from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.deps import State
+from dgpp.engine.server.protocol import DetokenizeRequest, TokenizeRequest
+from dgpp.engine.server.state import ServerState
+
+router = APIRouter()
+
+
+@router.get("/health", response_model=None)
+async def health(state: State) -> JSONResponse:
+    engine = state.engine
+    body: dict[str, Any] = {
+        "state": "serving" if engine.is_running else "failed",
+        "model": state.model_name,
+        "uptime_s": round(time.time() - state.started_at, 1),
+    }
+    if engine.failure is not None:
+        body["error"] = str(engine.failure)
+    return JSONResponse(body, status_code=200 if engine.is_running else 503)
+
+
+def _card(state: ServerState, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "dgpp",
+        "root": state.model_name,
+        "max_model_len": state.max_model_len,
+    }
+
+
+@router.get("/v1/models")
+async def list_models(state: State) -> dict[str, Any]:
+    return {"object": "list", "data": [_card(state, name) for name in state.served_model_names]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, state: State) -> dict[str, Any]:
+    state.check_model(model_id)
+    return _card(state, model_id)
+
+
+@router.post("/tokenize")
+async def tokenize(request: TokenizeRequest, state: State) -> dict[str, Any]:
+    if request.model is not None:
+        state.check_model(request.model)
+    if (request.prompt is None) == (request.messages is None):
+        raise InvalidRequestError("give exactly one of prompt or messages", param="prompt")
+    if request.messages is not None:
+        tokens = render(
+            state.tokenizer,
+            normalise(request.messages),
+            None,
+            dict(state.config.default_chat_template_kwargs),
+            request.add_generation_prompt,
+        )
+    else:
+        tokens = state.tokenizer(
+            request.prompt, add_special_tokens=request.add_special_tokens
+        ).input_ids
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+
+
+@router.post("/detokenize")
+async def detokenize(request: DetokenizeRequest, state: State) -> dict[str, Any]:
+    if request.model is not None:
+        state.check_model(request.model)
+    vocab = state.engine.engine.model_config.vocab_size
+    bad = [token for token in request.tokens if not 0 <= token < vocab]
+    if bad:
+        raise InvalidRequestError(f"token ids out of range [0, {vocab}): {bad[:5]}", param="tokens")
+    return {"prompt": state.tokenizer.decode(request.tokens)}

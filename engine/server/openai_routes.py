@@ -1,0 +1,252 @@
+"""POST /v1/chat/completions and /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dgpp.engine.errors import DgppError, InvalidRequestError
+from dgpp.engine.server import responses
+from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.deps import State
+from dgpp.engine.server.errors import error_body, from_dgpp_error
+from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from dgpp.engine.server.sampling import (
+    chat_logprobs,
+    check_unsupported,
+    resolve_max_tokens,
+    sampling_params,
+)
+from dgpp.engine.server.state import ServerState
+
+router = APIRouter()
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+REASONING_EFFORT_KWARGS = {"minimal": False, "low": True, "medium": True, "high": True}
+
+
+def _template_kwargs(state: ServerState, request: ChatCompletionRequest) -> dict[str, Any]:
+    kwargs = dict(state.config.default_chat_template_kwargs)
+    if request.reasoning_effort is not None:
+        # Qwen3-style templates switch thinking with `enable_thinking`; others ignore the key.
+        kwargs["enable_thinking"] = REASONING_EFFORT_KWARGS[request.reasoning_effort]
+        kwargs["reasoning_effort"] = request.reasoning_effort
+    kwargs.update(request.chat_template_kwargs or {})
+    return kwargs
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    request: ChatCompletionRequest, state: State
+) -> JSONResponse | StreamingResponse:
+    model = state.check_model(request.model)
+    check_unsupported(request)
+    tools = request.tools if request.tool_choice != "none" else None
+    prompt = render(
+        state.tokenizer,
+        normalise(request.messages),
+        tools,
+        _template_kwargs(state, request),
+        request.add_generation_prompt,
+    )
+    limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
+    max_tokens = resolve_max_tokens(
+        request.max_tokens or request.max_completion_tokens, len(prompt), state, limit_name
+    )
+    logprobs = chat_logprobs(request)
+    params = [sampling_params(request, max_tokens, logprobs, i) for i in range(request.n)]
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        events = _chat_stream(state, prompt, params, request_id, created, model, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    outputs = await run_to_completion(state, prompt, params, request_id)
+    choices = []
+    for index, output in enumerate(outputs):
+        completion = output.outputs[0]
+        choices.append(
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": completion.text},
+                "logprobs": responses.chat_logprobs(state.tokenizer, completion.logprobs)
+                if completion.logprobs is not None
+                else None,
+                "finish_reason": responses.finish_reason(completion),
+            }
+        )
+    prompt_tokens, completion_tokens = responses.final(outputs)
+    return JSONResponse(
+        {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": responses.usage(prompt_tokens, completion_tokens),
+        }
+    )
+
+
+async def _chat_stream(
+    state: ServerState,
+    prompt: list[int],
+    params: list,
+    request_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return responses.sse({**base, "choices": [{**choice, **extra}]})
+
+    for index in range(len(params)):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    completion_tokens = 0
+    try:
+        async for item in stream_choices(
+            state, prompt, params, request_id, state.config.keepalive_interval_s
+        ):
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            index, output = item
+            completion = output.outputs[0]
+            extra: dict[str, Any] = {}
+            if completion.logprobs is not None and output.num_new_tokens:
+                new = completion.logprobs[-output.num_new_tokens :]
+                extra["logprobs"] = responses.chat_logprobs(state.tokenizer, new)
+            if output.text_delta or extra:
+                yield chunk(index, {"content": output.text_delta}, **extra)
+            if output.finished:
+                completion_tokens += len(completion.token_ids)
+                yield chunk(index, {}, finish_reason=responses.finish_reason(completion))
+    except DgppError as err:
+        api = from_dgpp_error(err)
+        yield responses.sse(error_body(api.message, api.type, api.code, api.param))
+        yield "data: [DONE]\n\n"
+        return
+    if include_usage:
+        usage = responses.usage(len(prompt), completion_tokens)
+        yield responses.sse({**base, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
+
+
+def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[list[int]]:
+    raw = request.prompt
+    if isinstance(raw, str):
+        raw = [raw]
+    if raw and all(isinstance(token, int) for token in raw):
+        raw = [raw]  # one prompt of token ids
+    prompts = []
+    for prompt in raw:
+        ids = state.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        prompts.append(list(ids))
+    if not prompts:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    return prompts
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: CompletionRequest, state: State) -> JSONResponse | StreamingResponse:
+    model = state.check_model(request.model)
+    check_unsupported(request)
+    prompts = _completion_prompts(state, request)
+    if request.stream and len(prompts) > 1:
+        raise InvalidRequestError("streaming supports one prompt per request", param="prompt")
+    requested = 16 if request.max_tokens is None else request.max_tokens  # OpenAI's default
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+    jobs = []
+    for prompt in prompts:
+        max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
+        params = [
+            sampling_params(request, max_tokens, request.logprobs, i) for i in range(request.n)
+        ]
+        jobs.append((prompt, params))
+    if request.stream:
+        prompt, params = jobs[0]
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        events = _completion_stream(state, request, prompt, params, base, include_usage)
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for number, (prompt, params) in enumerate(jobs):
+        outputs = await run_to_completion(state, prompt, params, f"{request_id}-{number}")
+        prompt_tokens += len(prompt)
+        for output in outputs:
+            completion = output.outputs[0]
+            prefix = state.tokenizer.decode(prompt) if request.echo else ""
+            choices.append(
+                {
+                    "index": len(choices),
+                    "text": prefix + completion.text,
+                    "logprobs": responses.completion_logprobs(
+                        state.tokenizer, completion.logprobs, len(prefix)
+                    )
+                    if completion.logprobs is not None
+                    else None,
+                    "finish_reason": responses.finish_reason(completion),
+                }
+            )
+            completion_tokens += len(completion.token_ids)
+    return JSONResponse(
+        {**base, "choices": choices, "usage": responses.usage(prompt_tokens, completion_tokens)}
+    )
+
+
+async def _completion_stream(
+    state: ServerState,
+    request: CompletionRequest,
+    prompt: list[int],
+    params: list,
+    base: dict[str, Any],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    completion_tokens = 0
+
+    def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return responses.sse({**base, "choices": [choice]})
+
+    if request.echo:
+        for index in range(len(params)):
+            yield chunk(index, state.tokenizer.decode(prompt), None)
+    try:
+        async for item in stream_choices(
+            state, prompt, params, base["id"], state.config.keepalive_interval_s
+        ):
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            index, output = item
+            completion = output.outputs[0]
+            logprobs = None
+            if completion.logprobs is not None and output.num_new_tokens:
+                new = completion.logprobs[-output.num_new_tokens :]
+                logprobs = responses.completion_logprobs(state.tokenizer, new, 0)
+            if output.text_delta or logprobs is not None:
+                yield chunk(index, output.text_delta, None, logprobs)
+            if output.finished:
+                completion_tokens += len(completion.token_ids)
+                yield chunk(index, "", responses.finish_reason(completion))
+    except DgppError as err:
+        api = from_dgpp_error(err)
+        yield responses.sse(error_body(api.message, api.type, api.code, api.param))
+        yield "data: [DONE]\n\n"
+        return
+    if include_usage:
+        yield responses.sse(
+            {**base, "choices": [], "usage": responses.usage(len(prompt), completion_tokens)}
+        )
+    yield "data: [DONE]\n\n"

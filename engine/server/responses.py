@@ -1,0 +1,73 @@
+"""OpenAI response bodies built from engine outputs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.sampler import TokenLogprobs
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
+    text = _token_text(tokenizer, token_id)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(tokenizer: Any, entries: tuple[TokenLogprobs, ...]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                **_entry(tokenizer, entry.token_id, entry.logprob),
+                "top_logprobs": [_entry(tokenizer, t, lp) for t, lp in entry.top],
+            }
+            for entry in entries
+        ]
+    }
+
+
+def completion_logprobs(
+    tokenizer: Any, entries: tuple[TokenLogprobs, ...], text_offset: int
+) -> dict[str, Any]:
+    tokens, offsets = [], []
+    for entry in entries:
+        token = _token_text(tokenizer, entry.token_id)
+        tokens.append(token)
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [
+            {_token_text(tokenizer, t): lp for t, lp in entry.top} for entry in entries
+        ],
+        "text_offset": offsets,
+    }
+
+
+def finish_reason(completion: CompletionOutput) -> str | None:
+    return None if completion.finish_reason == "abort" else completion.finish_reason
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def final(outputs: list[RequestOutput]) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) over the choices of one request."""
+    prompt = len(outputs[0].prompt_token_ids) if outputs else 0
+    return prompt, sum(len(o.outputs[0].token_ids) for o in outputs)

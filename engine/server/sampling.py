@@ -1,0 +1,98 @@
+"""Turns a validated API request into engine `SamplingParams`."""
+
+from __future__ import annotations
+
+from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from dgpp.engine.server.state import ServerState
+
+
+def resolve_max_tokens(
+    requested: int | None, num_prompt_tokens: int, state: ServerState, param: str
+) -> int:
+    """An explicit limit is kept (the engine refuses one that cannot fit); a missing one becomes
+    the server default, capped to what the context leaves after the prompt."""
+    room = state.max_model_len - num_prompt_tokens
+    if room < 1:
+        raise ContextLengthExceededError(
+            f"the prompt has {num_prompt_tokens} tokens; this model's context is "
+            f"{state.max_model_len} tokens and at least one must be left to generate",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+        )
+    if requested is not None:
+        if num_prompt_tokens + requested > state.max_model_len:
+            raise ContextLengthExceededError(
+                f"prompt ({num_prompt_tokens} tokens) plus {param} ({requested}) exceeds this "
+                f"model's context of {state.max_model_len} tokens",
+                param=param,
+            )
+        return requested
+    default = state.config.default_max_tokens
+    return room if default is None else min(default, room)
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    bias = {}
+    for key, value in raw.items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise InvalidRequestError(
+                f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+            ) from None
+    return bias
+
+
+def sampling_params(
+    request: SamplingFields, max_tokens: int, logprobs: int | None, seed_offset: int = 0
+) -> SamplingParams:
+    """`seed_offset` gives each of `n` choices its own stream from one request seed."""
+    stop = (
+        request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
+    )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=request.top_k or 0,
+        min_p=request.min_p or 0.0,
+        seed=None if request.seed is None else request.seed + seed_offset,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty or 1.0,
+        logit_bias=_logit_bias(request.logit_bias),
+        stop=tuple(stop),
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        ignore_eos=request.ignore_eos,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        logprobs=logprobs,
+        skip_special_tokens=request.skip_special_tokens,
+    )
+
+
+def chat_logprobs(request: ChatCompletionRequest) -> int | None:
+    if request.top_logprobs is not None and not request.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+    return (request.top_logprobs or 0) if request.logprobs else None
+
+
+def check_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse fields dgpp accepts in the schema but cannot honour, naming them."""
+    if isinstance(request, CompletionRequest):
+        if request.suffix:
+            raise InvalidRequestError("suffix is not supported", param="suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise InvalidRequestError("best_of other than n is not supported", param="best_of")
+    else:
+        fmt = (request.response_format or {}).get("type", "text")
+        if fmt != "text":
+            raise InvalidRequestError(
+                f"response_format type {fmt!r} is not supported yet", param="response_format"
+            )
+        if request.max_tokens is not None and request.max_completion_tokens is not None:
+            raise InvalidRequestError(
+                "set max_tokens or max_completion_tokens, not both", param="max_completion_tokens"
+            )

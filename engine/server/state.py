@@ -1,0 +1,43 @@
+"""What every route needs: the engine front, the tokenizer, and the server settings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.errors import APIError
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    config: ServerConfig
+    served_model_names: tuple[str, ...]
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        """The reported name for a requested `model`; 404 `model_not_found` for anything else."""
+        if name is None or name in self.served_model_names:
+            return self.model_name
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves "
+            f"{', '.join(repr(n) for n in self.served_model_names)}",
+            code="model_not_found",
+            param="model",
+        )
