@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 
-from dgpp.engine.server import misc_routes, openai_routes
+from dgpp.engine.server import chat_routes, completion_routes, misc_routes
 from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
 from dgpp.engine.server.state import ServerState
 
@@ -19,7 +19,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.dgpp = state
     install_error_handlers(app)
     app.include_router(misc_routes.router)
-    app.include_router(openai_routes.router)
+    app.include_router(chat_routes.router)
+    app.include_router(completion_routes.router)
     config = state.config
 
     @app.middleware("http")

@@ -8,6 +8,8 @@ from typing import Any
 from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.sampler import TokenLogprobs
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {

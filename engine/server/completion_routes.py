@@ -1,0 +1,140 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dgpp.engine.errors import DgppError, InvalidRequestError
+from dgpp.engine.server import responses
+from dgpp.engine.server.deps import State
+from dgpp.engine.server.errors import error_body, from_dgpp_error
+from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.protocol import CompletionRequest
+from dgpp.engine.server.sampling import (
+    check_unsupported,
+    resolve_max_tokens,
+    sampling_params,
+)
+from dgpp.engine.server.state import ServerState
+
+router = APIRouter()
+
+
+def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[list[int]]:
+    raw = request.prompt
+    if isinstance(raw, str):
+        raw = [raw]
+    if raw and all(isinstance(token, int) for token in raw):
+        raw = [raw]  # one prompt of token ids
+    prompts = []
+    for prompt in raw:
+        ids = state.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        prompts.append(list(ids))
+    if not prompts:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    return prompts
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(request: CompletionRequest, state: State) -> JSONResponse | StreamingResponse:
+    model = state.check_model(request.model)
+    check_unsupported(request)
+    prompts = _completion_prompts(state, request)
+    if request.stream and len(prompts) > 1:
+        raise InvalidRequestError("streaming supports one prompt per request", param="prompt")
+    requested = 16 if request.max_tokens is None else request.max_tokens  # OpenAI's default
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+    jobs = []
+    for prompt in prompts:
+        max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
+        params = [
+            sampling_params(request, max_tokens, request.logprobs, i) for i in range(request.n)
+        ]
+        jobs.append((prompt, params))
+    if request.stream:
+        prompt, params = jobs[0]
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        events = _completion_stream(state, request, prompt, params, base, include_usage)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+        )
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for number, (prompt, params) in enumerate(jobs):
+        outputs = await run_to_completion(state, prompt, params, f"{request_id}-{number}")
+        prompt_tokens += len(prompt)
+        for output in outputs:
+            completion = output.outputs[0]
+            prefix = state.tokenizer.decode(prompt) if request.echo else ""
+            choices.append(
+                {
+                    "index": len(choices),
+                    "text": prefix + completion.text,
+                    "logprobs": responses.completion_logprobs(
+                        state.tokenizer, completion.logprobs, len(prefix)
+                    )
+                    if completion.logprobs is not None
+                    else None,
+                    "finish_reason": responses.finish_reason(completion),
+                }
+            )
+            completion_tokens += len(completion.token_ids)
+    return JSONResponse(
+        {**base, "choices": choices, "usage": responses.usage(prompt_tokens, completion_tokens)}
+    )
+
+
+async def _completion_stream(
+    state: ServerState,
+    request: CompletionRequest,
+    prompt: list[int],
+    params: list,
+    base: dict[str, Any],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    completion_tokens = 0
+
+    def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return responses.sse({**base, "choices": [choice]})
+
+    if request.echo:
+        for index in range(len(params)):
+            yield chunk(index, state.tokenizer.decode(prompt), None)
+    try:
+        async for item in stream_choices(
+            state, prompt, params, base["id"], state.config.keepalive_interval_s
+        ):
+            if item is None:
+                yield ": keep-alive\n\n"
+                continue
+            index, output = item
+            completion = output.outputs[0]
+            logprobs = None
+            if completion.logprobs is not None and output.num_new_tokens:
+                new = completion.logprobs[-output.num_new_tokens :]
+                logprobs = responses.completion_logprobs(state.tokenizer, new, 0)
+            if output.text_delta or logprobs is not None:
+                yield chunk(index, output.text_delta, None, logprobs)
+            if output.finished:
+                completion_tokens += len(completion.token_ids)
+                yield chunk(index, "", responses.finish_reason(completion))
+    except DgppError as err:
+        api = from_dgpp_error(err)
+        yield responses.sse(error_body(api.message, api.type, api.code, api.param))
+        yield "data: [DONE]\n\n"
+        return
+    if include_usage:
+        yield responses.sse(
+            {**base, "choices": [], "usage": responses.usage(len(prompt), completion_tokens)}
+        )
+    yield "data: [DONE]\n\n"

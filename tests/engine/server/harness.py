@@ -1,0 +1,107 @@
+"""Starts real dgpp servers (engine thread + uvicorn on loopback) for the HTTP tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.config import EngineConfig
+from dgpp.engine.engine import LLMEngine
+from dgpp.engine.server.app import create_app
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.state import ServerState
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    port: int
+    engine: LLMEngine
+    async_engine: AsyncEngine
+    state: ServerState
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return self.state.model_name
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until the engine has no request in flight and every KV block is back."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_idle():
+                return
+            time.sleep(0.02)
+        raise AssertionError(
+            f"engine not idle after {timeout} s: unfinished={self.engine.has_unfinished()}, "
+            f"used blocks={self.engine.block_manager.num_used_blocks}, "
+            f"pending={self.async_engine._num_pending}"
+        )
+
+    def is_idle(self) -> bool:
+        return (
+            not self.engine.has_unfinished()
+            and self.engine.block_manager.num_used_blocks == 0
+            and self.async_engine._num_pending == 0
+        )
+
+
+@contextmanager
+def running_server(
+    checkpoint: Path,
+    names: tuple[str, ...],
+    engine_options: dict[str, Any] | None = None,
+    server_options: dict[str, Any] | None = None,
+) -> Iterator[RunningServer]:
+    """An `LLMEngine` behind `AsyncEngine` behind uvicorn, as `dgpp serve` builds it."""
+    port = free_port()
+    engine = LLMEngine(EngineConfig(model=str(checkpoint), **(engine_options or {})), checkpoint)
+    config = ServerConfig(port=port, served_model_names=names, **(server_options or {}))
+    async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
+    async_engine.start()
+    state = ServerState(async_engine, config, names)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    try:
+        _wait_for_health(f"http://127.0.0.1:{port}/health", thread)
+        yield RunningServer(port, engine, async_engine, state)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        async_engine.stop()
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def _wait_for_health(url: str, thread: threading.Thread, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            raise RuntimeError("the uvicorn thread exited before serving")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {timeout} s")
