@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
@@ -11,13 +12,19 @@ from dgpp.engine.server.protocol import ChatMessage
 INSTRUCTION_ROLES = ("system", "developer")
 
 
+THINKING_PARTS = ("thinking", "redacted_thinking")
+
+
 def _text(content: str | list[Any] | None) -> str:
+    """The text of a message; Anthropic-style thinking parts are not text (see `_thinking`)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     texts = []
     for part in content:
+        if part.type in THINKING_PARTS:
+            continue
         if part.type != "text" or part.text is None:
             raise InvalidRequestError(
                 f"content part type {part.type!r} is not supported by this text model",
@@ -25,6 +32,37 @@ def _text(content: str | list[Any] | None) -> str:
             )
         texts.append(part.text)
     return "\n".join(texts)
+
+
+def _thinking(content: str | list[Any] | None) -> str:
+    """Reasoning carried as Anthropic `thinking` parts; redacted payloads and signatures drop."""
+    if not isinstance(content, list):
+        return ""
+    parts = [getattr(part, "thinking", None) for part in content if part.type == "thinking"]
+    return "\n".join(part for part in parts if isinstance(part, str))
+
+
+@dataclass(frozen=True)
+class TemplateTraits:
+    """What a chat template accepts, found once by rendering probe conversations."""
+
+    multiple_leading_system: bool
+    late_system: bool
+
+
+def probe_template(tokenizer: Any) -> TemplateTraits:
+    def accepts(roles: list[str]) -> bool:
+        messages = [{"role": role, "content": f"probe {i}"} for i, role in enumerate(roles)]
+        try:
+            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # templates signal refusal with plain jinja exceptions
+            return False
+        return True
+
+    return TemplateTraits(
+        multiple_leading_system=accepts(["system", "system", "user"]),
+        late_system=accepts(["user", "assistant", "system", "user"]),
+    )
 
 
 def _arguments(raw: str | dict[str, Any]) -> dict[str, Any] | str:
@@ -38,24 +76,34 @@ def _arguments(raw: str | dict[str, Any]) -> dict[str, Any] | str:
     return parsed if isinstance(parsed, dict) else raw
 
 
-def normalise(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Template-ready dicts. `developer` is an instruction role like `system`; consecutive leading
-    instruction messages become one system message (joined by a blank line), which every template
-    accepts. Later instruction messages keep their place and role."""
+def normalise(messages: list[ChatMessage], traits: TemplateTraits) -> list[dict[str, Any]]:
+    """Template-ready dicts that never turn valid OpenAI input into a template error.
+
+    - `developer` is an instruction role: it becomes `system`.
+    - Consecutive leading instruction messages stay separate where the template accepts several
+      system messages, else they are merged in order, joined by a blank line.
+    - A later instruction message keeps its place: as `system` where the template allows it, else
+      as a `user` message with the same content. Converting in place (never hoisting it into the
+      leading system message) keeps each turn's prompt a prefix of the next turn's, which is what
+      makes the prefix cache work for agents that append system messages mid-conversation.
+    """
     out: list[dict[str, Any]] = []
-    leading: list[str] = []
     index = 0
+    leading: list[str] = []
     while index < len(messages) and messages[index].role in INSTRUCTION_ROLES:
         leading.append(_text(messages[index].content))
         index += 1
-    if leading:
-        out.append({"role": "system", "content": "\n\n".join(leading)})
+    if len(leading) > 1 and not traits.multiple_leading_system:
+        leading = ["\n\n".join(leading)]
+    out.extend({"role": "system", "content": text} for text in leading)
+    late_role = "system" if traits.late_system else "user"
     for message in messages[index:]:
-        role = "system" if message.role == "developer" else message.role
+        role = late_role if message.role in INSTRUCTION_ROLES else message.role
         item: dict[str, Any] = {"role": role, "content": _text(message.content)}
-        reasoning = message.reasoning_content or message.reasoning
-        if role == "assistant" and reasoning:
-            item["reasoning_content"] = reasoning
+        if role == "assistant":
+            reasoning = message.reasoning_content or message.reasoning or _thinking(message.content)
+            if reasoning:
+                item["reasoning_content"] = reasoning
         if message.tool_calls:
             item["tool_calls"] = [
                 {

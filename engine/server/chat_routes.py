@@ -48,7 +48,7 @@ async def chat_completions(
     tools = request.tools if request.tool_choice != "none" else None
     prompt = render(
         state.tokenizer,
-        normalise(request.messages),
+        normalise(request.messages, state.template_traits),
         tools,
         _template_kwargs(state, request),
         request.add_generation_prompt,

@@ -61,7 +61,7 @@ async def tokenize(request: TokenizeRequest, state: State) -> dict[str, Any]:
     if request.messages is not None:
         tokens = render(
             state.tokenizer,
-            normalise(request.messages),
+            normalise(request.messages, state.template_traits),
             None,
             dict(state.config.default_chat_template_kwargs),
             request.add_generation_prompt,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.server.chat_render import TemplateTraits, probe_template
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.errors import APIError
 
@@ -17,6 +18,10 @@ class ServerState:
     config: ServerConfig
     served_model_names: tuple[str, ...]
     started_at: float = field(default_factory=time.time)
+    template_traits: TemplateTraits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.template_traits = probe_template(self.tokenizer)
 
     @property
     def tokenizer(self) -> Any:
