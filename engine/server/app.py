@@ -34,7 +34,8 @@ def create_app(state: ServerState) -> FastAPI:
                     413,
                     f"request body over {config.max_body_bytes} bytes",
                     code="request_too_large",
-                )
+                ),
+                request.url.path,
             )
         if config.api_key is not None and request.url.path not in OPEN_PATHS:
             presented = request.headers.get("x-api-key") or ""
@@ -48,7 +49,8 @@ def create_app(state: ServerState) -> FastAPI:
                         "invalid or missing API key",
                         type_="authentication_error",
                         code="invalid_api_key",
-                    )
+                    ),
+                    request.url.path,
                 )
         return await call_next(request)
 

@@ -67,54 +67,73 @@ def from_dgpp_error(err: DgppError) -> APIError:
     return APIError(500, err.message, type_="server_error", code=err.code)
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(
-        error_body(err.message, err.type, err.code, err.param),
-        status_code=err.status,
-        headers=err.headers,
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def anthropic_body(err: APIError) -> dict[str, Any]:
+    kind = ANTHROPIC_TYPES.get(err.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def error_response(err: APIError, path: str = "") -> JSONResponse:
+    """The error in the shape of the API `path` belongs to: Anthropic's, or OpenAI's."""
+    body = (
+        anthropic_body(err)
+        if is_anthropic_path(path)
+        else error_body(err.message, err.type, err.code, err.param)
     )
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-def _validation_response(err: RequestValidationError) -> JSONResponse:
+def _validation_error(err: RequestValidationError) -> APIError:
     first = err.errors()[0] if err.errors() else {}
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
     kind = first.get("type", "")
     if kind == "json_invalid":
-        return error_response(
-            APIError(400, "the request body is not valid JSON", code="invalid_json")
-        )
+        return APIError(400, "the request body is not valid JSON", code="invalid_json")
     if kind == "extra_forbidden":
         message = f"unsupported parameter: {param}"
-        return error_response(APIError(400, message, code="unsupported_parameter", param=param))
+        return APIError(400, message, code="unsupported_parameter", param=param)
     if kind == "missing":
         message = f"missing required parameter: {param}"
-        return error_response(
-            APIError(400, message, code="missing_required_parameter", param=param)
-        )
+        return APIError(400, message, code="missing_required_parameter", param=param)
     detail = first.get("msg", "invalid value")
-    return error_response(APIError(400, f"{param}: {detail}", code="invalid_type", param=param))
+    return APIError(400, f"{param}: {detail}", code="invalid_type", param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, err: APIError) -> JSONResponse:
-        return error_response(err)
+    async def _api_error(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err, request.url.path)
 
     @app.exception_handler(DgppError)
-    async def _dgpp_error(_: Request, err: DgppError) -> JSONResponse:
-        return error_response(from_dgpp_error(err))
+    async def _dgpp_error(request: Request, err: DgppError) -> JSONResponse:
+        return error_response(from_dgpp_error(err), request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, err: RequestValidationError) -> JSONResponse:
-        return _validation_response(err)
+    async def _validation(request: Request, err: RequestValidationError) -> JSONResponse:
+        return error_response(_validation_error(err), request.url.path)
 
     @app.exception_handler(json.JSONDecodeError)
-    async def _bad_json(_: Request, err: json.JSONDecodeError) -> JSONResponse:
-        return error_response(APIError(400, f"the request body is not valid JSON: {err}"))
+    async def _bad_json(request: Request, err: json.JSONDecodeError) -> JSONResponse:
+        message = f"the request body is not valid JSON: {err}"
+        return error_response(APIError(400, message, code="invalid_json"), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
         return error_response(
             APIError(
@@ -122,16 +141,18 @@ def install_error_handlers(app: FastAPI) -> None:
                 str(err.detail),
                 code=codes.get(err.status_code),
                 headers=getattr(err, "headers", None),
-            )
+            ),
+            request.url.path,
         )
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, err: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         return error_response(
             APIError(
                 500,
                 f"internal error: {type(err).__name__}: {err}",
                 type_="server_error",
                 code="internal_error",
-            )
+            ),
+            request.url.path,
         )

@@ -1,0 +1,68 @@
+"""Request bodies of the Anthropic Messages API (`/v1/messages`, `/v1/messages/count_tokens`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class Block(BaseModel):
+    """A content block; which fields matter depends on `type` (see anthropic_convert)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr
+    text: StrictStr | None = None
+    # tool_use
+    id: StrictStr | None = None
+    name: StrictStr | None = None
+    input: Any = None
+    # tool_result
+    tool_use_id: StrictStr | None = None
+    content: StrictStr | list[Block] | None = None
+    is_error: StrictBool | None = None
+    # thinking
+    thinking: StrictStr | None = None
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[Block]
+
+
+class AnthropicTool(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. cache_control, type
+    name: StrictStr
+    description: StrictStr | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class ThinkingConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: StrictInt | None = None
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: StrictStr
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: StrictStr | list[Block] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: ThinkingConfig | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: StrictInt = Field(ge=1)
+    stop_sequences: list[StrictStr] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
+    stream: StrictBool = False
+    metadata: dict[str, Any] | None = None
+    service_tier: StrictStr | None = None
+    container: Any = None
+    mcp_servers: Any = None
+    context_management: Any = None
