@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 
-from dgpp.engine.server import chat_routes, completion_routes, misc_routes
+from dgpp.engine.server import anthropic_routes, chat_routes, completion_routes, misc_routes
 from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
 from dgpp.engine.server.state import ServerState
 
@@ -21,6 +21,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(misc_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completion_routes.router)
+    app.include_router(anthropic_routes.router)
     config = state.config
 
     @app.middleware("http")

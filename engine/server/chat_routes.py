@@ -11,11 +11,14 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import DgppError
+from dgpp.engine.request import CompletionOutput
 from dgpp.engine.server import responses
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State
 from dgpp.engine.server.errors import error_body, from_dgpp_error
 from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.output_parser import ParsedDelta
+from dgpp.engine.server.parsing import make_parser
 from dgpp.engine.server.protocol import ChatCompletionRequest
 from dgpp.engine.server.sampling import (
     chat_logprobs,
@@ -63,22 +66,36 @@ async def chat_completions(
     created = int(time.time())
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        events = _chat_stream(state, prompt, params, request_id, created, model, include_usage)
+        events = _chat_stream(
+            state, prompt, params, request_id, created, model, include_usage, tools is not None
+        )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
     outputs = await run_to_completion(state, prompt, params, request_id)
     choices = []
+    reasoning_tokens = 0
     for index, output in enumerate(outputs):
         completion = output.outputs[0]
+        parser = make_parser(state, prompt, tools is not None)
+        pieces = [parser.feed(completion.text), parser.finish()]
+        content = "".join(piece.content for piece in pieces)
+        reasoning = "".join(piece.reasoning for piece in pieces)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+            reasoning_tokens += len(state.tokenizer(reasoning, add_special_tokens=False).input_ids)
+        if parser.num_tool_calls:
+            message["tool_calls"] = parser.tool_calls()
+            message["content"] = content or None
         choices.append(
             {
                 "index": index,
-                "message": {"role": "assistant", "content": completion.text},
+                "message": message,
                 "logprobs": responses.chat_logprobs(state.tokenizer, completion.logprobs)
                 if completion.logprobs is not None
                 else None,
-                "finish_reason": responses.finish_reason(completion),
+                "finish_reason": _finish_reason(completion, parser.num_tool_calls),
             }
         )
     prompt_tokens, completion_tokens = responses.final(outputs)
@@ -89,9 +106,33 @@ async def chat_completions(
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": responses.usage(prompt_tokens, completion_tokens),
+            "usage": responses.usage(prompt_tokens, completion_tokens, reasoning_tokens),
         }
     )
+
+
+def _finish_reason(completion: CompletionOutput, num_tool_calls: int) -> str | None:
+    reason = responses.finish_reason(completion)
+    return "tool_calls" if num_tool_calls and reason == "stop" else reason
+
+
+def _delta(piece: ParsedDelta) -> dict[str, Any]:
+    """The OpenAI chunk delta of one parsed piece (empty when nothing became certain)."""
+    delta: dict[str, Any] = {}
+    if piece.reasoning:
+        delta["reasoning_content"] = piece.reasoning
+    if piece.content:
+        delta["content"] = piece.content
+    if piece.tool_calls:
+        calls = []
+        for call in piece.tool_calls:
+            entry: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+            if call.id is not None:
+                entry.update(id=call.id, type="function")
+                entry["function"]["name"] = call.name
+            calls.append(entry)
+        delta["tool_calls"] = calls
+    return delta
 
 
 async def _chat_stream(
@@ -102,6 +143,7 @@ async def _chat_stream(
     created: int,
     model: str,
     include_usage: bool,
+    tools_enabled: bool,
 ) -> AsyncIterator[str]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -109,6 +151,7 @@ async def _chat_stream(
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return responses.sse({**base, "choices": [{**choice, **extra}]})
 
+    parsers = [make_parser(state, prompt, tools_enabled) for _ in params]
     for index in range(len(params)):
         yield chunk(index, {"role": "assistant", "content": ""})
     completion_tokens = 0
@@ -125,11 +168,17 @@ async def _chat_stream(
             if completion.logprobs is not None and output.num_new_tokens:
                 new = completion.logprobs[-output.num_new_tokens :]
                 extra["logprobs"] = responses.chat_logprobs(state.tokenizer, new)
-            if output.text_delta or extra:
-                yield chunk(index, {"content": output.text_delta}, **extra)
+            parser = parsers[index]
+            delta = _delta(parser.feed(output.text_delta))
+            if output.finished:
+                for key, value in _delta(parser.finish()).items():
+                    delta[key] = delta.get(key, "" if key != "tool_calls" else []) + value
+            if delta or extra:
+                yield chunk(index, delta, **extra)
             if output.finished:
                 completion_tokens += len(completion.token_ids)
-                yield chunk(index, {}, finish_reason=responses.finish_reason(completion))
+                finish = _finish_reason(completion, parser.num_tool_calls)
+                yield chunk(index, {}, finish_reason=finish)
     except DgppError as err:
         api = from_dgpp_error(err)
         yield responses.sse(error_body(api.message, api.type, api.code, api.param))

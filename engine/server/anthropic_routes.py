@@ -1,0 +1,233 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic Messages API)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from dgpp.engine.errors import DgppError
+from dgpp.engine.request import CompletionOutput
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server import responses
+from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
+from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.deps import State
+from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
+from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.parsing import make_parser
+from dgpp.engine.server.sampling import resolve_max_tokens
+from dgpp.engine.server.state import ServerState
+
+router = APIRouter()
+
+
+def _prompt(state: ServerState, request: CountTokensRequest) -> list[int]:
+    kwargs = dict(state.config.default_chat_template_kwargs)
+    if request.thinking is not None:
+        kwargs["enable_thinking"] = request.thinking.type != "disabled"
+    messages = normalise(to_chat_messages(request), state.template_traits)
+    return render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: CountTokensRequest, state: State) -> dict[str, int]:
+    state.check_model(request.model)
+    return {"input_tokens": len(_prompt(state, request))}
+
+
+def _stop_reason(completion: CompletionOutput, has_tool_calls: bool) -> tuple[str, str | None]:
+    if has_tool_calls:
+        return "tool_use", None
+    if completion.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(completion.stop_reason, str):
+        return "stop_sequence", completion.stop_reason
+    return "end_turn", None
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+@router.post("/v1/messages", response_model=None)
+async def messages(request: MessagesRequest, state: State) -> JSONResponse | StreamingResponse:
+    model = state.check_model(request.model)
+    prompt = _prompt(state, request)
+    max_tokens = resolve_max_tokens(request.max_tokens, len(prompt), state, "max_tokens")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=request.top_k or 0,
+        stop=tuple(request.stop_sequences or ()),
+    )
+    message_id = f"msg_{uuid.uuid4().hex[:24]}"
+    tools_on = to_openai_tools(request) is not None
+    if request.stream:
+        events = _stream(state, prompt, params, message_id, model, tools_on)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+        )
+    (output,) = await run_to_completion(state, prompt, [params], message_id)
+    completion = output.outputs[0]
+    parser = make_parser(state, prompt, tools_on)
+    parsed = [parser.feed(completion.text), parser.finish()]
+    content: list[dict[str, Any]] = []
+    reasoning = "".join(p.reasoning for p in parsed)
+    text = "".join(p.content for p in parsed)
+    if reasoning:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    if text:
+        content.append({"type": "text", "text": text})
+    for call in parser.tool_calls():
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["function"]["name"],
+                "input": _json_object(call["function"]["arguments"]),
+            }
+        )
+    stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
+    return JSONResponse(
+        {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": _usage(len(prompt), len(completion.token_ids)),
+        }
+    )
+
+
+def _json_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
+
+
+def _event(name: str, payload: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class _Blocks:
+    """Opens and closes Anthropic content blocks as the kind of streamed output changes."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.kind: str | None = None
+        self.tool_index: int | None = None
+
+    def switch(self, kind: str, start: dict[str, Any], tool_index: int | None = None) -> list[str]:
+        if self.kind == kind and self.tool_index == tool_index:
+            return []
+        events = self.close()
+        self.index += 1
+        self.kind, self.tool_index = kind, tool_index
+        events.append(
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": self.index, "content_block": start},
+            )
+        )
+        return events
+
+    def delta(self, delta: dict[str, Any]) -> str:
+        return _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self.index, "delta": delta},
+        )
+
+    def close(self) -> list[str]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+
+async def _stream(
+    state: ServerState,
+    prompt: list[int],
+    params: SamplingParams,
+    message_id: str,
+    model: str,
+    tools_on: bool,
+) -> AsyncIterator[str]:
+    start = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": _usage(len(prompt), 0),
+    }
+    yield _event("message_start", {"type": "message_start", "message": start})
+    yield _event("ping", {"type": "ping"})
+    parser = make_parser(state, prompt, tools_on)
+    blocks = _Blocks()
+    try:
+        async for item in stream_choices(
+            state, prompt, [params], message_id, state.config.keepalive_interval_s
+        ):
+            if item is None:
+                yield _event("ping", {"type": "ping"})
+                continue
+            _, output = item
+            pieces = [parser.feed(output.text_delta)]
+            if output.finished:
+                pieces.append(parser.finish())
+            for piece in pieces:
+                for event in _piece_events(blocks, piece):
+                    yield event
+            if output.finished:
+                for event in blocks.close():
+                    yield event
+                completion = output.outputs[0]
+                stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
+                yield _event(
+                    "message_delta",
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                        "usage": {"output_tokens": len(completion.token_ids)},
+                    },
+                )
+                yield _event("message_stop", {"type": "message_stop"})
+    except DgppError as err:
+        yield _event("error", anthropic_body(from_dgpp_error(err)))
+
+
+def _piece_events(blocks: _Blocks, piece: Any) -> list[str]:
+    events: list[str] = []
+    if piece.reasoning:
+        events += blocks.switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        events.append(blocks.delta({"type": "thinking_delta", "thinking": piece.reasoning}))
+    if piece.content:
+        events += blocks.switch("text", {"type": "text", "text": ""})
+        events.append(blocks.delta({"type": "text_delta", "text": piece.content}))
+    for call in piece.tool_calls:
+        if call.id is not None:
+            start = {"type": "tool_use", "id": call.id, "name": call.name or "", "input": {}}
+            events += blocks.switch("tool_use", start, call.index)
+        if call.arguments:
+            events.append(
+                blocks.delta({"type": "input_json_delta", "partial_json": call.arguments})
+            )
+    return events

@@ -1,0 +1,229 @@
+"""Finds tool calls in the content of a chat completion, incrementally.
+
+Two formats are recognised:
+
+- Hermes/Qwen tags: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, any number of
+  them, after optional content. A block becomes a call once its closing tag arrives and its body is
+  a JSON object with a non-empty string "name" and "arguments" (or "parameters") that is an object
+  or a string (absent means `{}`). Anything else — bad JSON, no name, an unclosed block at the end
+  — comes out unchanged as content. Whitespace right after a call (the newlines between calls) is
+  dropped.
+- Llama 3 JSON: when the content, after leading whitespace, starts with "{", all of it is held until
+  `finish`, which turns it into calls if it is one or more `{"name": ..., "parameters": {...}}`
+  objects (or "arguments") separated by ";", and returns it unchanged as content otherwise. A JSON
+  answer to a request that offered tools is therefore not streamed: one can only tell at the end.
+
+Each call is emitted whole, as a single `ToolCallDelta` carrying id, name and the complete arguments
+string, when it becomes certain. Streaming the arguments earlier was rejected on purpose: a block is
+only known to be a valid call once it has closed, an invalid one must come out as content, and the
+stream has to agree with the same text parsed whole.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from dgpp.engine.server.reasoning_parser import split_partial_tag
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_WHITESPACE = re.compile(r"\s*")
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One piece of a tool call in OpenAI's streaming shape."""
+
+    index: int  # position of this call among the message's tool calls
+    id: str | None  # set on the first delta of a call, else None
+    name: str | None  # set on the first delta of a call, else None
+    arguments: str  # a piece of the JSON arguments string ("" allowed)
+
+    def as_openai(self) -> dict[str, Any]:
+        """The `choices[].delta.tool_calls[]` entry of a chat.completion.chunk."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {
+            "index": self.index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+    def as_openai(self) -> dict[str, Any]:
+        """The `choices[].message.tool_calls[]` entry of a chat.completion."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ToolParse:
+    content: str = ""
+    calls: tuple[ToolCallDelta, ...] = ()
+
+
+def _call_fields(obj: object, keys: tuple[str, ...], *, required: bool) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` of a decoded call object, or None when it is not one."""
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    present = [key for key in keys if key in obj]
+    if not present and required:
+        return None
+    arguments = obj[present[0]] if present else {}
+    if isinstance(arguments, dict):
+        return name, json.dumps(arguments, ensure_ascii=False)
+    if isinstance(arguments, str):
+        return name, arguments  # the model already wrote the JSON string
+    return None
+
+
+def _hermes_call(body: str) -> tuple[str, str] | None:
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return _call_fields(obj, ("arguments", "parameters"), required=False)
+
+
+def _llama_calls(text: str) -> list[tuple[str, str]] | None:
+    """Calls when `text` is only `;`-separated call objects, else None."""
+    decoder = json.JSONDecoder()
+    calls = []
+    pos = _WHITESPACE.match(text).end()
+    while pos < len(text):
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return None
+        # Both keys are required here: without them any JSON answer with a "name" would be a call.
+        call = _call_fields(obj, ("parameters", "arguments"), required=True)
+        if call is None:
+            return None
+        calls.append(call)
+        pos = _WHITESPACE.match(text, pos).end()
+        if pos < len(text):
+            if text[pos] != ";":
+                return None
+            pos = _WHITESPACE.match(text, pos + 1).end()
+    return calls or None
+
+
+class _Mode(Enum):
+    START = "start"  # only whitespace so far: the content may still be Llama 3 JSON
+    TEXT = "text"  # plain content, watching for CALL_OPEN
+    BLOCK = "block"  # inside a tag block, waiting for CALL_CLOSE
+    JSON = "json"  # the content began with "{": all held until finish
+    DONE = "done"
+
+
+class ToolCallParser:
+    """Splits a content stream into plain content and tool calls. Not to be fed after `finish`."""
+
+    def __init__(self) -> None:
+        self._mode = _Mode.START
+        # Text not yet returned: leading whitespace, a possible tag prefix, an open block's body,
+        # or the held JSON.
+        self._buffer = ""
+        self._scan_from = 0  # in BLOCK: CALL_CLOSE cannot start before this offset of the buffer
+        self._strip_whitespace = False  # set by each call, cleared by the next non-space character
+        self._calls: list[ToolCall] = []
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        return tuple(self._calls)
+
+    def feed(self, text: str) -> ToolParse:
+        self._buffer += text
+        content: list[str] = []
+        calls: list[ToolCallDelta] = []
+        while self._step(content, calls):
+            pass
+        return ToolParse("".join(content), tuple(calls))
+
+    def finish(self) -> ToolParse:
+        mode, held = self._mode, self._buffer
+        self._mode, self._buffer = _Mode.DONE, ""
+        if mode is _Mode.BLOCK:
+            return ToolParse(CALL_OPEN + held)
+        if mode is _Mode.JSON:
+            found = _llama_calls(held)
+            if found is None:
+                return ToolParse(held)
+            return ToolParse("", tuple(self._add(name, arguments) for name, arguments in found))
+        return ToolParse(held)  # leading whitespace or a partial tag: plain content
+
+    def _step(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
+        """One transition over the buffer; False once it must wait for more text."""
+        if self._mode is _Mode.START:
+            rest = self._buffer.lstrip()
+            if not rest:
+                return False
+            self._mode = _Mode.JSON if rest.startswith("{") else _Mode.TEXT
+            return self._mode is _Mode.TEXT
+        if self._mode is _Mode.TEXT:
+            return self._step_text(content)
+        if self._mode is _Mode.BLOCK:
+            return self._step_block(content, calls)
+        return False
+
+    def _step_text(self, content: list[str]) -> bool:
+        if self._strip_whitespace:
+            self._buffer = self._buffer.lstrip()
+            if not self._buffer:
+                return False
+            self._strip_whitespace = False
+        at = self._buffer.find(CALL_OPEN)
+        if at < 0:
+            certain, self._buffer = split_partial_tag(self._buffer, CALL_OPEN)
+            content.append(certain)
+            return False
+        content.append(self._buffer[:at])
+        self._buffer = self._buffer[at + len(CALL_OPEN) :]
+        self._mode, self._scan_from = _Mode.BLOCK, 0
+        return True
+
+    def _step_block(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
+        at = self._buffer.find(CALL_CLOSE, self._scan_from)
+        if at < 0:
+            # Only the last len(CALL_CLOSE) - 1 characters can begin a tag that later text closes.
+            self._scan_from = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
+            return False
+        body = self._buffer[:at]
+        self._buffer = self._buffer[at + len(CALL_CLOSE) :]
+        self._mode = _Mode.TEXT
+        found = _hermes_call(body)
+        if found is None:
+            content.append(CALL_OPEN + body + CALL_CLOSE)
+        else:
+            calls.append(self._add(*found))
+            self._strip_whitespace = True
+        return True
+
+    def _add(self, name: str, arguments: str) -> ToolCallDelta:
+        call = ToolCall(id=new_call_id(), name=name, arguments=arguments)
+        self._calls.append(call)
+        return ToolCallDelta(index=len(self._calls) - 1, id=call.id, name=name, arguments=arguments)
