@@ -94,6 +94,21 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def check_capacity(self, num_requests: int = 1) -> None:
+        """Raise now what `generate` would raise for `num_requests` more requests (failure or
+        overload), so a streaming response can still answer with a proper status code."""
+        if self._failure is not None:
+            raise EngineFailureError(f"the engine has failed: {self._failure}")
+        with self._lock:
+            if self._num_pending + num_requests > self._capacity:
+                raise OverloadedError(
+                    f"the server is at its queue limit ({self.queue_limit} waiting requests)"
+                )
+
+    @property
+    def _capacity(self) -> int:
+        return self.engine.config.max_concurrency + self.queue_limit
+
     async def generate(
         self, prompt: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
@@ -102,7 +117,7 @@ class AsyncEngine:
         if self._failure is not None:
             raise EngineFailureError(f"the engine has failed: {self._failure}")
         with self._lock:
-            if self._num_pending >= self.engine.config.max_concurrency + self.queue_limit:
+            if self._num_pending >= self._capacity:
                 raise OverloadedError(
                     f"the server is at its queue limit ({self.queue_limit} waiting requests)"
                 )

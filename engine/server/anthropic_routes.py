@@ -64,7 +64,9 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 async def messages(request: MessagesRequest, state: State) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     prompt = _prompt(state, request)
-    max_tokens = resolve_max_tokens(request.max_tokens, len(prompt), state, "max_tokens")
+    max_tokens = resolve_max_tokens(
+        request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
+    )
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -75,6 +77,7 @@ async def messages(request: MessagesRequest, state: State) -> JSONResponse | Str
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     tools_on = to_openai_tools(request) is not None
     if request.stream:
+        state.engine.check_capacity()
         events = _stream(state, prompt, params, message_id, model, tools_on)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS

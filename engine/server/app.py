@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from dgpp.engine.server import anthropic_routes, chat_routes, completion_routes, misc_routes
+from dgpp.engine.server.body_limit import BodyLimitMiddleware
 from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
 from dgpp.engine.server.state import ServerState
 
@@ -18,6 +19,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="dgpp", version="0.1.0", description="OpenAI-compatible LLM serving")
     app.state.dgpp = state
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, limit=state.config.max_body_bytes)
     app.include_router(misc_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completion_routes.router)

@@ -58,13 +58,18 @@ async def chat_completions(
     )
     limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
     max_tokens = resolve_max_tokens(
-        request.max_tokens or request.max_completion_tokens, len(prompt), state, limit_name
+        request.max_tokens or request.max_completion_tokens,
+        len(prompt),
+        state,
+        limit_name,
+        prompt_param="messages",
     )
     logprobs = chat_logprobs(request)
     params = [sampling_params(request, max_tokens, logprobs, i) for i in range(request.n)]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream:
+        state.engine.check_capacity(len(params))  # refuse with a status code while we still can
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = _chat_stream(
             state, prompt, params, request_id, created, model, include_usage, tools is not None

@@ -33,10 +33,16 @@ def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[
     if raw and all(isinstance(token, int) for token in raw):
         raw = [raw]  # one prompt of token ids
     prompts = []
+    vocab = state.engine.engine.model_config.vocab_size
     for prompt in raw:
         ids = state.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
+        bad = [token for token in ids if not 0 <= token < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids must be in [0, {vocab}), got {bad[:5]}", param="prompt"
+            )
         prompts.append(list(ids))
     if not prompts:
         raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -63,6 +69,7 @@ async def completions(request: CompletionRequest, state: State) -> JSONResponse 
         jobs.append((prompt, params))
     if request.stream:
         prompt, params = jobs[0]
+        state.engine.check_capacity(len(params))
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = _completion_stream(state, request, prompt, params, base, include_usage)
         return StreamingResponse(

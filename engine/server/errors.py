@@ -97,13 +97,42 @@ def error_response(err: APIError, path: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
+TYPE_ERROR_SUFFIXES = ("_type", "_parsing")
+
+
+def _param_of(location: tuple[Any, ...]) -> str | None:
+    """The request field a pydantic error location names. Locations through a union carry the
+    branch's type tag ('str', 'list[int]', 'ContentPart', 'function-after[...]'): those are
+    dropped, so `stop: 7` names `stop`, not `stop.str`."""
+    parts = []
+    for part in location:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            parts.append(str(part))
+            continue
+        text = str(part)
+        if text in TYPE_TAGS or "[" in text or "-" in text or text[:1].isupper():
+            continue
+        parts.append(text)
+    return ".".join(parts) or None
+
+
+TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "tuple"})
+
+
 def _validation_error(err: RequestValidationError) -> APIError:
     first = err.errors()[0] if err.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(location) or None
+    param = _param_of(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "json_invalid":
         return APIError(400, "the request body is not valid JSON", code="invalid_json")
+    if param is None:
+        return APIError(
+            400,
+            "the request body must be a JSON object (send it with Content-Type: application/json)",
+            code="invalid_json",
+        )
     if kind == "extra_forbidden":
         message = f"unsupported parameter: {param}"
         return APIError(400, message, code="unsupported_parameter", param=param)
@@ -111,7 +140,9 @@ def _validation_error(err: RequestValidationError) -> APIError:
         message = f"missing required parameter: {param}"
         return APIError(400, message, code="missing_required_parameter", param=param)
     detail = first.get("msg", "invalid value")
-    return APIError(400, f"{param}: {detail}", code="invalid_type", param=param)
+    # A value of the right type outside its range or choices is an invalid value, not a type error.
+    code = "invalid_type" if kind.endswith(TYPE_ERROR_SUFFIXES) else "invalid_value"
+    return APIError(400, f"{param}: {detail}", code=code, param=param)
 
 
 def install_error_handlers(app: FastAPI) -> None:

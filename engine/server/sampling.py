@@ -9,7 +9,11 @@ from dgpp.engine.server.state import ServerState
 
 
 def resolve_max_tokens(
-    requested: int | None, num_prompt_tokens: int, state: ServerState, param: str
+    requested: int | None,
+    num_prompt_tokens: int,
+    state: ServerState,
+    param: str,
+    prompt_param: str = "prompt",
 ) -> int:
     """An explicit limit is kept (the engine refuses one that cannot fit); a missing one becomes
     the server default, capped to what the context leaves after the prompt."""
@@ -18,7 +22,7 @@ def resolve_max_tokens(
         raise ContextLengthExceededError(
             f"the prompt has {num_prompt_tokens} tokens; this model's context is "
             f"{state.max_model_len} tokens and at least one must be left to generate",
-            param="messages" if param == "max_completion_tokens" else "prompt",
+            param=prompt_param,
         )
     if requested is not None:
         if num_prompt_tokens + requested > state.max_model_len:

@@ -105,3 +105,45 @@ def _wait_for_health(url: str, thread: threading.Thread, timeout: float = 30.0) 
             pass
         time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer within {timeout} s")
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    """The OpenAI-style `error` object of a response, checked to have exactly the four keys."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    return error
+
+
+def assert_error(
+    response: httpx.Response,
+    status: int,
+    code: str | None,
+    param: str | None,
+    type_: str = "invalid_request_error",
+) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = error_of(response)
+    assert (error["type"], error["code"], error["param"]) == (type_, code, param), error
+    return error
+
+
+def assert_still_serving(server: RunningServer, headers: dict[str, str] | None = None) -> None:
+    """A normal request succeeds, and once idle the engine holds no request and no KV block."""
+    server.wait_idle()  # a client that just went away is noticed asynchronously
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "model": server.model,
+            "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 2,
+            "temperature": 0,
+        },
+        headers=headers,
+        timeout=60.0,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] >= 1
+    server.wait_idle()

@@ -1,0 +1,227 @@
+"""Paths a real model cannot trigger on demand, through a fake engine swapped in with
+`app.dependency_overrides[get_state]`: an engine that fails mid-stream or before finishing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import openai
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from dgpp.engine.async_engine import EngineFailureError
+from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.app import create_app
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.deps import get_state
+from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenizer import load_tokenizer
+from tests.engine.server.harness import assert_error
+
+CHAT_BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+COMPLETION_BODY = {"model": "fake", "prompt": "hi", "max_tokens": 8}
+
+
+def _output(request_id: str, prompt: list[int], text: str, delta: str, done: bool) -> RequestOutput:
+    completion = CompletionOutput(
+        index=0,
+        text=text,
+        token_ids=tuple(range(len(text))),
+        finish_reason="length" if done else None,
+    )
+    return RequestOutput(
+        request_id=request_id,
+        prompt=None,
+        prompt_token_ids=tuple(prompt),
+        outputs=(completion,),
+        finished=done,
+        text_delta=delta,
+        num_new_tokens=1,
+    )
+
+
+class FakeAsyncEngine:
+    """The part of `AsyncEngine` the routes use. `mode`: 'ok' finishes "Hello" in two outputs;
+    'fail' yields "Hel" and then raises `EngineFailureError`; 'slow' waits before each output;
+    'crash' raises a plain RuntimeError."""
+
+    def __init__(self, tokenizer: Any, mode: str, delay: float = 0.0) -> None:
+        self.engine = SimpleNamespace(
+            tokenizer=tokenizer,
+            max_model_len=512,
+            model_config=SimpleNamespace(vocab_size=49152),
+            config=SimpleNamespace(max_concurrency=4),
+        )
+        self.mode = mode
+        self.delay = delay
+        self.is_running = mode != "dead"
+        self.failure = RuntimeError("CUDA error: device lost") if mode == "dead" else None
+        self.started: list[str] = []
+        self.closed: list[str] = []
+
+    def check_capacity(self, num_requests: int = 1) -> None:
+        if self.mode == "dead":
+            raise EngineFailureError(f"the engine has failed: {self.failure}")
+
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        self.started.append(request_id)
+        try:
+            if self.mode == "crash":
+                raise RuntimeError("unexpected")
+            if self.mode == "dead":
+                raise EngineFailureError(f"the engine has failed: {self.failure}")
+            await asyncio.sleep(self.delay)
+            yield _output(request_id, prompt, "Hel", "Hel", False)
+            # with n > 1 only the first choice fails; its siblings would run on
+            if self.mode == "fail" and request_id.endswith("-0"):
+                raise EngineFailureError("the engine failed while serving: boom")
+            await asyncio.sleep(self.delay if self.mode != "fail" else 3600)
+            yield _output(request_id, prompt, "Hello", "lo", True)
+        finally:
+            self.closed.append(request_id)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_checkpoint: Path) -> Any:
+    return load_tokenizer(default_checkpoint)
+
+
+def _app(tokenizer: Any, mode: str, **config: Any) -> tuple[FastAPI, FakeAsyncEngine]:
+    """An app built on a healthy fake, with `get_state` overridden to a fake in `mode`."""
+    names = ("fake",)
+    healthy = ServerState(FakeAsyncEngine(tokenizer, "ok"), ServerConfig(), names)  # type: ignore[arg-type]
+    app = create_app(healthy)
+    fake = FakeAsyncEngine(tokenizer, mode, config.pop("delay", 0.0))
+    state = ServerState(fake, ServerConfig(served_model_names=names, **config), names)  # type: ignore[arg-type]
+    app.dependency_overrides[get_state] = lambda: state
+    return app, fake
+
+
+@pytest.fixture
+def failing(tokenizer: Any) -> Iterator[tuple[TestClient, FakeAsyncEngine]]:
+    app, fake = _app(tokenizer, "fail")
+    with TestClient(app) as client:
+        yield client, fake
+
+
+def _events(client: TestClient, path: str, body: dict) -> list[str]:
+    with client.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        raw = response.read().decode()
+    frames = [frame for frame in raw.split("\n\n") if frame]
+    assert all(frame.startswith("data: ") for frame in frames), frames
+    return [frame.removeprefix("data: ") for frame in frames]
+
+
+def test_override_replaces_the_state(tokenizer: Any) -> None:
+    app, _ = _app(tokenizer, "ok")
+    with TestClient(app) as client:
+        reply = client.post("/v1/chat/completions", json=CHAT_BODY).json()
+    assert reply["choices"][0]["message"]["content"] == "Hello"
+    assert reply["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "text_of"),
+    [
+        ("/v1/chat/completions", CHAT_BODY, lambda c: c["delta"].get("content")),
+        ("/v1/completions", COMPLETION_BODY, lambda c: c["text"]),
+    ],
+    ids=["chat", "completions"],
+)
+def test_engine_failure_mid_stream_sends_an_error_event_then_done(
+    failing: tuple[TestClient, FakeAsyncEngine], path: str, body: dict, text_of: Any
+) -> None:
+    client, _ = failing
+    events = _events(client, path, body)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])
+    assert set(error) == {"error"}
+    assert error["error"]["type"] == "server_error"
+    assert error["error"]["code"] == "engine_failure"
+    assert error["error"]["param"] is None
+    assert "boom" in error["error"]["message"]
+    chunks = [json.loads(event) for event in events[:-2]]
+    assert "".join(text_of(chunk["choices"][0]) or "" for chunk in chunks) == "Hel"
+    assert all(chunk["choices"][0]["finish_reason"] is None for chunk in chunks)
+
+
+def test_engine_failure_of_one_choice_closes_its_siblings(
+    failing: tuple[TestClient, FakeAsyncEngine],
+) -> None:
+    client, fake = failing
+    events = _events(client, "/v1/chat/completions", {**CHAT_BODY, "n": 3})
+    assert json.loads(events[-2])["error"]["code"] == "engine_failure"
+    assert len(fake.started) == 3
+    assert sorted(fake.closed) == sorted(fake.started)  # no choice left generating
+
+
+def test_sdk_raises_on_the_in_band_error(failing: tuple[TestClient, FakeAsyncEngine]) -> None:
+    client, _ = failing
+    sdk = openai.OpenAI(
+        base_url="http://testserver/v1", api_key="x", http_client=client, max_retries=0
+    )
+    stream = sdk.chat.completions.create(**CHAT_BODY, stream=True)
+    with pytest.raises(openai.APIError) as caught:
+        for _ in stream:
+            pass
+    assert caught.value.code == "engine_failure"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", CHAT_BODY), ("/v1/completions", COMPLETION_BODY)],
+    ids=["chat", "completions"],
+)
+def test_engine_failure_without_stream_is_503(
+    failing: tuple[TestClient, FakeAsyncEngine], path: str, body: dict
+) -> None:
+    client, fake = failing
+    response = client.post(path, json={**body, "n": 2})
+    error = assert_error(response, 503, "engine_failure", None, type_="server_error")
+    assert "boom" in error["message"]
+    assert response.headers["retry-after"] == "5"
+    assert sorted(fake.closed) == sorted(fake.started)
+
+
+def test_failed_engine_refuses_with_503_and_health_says_failed(tokenizer: Any) -> None:
+    app, _ = _app(tokenizer, "dead")
+    with TestClient(app) as client:
+        response = client.post("/v1/chat/completions", json=CHAT_BODY)
+        assert_error(response, 503, "engine_failure", None, type_="server_error")
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json()["state"] == "failed"
+        assert "device lost" in health.json()["error"]
+
+
+def test_unexpected_error_is_a_500_with_an_openai_body(tokenizer: Any) -> None:
+    app, _ = _app(tokenizer, "crash")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.post("/v1/chat/completions", json=CHAT_BODY)
+    error = assert_error(response, 500, "internal_error", None, type_="server_error")
+    assert "unexpected" in error["message"]
+
+
+def test_keep_alive_comments_during_a_slow_step(tokenizer: Any) -> None:
+    app, _ = _app(tokenizer, "slow", delay=0.3, keepalive_interval_s=0.05)
+    with (
+        TestClient(app) as client,
+        client.stream("POST", "/v1/chat/completions", json={**CHAT_BODY, "stream": True}) as r,
+    ):
+        raw = r.read().decode()
+    assert ": keep-alive\n\n" in raw
+    assert raw.endswith("data: [DONE]\n\n")
+    with TestClient(app) as client:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+        chunks = list(sdk.chat.completions.create(**CHAT_BODY, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello"
