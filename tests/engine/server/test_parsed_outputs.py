@@ -1,0 +1,176 @@
+"""Tool calls and reasoning through the HTTP layer, with a scripted engine (a real model cannot be
+made to emit them on demand): OpenAI chat (whole and streamed, via the official SDK) and
+Anthropic messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.app import create_app
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenizer import load_tokenizer
+
+TOOL_TEXT = 'Let me look.<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call>'
+THINK_TEXT = "<think>\nThe user greets me.\n</think>\n\nHello!"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "ls",
+            "description": "list a folder",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+THINKING_TEMPLATE = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+class ScriptedEngine:
+    """Replays `text` in small, uneven pieces (tags split across them), finishing with 'stop'."""
+
+    def __init__(self, tokenizer: Any, text: str) -> None:
+        self.engine = SimpleNamespace(
+            tokenizer=tokenizer,
+            max_model_len=512,
+            model_config=SimpleNamespace(vocab_size=49152),
+            config=SimpleNamespace(max_concurrency=4),
+        )
+        self.text = text
+        self.is_running = True
+        self.failure = None
+
+    def check_capacity(self, num_requests: int = 1) -> None:
+        del num_requests
+
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        sizes = [3, 1, 7, 2, 5]
+        start, step = 0, 0
+        while start < len(self.text):
+            end = min(len(self.text), start + sizes[step % len(sizes)])
+            done = end == len(self.text)
+            completion = CompletionOutput(
+                index=0,
+                text=self.text[:end],
+                token_ids=tuple(range(step + 1)),
+                finish_reason="stop" if done else None,
+            )
+            yield RequestOutput(
+                request_id, None, tuple(prompt), (completion,), done, self.text[start:end], 1
+            )
+            start, step = end, step + 1
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_checkpoint: Path) -> Any:
+    return load_tokenizer(default_checkpoint)
+
+
+def _client(tokenizer: Any, text: str) -> TestClient:
+    state = ServerState(ScriptedEngine(tokenizer, text), ServerConfig(), ("m",))  # type: ignore[arg-type]
+    return TestClient(create_app(state))
+
+
+@pytest.fixture
+def tool_client(tokenizer: Any) -> Iterator[TestClient]:
+    with _client(tokenizer, TOOL_TEXT) as client:
+        yield client
+
+
+def test_openai_sdk_gets_tool_calls_whole_and_streamed(tool_client: TestClient) -> None:
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=tool_client)
+    messages = [{"role": "user", "content": "What is in /tmp?"}]
+    reply = sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me look."
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.function.name == "ls"
+    assert json.loads(call.function.arguments) == {"path": "/tmp"}
+
+    content, names, arguments, finish = "", [], "", None
+    for chunk in sdk.chat.completions.create(
+        model="m", messages=messages, tools=TOOLS, stream=True
+    ):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tool_call in delta.tool_calls or []:
+            assert tool_call.index == 0
+            if tool_call.function.name:
+                names.append(tool_call.function.name)
+            arguments += tool_call.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert content == "Let me look." and names == ["ls"] and finish == "tool_calls"
+    assert json.loads(arguments) == {"path": "/tmp"}
+
+
+def test_without_tools_the_markup_is_plain_content(tool_client: TestClient) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    message = tool_client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert message["message"]["content"] == TOOL_TEXT and message["finish_reason"] == "stop"
+    hidden = {**body, "tools": TOOLS, "tool_choice": "none"}
+    message = tool_client.post("/v1/chat/completions", json=hidden).json()["choices"][0]
+    assert message["message"]["content"] == TOOL_TEXT
+
+
+def test_anthropic_tool_use_whole_and_streamed(tool_client: TestClient) -> None:
+    sdk = anthropic.Anthropic(base_url="http://testserver", api_key="x", http_client=tool_client)
+    tools = [{"name": "ls", "description": "list", "input_schema": {"type": "object"}}]
+    kwargs = {
+        "model": "m",
+        "max_tokens": 50,
+        "tools": tools,
+        "messages": [{"role": "user", "content": "What is in /tmp?"}],
+    }
+    message = sdk.messages.create(**kwargs)
+    assert message.stop_reason == "tool_use"
+    assert [block.type for block in message.content] == ["text", "tool_use"]
+    assert message.content[1].name == "ls" and message.content[1].input == {"path": "/tmp"}
+    with sdk.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert final.content[0].text == "Let me look."
+    assert final.content[1].input == {"path": "/tmp"} and final.content[1].id.startswith("call_")
+
+
+def test_reasoning_is_split_from_content(tokenizer: Any) -> None:
+    thinking = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    thinking.chat_template = THINKING_TEMPLATE
+    with _client(thinking, THINK_TEXT) as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        reply = client.post("/v1/chat/completions", json=body).json()
+        message = reply["choices"][0]["message"]
+        assert message["reasoning_content"].strip() == "The user greets me."
+        assert message["content"] == "Hello!"
+        assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert (
+            "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+        )
+        assert "".join(d.get("content") or "" for d in deltas) == "Hello!"
+        anthropic_reply = client.post(
+            "/v1/messages",
+            json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]},
+        ).json()
+        assert [b["type"] for b in anthropic_reply["content"]] == ["thinking", "text"]
+        assert anthropic_reply["content"][1]["text"] == "Hello!"
