@@ -20,19 +20,25 @@ from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import run_to_completion, stream_choices
-from dgpp.engine.server.parsing import make_parser
+from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.sampling import resolve_max_tokens
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.tool_choice import ForcedStart, anthropic_choice, forced_start
 
 router = APIRouter()
 
 
-def _prompt(state: ServerState, request: CountTokensRequest) -> list[int]:
+def _prompt(
+    state: ServerState, request: CountTokensRequest, forced: ForcedStart | None = None
+) -> list[int]:
     kwargs = dict(state.config.default_chat_template_kwargs)
     if request.thinking is not None:
         kwargs["enable_thinking"] = request.thinking.type != "disabled"
     messages = normalise(to_chat_messages(request), state.template_traits)
-    return render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
+    prompt = render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
+    if forced is not None:
+        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
+    return prompt
 
 
 @router.post("/v1/messages/count_tokens")
@@ -63,7 +69,11 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 @router.post("/v1/messages", response_model=None)
 async def messages(request: MessagesRequest, state: State) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
-    prompt = _prompt(state, request)
+    tools = to_openai_tools(request)
+    forced = forced_start(
+        state.tokenizer.chat_template or "", tools, *anthropic_choice(request.tool_choice)
+    )
+    prompt = _prompt(state, request, forced)
     max_tokens = resolve_max_tokens(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
@@ -75,20 +85,18 @@ async def messages(request: MessagesRequest, state: State) -> JSONResponse | Str
         stop=tuple(request.stop_sequences or ()),
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
-    tools_on = to_openai_tools(request) is not None
+    parser = ResponseParser(state, prompt, tools is not None, forced)
     if request.stream:
         state.engine.check_capacity()
-        events = _stream(state, prompt, params, message_id, model, tools_on)
+        events = _stream(state, prompt, params, message_id, model, parser)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
     (output,) = await run_to_completion(state, prompt, [params], message_id)
     completion = output.outputs[0]
-    parser = make_parser(state, prompt, tools_on)
-    parsed = [parser.feed(completion.text), parser.finish()]
+    parsed = parser.parse_whole(completion.text)
     content: list[dict[str, Any]] = []
-    reasoning = "".join(p.reasoning for p in parsed)
-    text = "".join(p.content for p in parsed)
+    reasoning, text = parsed.reasoning, parsed.content
     if reasoning:
         content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     if text:
@@ -169,7 +177,7 @@ async def _stream(
     params: SamplingParams,
     message_id: str,
     model: str,
-    tools_on: bool,
+    parser: ResponseParser,
 ) -> AsyncIterator[str]:
     start = {
         "id": message_id,
@@ -183,7 +191,6 @@ async def _stream(
     }
     yield _event("message_start", {"type": "message_start", "message": start})
     yield _event("ping", {"type": "ping"})
-    parser = make_parser(state, prompt, tools_on)
     blocks = _Blocks()
     try:
         async for item in stream_choices(
@@ -195,7 +202,7 @@ async def _stream(
             _, output = item
             pieces = [parser.feed(output.text_delta)]
             if output.finished:
-                pieces.append(parser.finish())
+                pieces.append(parser.finish(output.outputs[0].text))
             for piece in pieces:
                 for event in _piece_events(blocks, piece):
                     yield event

@@ -18,7 +18,7 @@ from dgpp.engine.server.deps import State
 from dgpp.engine.server.errors import error_body, from_dgpp_error
 from dgpp.engine.server.generation import run_to_completion, stream_choices
 from dgpp.engine.server.output_parser import ParsedDelta
-from dgpp.engine.server.parsing import make_parser
+from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.protocol import ChatCompletionRequest
 from dgpp.engine.server.sampling import (
     chat_logprobs,
@@ -27,6 +27,7 @@ from dgpp.engine.server.sampling import (
     sampling_params,
 )
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.tool_choice import forced_start, openai_choice
 
 router = APIRouter()
 REASONING_EFFORT_KWARGS = {"minimal": False, "low": True, "medium": True, "high": True}
@@ -49,6 +50,9 @@ async def chat_completions(
     model = state.check_model(request.model)
     check_unsupported(request)
     tools = request.tools if request.tool_choice != "none" else None
+    forced = forced_start(
+        state.tokenizer.chat_template or "", tools, *openai_choice(request.tool_choice)
+    )
     prompt = render(
         state.tokenizer,
         normalise(request.messages, state.template_traits),
@@ -56,6 +60,8 @@ async def chat_completions(
         _template_kwargs(state, request),
         request.add_generation_prompt,
     )
+    if forced is not None:
+        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
     limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
     max_tokens = resolve_max_tokens(
         request.max_tokens or request.max_completion_tokens,
@@ -71,8 +77,9 @@ async def chat_completions(
     if request.stream:
         state.engine.check_capacity(len(params))  # refuse with a status code while we still can
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        parsers = [ResponseParser(state, prompt, tools is not None, forced) for _ in params]
         events = _chat_stream(
-            state, prompt, params, request_id, created, model, include_usage, tools is not None
+            state, prompt, params, request_id, created, model, include_usage, parsers
         )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
@@ -82,10 +89,9 @@ async def chat_completions(
     reasoning_tokens = 0
     for index, output in enumerate(outputs):
         completion = output.outputs[0]
-        parser = make_parser(state, prompt, tools is not None)
-        pieces = [parser.feed(completion.text), parser.finish()]
-        content = "".join(piece.content for piece in pieces)
-        reasoning = "".join(piece.reasoning for piece in pieces)
+        parser = ResponseParser(state, prompt, tools is not None, forced)
+        parsed = parser.parse_whole(completion.text)
+        content, reasoning = parsed.content, parsed.reasoning
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
@@ -148,7 +154,7 @@ async def _chat_stream(
     created: int,
     model: str,
     include_usage: bool,
-    tools_enabled: bool,
+    parsers: list[ResponseParser],
 ) -> AsyncIterator[str]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -156,7 +162,6 @@ async def _chat_stream(
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return responses.sse({**base, "choices": [{**choice, **extra}]})
 
-    parsers = [make_parser(state, prompt, tools_enabled) for _ in params]
     for index in range(len(params)):
         yield chunk(index, {"role": "assistant", "content": ""})
     completion_tokens = 0
@@ -176,7 +181,7 @@ async def _chat_stream(
             parser = parsers[index]
             delta = _delta(parser.feed(output.text_delta))
             if output.finished:
-                for key, value in _delta(parser.finish()).items():
+                for key, value in _delta(parser.finish(completion.text)).items():
                     delta[key] = delta.get(key, "" if key != "tool_calls" else []) + value
             if delta or extra:
                 yield chunk(index, delta, **extra)

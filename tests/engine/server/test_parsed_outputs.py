@@ -174,3 +174,100 @@ def test_reasoning_is_split_from_content(tokenizer: Any) -> None:
         ).json()
         assert [b["type"] for b in anthropic_reply["content"]] == ["thinking", "text"]
         assert anthropic_reply["content"][1]["text"] == "Hello!"
+
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\nCall tools as <tool_call>{json}</tool_call>.'"
+    " + '<|im_end|>\\n' }}{%- endif %}" + THINKING_TEMPLATE
+)
+
+
+@pytest.fixture
+def hermes(tokenizer: Any) -> Any:
+    copy = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    copy.chat_template = HERMES_TEMPLATE
+    return copy
+
+
+def test_named_tool_choice_forces_that_call(hermes: Any) -> None:
+    # The engine only continues after the forced opening `<tool_call>\n{"name": "ls", "arguments": `
+    # and here stops without closing the block; the call must still come back whole.
+    with _client(hermes, '{"path": "/var"}}') as client:
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
+        choice = {"type": "function", "function": {"name": "ls"}}
+        reply = sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice=choice
+        )
+        (call,) = reply.choices[0].message.tool_calls
+        assert call.function.name == "ls" and json.loads(call.function.arguments) == {
+            "path": "/var"
+        }
+        assert reply.choices[0].finish_reason == "tool_calls"
+        streamed = ""
+        for chunk in sdk.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            tools=TOOLS,
+            tool_choice=choice,
+            stream=True,
+        ):
+            for tool_call in chunk.choices[0].delta.tool_calls or []:
+                streamed += tool_call.function.arguments or ""
+        assert json.loads(streamed) == {"path": "/var"}
+        tools = [{"name": "ls", "input_schema": {"type": "object"}}]
+        message = client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 20,
+                "tools": tools,
+                "tool_choice": {"type": "tool", "name": "ls"},
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        ).json()
+        assert message["stop_reason"] == "tool_use"
+        assert message["content"][-1]["input"] == {"path": "/var"}
+
+
+def test_required_tool_choice_lets_the_model_pick_the_name(hermes: Any) -> None:
+    with _client(hermes, 'ls", "arguments": {"path": "/"}}\n</tool_call>') as client:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+            "tool_choice": "required",
+        }
+        message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        assert message["tool_calls"][0]["function"]["name"] == "ls"
+        assert message["content"] is None
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "needle"),
+    [
+        ({"type": "function", "function": {"name": "rm"}}, "not among the tools"),
+        ("sometimes", "tool_choice must be"),
+    ],
+)
+def test_bad_tool_choice_is_a_400(hermes: Any, tool_choice: Any, needle: str) -> None:
+    with _client(hermes, "x") as client:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+            "tool_choice": tool_choice,
+        }
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400 and needle in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "tool_choice"
+
+
+def test_required_needs_a_tool_call_template(tool_client: TestClient) -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+    }
+    response = tool_client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and "<tool_call>" in response.json()["error"]["message"]
