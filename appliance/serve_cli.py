@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from dgpp.appliance.engine_options import engine_knobs
 
@@ -22,8 +24,25 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         help="name clients use for the model (repeatable; the first is reported)",
     )
     group.add_argument("--default-max-tokens", type=int, default=8192)
+    group.add_argument(
+        "--default-chat-template-kwargs",
+        type=_json_object,
+        default={},
+        help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
+        "request chat_template_kwargs win",
+    )
     group.add_argument("--queue-limit", type=int, default=256)
     group.add_argument("--log-level", default="info")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -52,6 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_names=names,
         default_max_tokens=args.default_max_tokens,
         queue_limit=args.queue_limit,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
     async_engine.start()
