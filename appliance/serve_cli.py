@@ -10,6 +10,8 @@ from typing import Any
 
 from dgpp.appliance.engine_options import engine_knobs
 
+log = logging.getLogger("dgpp.serve")
+
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
@@ -46,21 +48,28 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    """Bind the HTTP port at once (health answers 503 `starting`), load the model in the
+    background, then serve. A model that fails to load stops the process with exit code 1."""
+    import threading
+
     import uvicorn
 
     from dgpp.engine.async_engine import AsyncEngine
-    from dgpp.engine.config import EngineConfig
+    from dgpp.engine.config import EngineConfig, ModelConfig
     from dgpp.engine.engine import LLMEngine
     from dgpp.engine.llm import resolve_checkpoint
-    from dgpp.engine.server.app import create_app
+    from dgpp.engine.models.registry import model_class
+    from dgpp.engine.server.app import attach_state, create_app, mark_failed
     from dgpp.engine.server.config import ServerConfig
     from dgpp.engine.server.state import ServerState
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
     )
+    # Cheap checks first, so a wrong model reference or knob fails before anything binds.
     checkpoint = resolve_checkpoint(args.model)
-    engine = LLMEngine(EngineConfig(model=args.model, **engine_knobs(args)), checkpoint)
+    model_class(ModelConfig.from_checkpoint(checkpoint))
+    engine_config = EngineConfig(model=args.model, **engine_knobs(args))
     names = tuple(args.served_model_names) or (
         "default" if args.model == "default" else Path(args.model).name or args.model,
     )
@@ -73,11 +82,33 @@ def run_serve(args: argparse.Namespace) -> int:
         queue_limit=args.queue_limit,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
-    async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
-    async_engine.start()
-    app = create_app(ServerState(async_engine, config, names))
+    app = create_app(None, config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level)
+    )
+    engines: list[AsyncEngine] = []
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            engine = LLMEngine(engine_config, checkpoint)
+            async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
+            async_engine.start()
+            engines.append(async_engine)
+            attach_state(app, ServerState(async_engine, config, names))
+            log.info(
+                "serving %s as %s on %s:%d", checkpoint, ", ".join(names), config.host, config.port
+            )
+        except BaseException as err:
+            log.exception("loading %s failed", checkpoint)
+            failed.append(err)
+            mark_failed(app, f"{type(err).__name__}: {err}")
+            server.should_exit = True
+
+    threading.Thread(target=load, name="dgpp-load", daemon=True).start()
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level)
+        server.run()
     finally:
-        async_engine.stop()
-    return 0
+        for async_engine in engines:
+            async_engine.stop()
+    return 1 if failed else 0

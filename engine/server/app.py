@@ -9,22 +9,27 @@ from fastapi import FastAPI, Request, Response
 
 from dgpp.engine.server import anthropic_routes, chat_routes, completion_routes, misc_routes
 from dgpp.engine.server.body_limit import BodyLimitMiddleware
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.deps import Startup
 from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
 from dgpp.engine.server.state import ServerState
 
 OPEN_PATHS = ("/health", "/docs", "/openapi.json", "/redoc")
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState | None, config: ServerConfig | None = None) -> FastAPI:
+    """The application. With `state=None` it starts in the `starting` phase (health 503, every
+    model route 503 `starting`) until `attach_state` hands it the loaded engine."""
+    config = config or (state.config if state is not None else ServerConfig())
     app = FastAPI(title="dgpp", version="0.1.0", description="OpenAI-compatible LLM serving")
     app.state.dgpp = state
+    app.state.dgpp_startup = Startup()
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=state.config.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
     app.include_router(misc_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completion_routes.router)
     app.include_router(anthropic_routes.router)
-    config = state.config
 
     @app.middleware("http")
     async def guard(
@@ -58,3 +63,12 @@ def create_app(state: ServerState) -> FastAPI:
         return await call_next(request)
 
     return app
+
+
+def attach_state(app: FastAPI, state: ServerState) -> None:
+    """The model is loaded: start serving it."""
+    app.state.dgpp = state
+
+
+def mark_failed(app: FastAPI, error: str) -> None:
+    app.state.dgpp_startup = Startup(phase="failed", error=error)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.server.chat_render import normalise, render
-from dgpp.engine.server.deps import State
+from dgpp.engine.server.deps import Startup, State, current_state
+from dgpp.engine.server.errors import RETRY_AFTER_SECONDS
 from dgpp.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from dgpp.engine.server.state import ServerState
 
@@ -18,7 +19,14 @@ router = APIRouter()
 
 
 @router.get("/health", response_model=None)
-async def health(state: State) -> JSONResponse:
+async def health(request: Request) -> JSONResponse:
+    state = current_state(request)
+    if state is None:
+        startup: Startup = request.app.state.dgpp_startup
+        body = {"state": startup.phase}
+        if startup.error:
+            body["error"] = startup.error
+        return JSONResponse(body, status_code=503, headers={"Retry-After": RETRY_AFTER_SECONDS})
     engine = state.engine
     body: dict[str, Any] = {
         "state": "serving" if engine.is_running else "failed",

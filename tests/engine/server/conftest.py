@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -43,3 +44,11 @@ def http(server: RunningServer) -> Iterator[httpx.Client]:
 def sdk(server: RunningServer) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_checkpoint: Path) -> Any:
+    """The default model's real tokenizer and chat template."""
+    from dgpp.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_checkpoint)

@@ -5,9 +5,7 @@ Anthropic messages."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from types import SimpleNamespace
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -15,12 +13,10 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.tokenizer import load_tokenizer
+from tests.engine.server.scripted import ScriptedEngine
 
 TOOL_TEXT = 'Let me look.<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call>'
 THINK_TEXT = "<think>\nThe user greets me.\n</think>\n\nHello!"
@@ -40,48 +36,6 @@ THINKING_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
-
-
-class ScriptedEngine:
-    """Replays `text` in small, uneven pieces (tags split across them), finishing with 'stop'."""
-
-    def __init__(self, tokenizer: Any, text: str) -> None:
-        self.engine = SimpleNamespace(
-            tokenizer=tokenizer,
-            max_model_len=512,
-            model_config=SimpleNamespace(vocab_size=49152),
-            config=SimpleNamespace(max_concurrency=4),
-        )
-        self.text = text
-        self.is_running = True
-        self.failure = None
-
-    def check_capacity(self, num_requests: int = 1) -> None:
-        del num_requests
-
-    async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        sizes = [3, 1, 7, 2, 5]
-        start, step = 0, 0
-        while start < len(self.text):
-            end = min(len(self.text), start + sizes[step % len(sizes)])
-            done = end == len(self.text)
-            completion = CompletionOutput(
-                index=0,
-                text=self.text[:end],
-                token_ids=tuple(range(step + 1)),
-                finish_reason="stop" if done else None,
-            )
-            yield RequestOutput(
-                request_id, None, tuple(prompt), (completion,), done, self.text[start:end], 1
-            )
-            start, step = end, step + 1
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_checkpoint: Path) -> Any:
-    return load_tokenizer(default_checkpoint)
 
 
 def _client(tokenizer: Any, text: str) -> TestClient:

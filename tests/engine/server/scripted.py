@@ -1,0 +1,47 @@
+"""A stand-in engine that replays a fixed text, for paths a real model cannot be made to take."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.sampling_params import SamplingParams
+
+
+class ScriptedEngine:
+    """Replays `text` in small, uneven pieces (tags split across them), finishing with 'stop'."""
+
+    def __init__(self, tokenizer: Any, text: str) -> None:
+        self.engine = SimpleNamespace(
+            tokenizer=tokenizer,
+            max_model_len=512,
+            model_config=SimpleNamespace(vocab_size=49152),
+            config=SimpleNamespace(max_concurrency=4),
+        )
+        self.text = text
+        self.is_running = True
+        self.failure = None
+
+    def check_capacity(self, num_requests: int = 1) -> None:
+        del num_requests
+
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        sizes = [3, 1, 7, 2, 5]
+        start, step = 0, 0
+        while start < len(self.text):
+            end = min(len(self.text), start + sizes[step % len(sizes)])
+            done = end == len(self.text)
+            completion = CompletionOutput(
+                index=0,
+                text=self.text[:end],
+                token_ids=tuple(range(step + 1)),
+                finish_reason="stop" if done else None,
+            )
+            yield RequestOutput(
+                request_id, None, tuple(prompt), (completion,), done, self.text[start:end], 1
+            )
+            start, step = end, step + 1
