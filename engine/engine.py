@@ -15,7 +15,13 @@ from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.models.registry import model_class
-from dgpp.engine.request import CompletionOutput, FinishReason, Request, RequestOutput
+from dgpp.engine.request import (
+    CompletionOutput,
+    FinishReason,
+    Request,
+    RequestOutput,
+    RequestTimings,
+)
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
@@ -186,6 +192,7 @@ class LLMEngine:
     def _finish(
         self, request: Request, reason: FinishReason, stop_reason: str | int | None
     ) -> None:
+        request.finished_time = time.monotonic()
         request.finish_reason = reason
         request.stop_reason = stop_reason
         self.scheduler.finish(request)
@@ -221,4 +228,11 @@ class LLMEngine:
             finished=finished,
             text_delta=delta,
             num_new_tokens=num_new_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            timings=RequestTimings(
+                arrival=request.arrival_time,
+                first_scheduled=request.first_scheduled_time,
+                first_token=request.first_token_time,
+                finished=request.finished_time,
+            ),
         )

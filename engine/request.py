@@ -47,7 +47,13 @@ class Request:
     is_abort_requested: bool = False
     num_preemptions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    finished_time: float | None = None
+    use_prefix_cache: bool = True  # the request may read and fill the prefix cache
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
+    block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -90,6 +96,16 @@ class CompletionOutput:
 
 
 @dataclass(frozen=True)
+class RequestTimings:
+    """Monotonic-clock instants of one request (`time.monotonic()`), for latency metrics."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float | None
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """What the engine reports for one request after a step (`finished` once it is done)."""
 
@@ -100,3 +116,5 @@ class RequestOutput:
     finished: bool
     text_delta: str = ""
     num_new_tokens: int = 0
+    num_cached_tokens: int = 0
+    timings: RequestTimings | None = None

@@ -1,0 +1,55 @@
+"""Counters the engine keeps, and the immutable snapshot it hands to metrics readers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PrefixCacheCounters:
+    """Cumulative prefix-cache counters (rank 0). `queries` counts admitted requests that looked
+    the cache up; a `hit` found at least one cached block."""
+
+    queries: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0  # prompt tokens whose KV came from the cache (= tokens saved)
+    evictions: int = 0  # cached blocks evicted to make room
+    inserted_blocks: int = 0
+    skipped_inserts: int = 0  # requests not inserted: under the floor, opted out, or cache off
+    ttft_hit_sum_s: float = 0.0
+    ttft_hit_count: int = 0
+    ttft_miss_sum_s: float = 0.0
+    ttft_miss_count: int = 0
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative engine counters, updated only by the engine thread."""
+
+    num_steps: int = 0
+    num_decode_steps: int = 0  # steps that ran at least one decode row
+    tokens_generated: int = 0
+    prompt_tokens_total: int = 0  # prompt tokens of admitted requests
+    prompt_tokens_computed: int = 0  # prompt tokens actually run through the model
+    num_preemptions: int = 0
+    prefix_cache: PrefixCacheCounters = field(default_factory=PrefixCacheCounters)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A consistent snapshot for readers on other threads (metrics endpoints, the stats log)."""
+
+    running: int
+    waiting: int
+    prefilling: int
+    kv_blocks_total: int
+    kv_blocks_in_use: int
+    block_size: int
+    prefix_cache_enabled: bool
+    prefix_min_tokens: int
+    counters: EngineCounters
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_in_use / self.kv_blocks_total if self.kv_blocks_total else 0.0
