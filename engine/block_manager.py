@@ -1,50 +1,74 @@
-"""The KV block pool: which fixed-size blocks are free, and each request's block table."""
+"""The KV block pool: free blocks, reference counts, each request's block table, and the prefix
+cache's share of the pool."""
 
 from __future__ import annotations
 
 from collections import deque
 
+from dgpp.engine.prefix_cache import NullPrefixCache, PrefixCache, block_hashes
 from dgpp.engine.request import Request
 
 
 class BlockPool:
-    """A free list of block ids with reference counts.
+    """Block ids with reference counts.
 
-    Invariant: a block is in the free list exactly when its reference count is zero.
+    Invariant: a block with reference count zero is either in the free list (uncached) or
+    evictable in the prefix cache (cached, kept for future hits); both count as free space.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, cache: PrefixCache | None = None) -> None:
         self.num_blocks = num_blocks
+        self.cache: PrefixCache = cache if cache is not None else NullPrefixCache()
         self._free: deque[int] = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.cache.num_evictable
 
     def allocate(self, count: int) -> list[int]:
-        """Take `count` free blocks, each with reference count 1; the caller checked they exist."""
-        assert count <= len(self._free), "allocate() without enough free blocks"
-        blocks = [self._free.popleft() for _ in range(count)]
+        """Take `count` blocks (reference count 1 each), evicting cached ones only when the free
+        list runs short; the caller checked there are enough."""
+        assert count <= self.num_free_blocks, "allocate() without enough free blocks"
+        blocks = [self._free.popleft() for _ in range(min(count, len(self._free)))]
+        if len(blocks) < count:
+            blocks += self.cache.evict(count - len(blocks))
         for block in blocks:
             self._ref_counts[block] = 1
         return blocks
 
+    def acquire(self, block: int) -> None:
+        """Add a reference to a cached block another request found by prefix."""
+        if self._ref_counts[block] == 0:
+            self.cache.lock(block)
+        self._ref_counts[block] += 1
+
     def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; blocks that reach zero return to the free list."""
+        """Drop one reference to each block. Released last-to-first, so a request's tail blocks
+        become evictable before its (more widely shared) head blocks."""
         for block in reversed(blocks):
             self._ref_counts[block] -= 1
             assert self._ref_counts[block] >= 0, "block released more often than referenced"
             if self._ref_counts[block] == 0:
-                self._free.append(block)
+                if self.cache.is_cached(block):
+                    self.cache.unlock(block)
+                else:
+                    self._free.append(block)
 
 
 class BlockManager:
-    """Grows and frees requests' block tables in a `BlockPool`."""
+    """Grows, shares and frees requests' block tables in a `BlockPool`."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.pool = BlockPool(num_blocks)
+    def __init__(
+        self, num_blocks: int, block_size: int, cache: PrefixCache | None = None, salt: int = 0
+    ) -> None:
+        self.pool = BlockPool(num_blocks, cache)
         self.block_size = block_size
+        self.salt = salt  # mixed into every block key: whatever else changes the KV (the model)
+
+    @property
+    def cache(self) -> PrefixCache:
+        return self.pool.cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -66,7 +90,50 @@ class BlockManager:
         request.block_table.extend(self.pool.allocate(needed))
         return True
 
+    def match_prefix(self, request: Request) -> int:
+        """Start a fresh request on its longest cached prefix: share those blocks and count their
+        tokens as computed. The last known token is always recomputed (its logits are needed).
+        Returns the number of tokens found."""
+        assert not request.block_table and request.num_computed_tokens == 0
+        if not request.use_prefix_cache or not self.cache.enabled:
+            return 0
+        size = self.block_size
+        request.block_hashes = self._keys(request)
+        usable = (request.num_tokens - 1) // size
+        tokens = request.token_ids
+        found = self.cache.match(
+            request.block_hashes[:usable],
+            [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)],
+        )
+        for block in found:
+            self.pool.acquire(block)
+        request.block_table = list(found)
+        request.num_computed_tokens = len(found) * size
+        request.num_hashed_blocks = len(found)
+        return request.num_computed_tokens
+
+    def cache_computed_blocks(self, request: Request) -> int:
+        """Offer the request's newly computed full blocks to the cache; returns how many were
+        added (a block whose key is already cached elsewhere is not)."""
+        size = self.block_size
+        full = request.num_computed_tokens // size
+        if full <= request.num_hashed_blocks:
+            return 0
+        request.block_hashes = self._keys(request)
+        added = 0
+        for index in range(request.num_hashed_blocks, full):
+            tokens = tuple(request.token_ids[index * size : (index + 1) * size])
+            added += self.cache.insert(
+                request.block_hashes[index], tokens, request.block_table[index]
+            )
+        request.num_hashed_blocks = full
+        return added
+
     def free(self, request: Request) -> None:
         self.pool.release(request.block_table)
         request.block_table = []
         request.num_computed_tokens = 0
+        request.num_hashed_blocks = 0
+
+    def _keys(self, request: Request) -> list[int]:
+        return block_hashes(request.token_ids, self.block_size, self.salt, request.block_hashes)

@@ -144,7 +144,9 @@ class EngineConfig:
     `kv_capacity` is the number of tokens the KV pool holds per rank (rounded up to whole blocks).
     `max_model_len=None` takes the smaller of the model's position limit and the pool.
     `prefill_chunk_tokens` bounds the prompt tokens computed per step, so decodes keep running
-    while a long prompt is prefilled.
+    while a long prompt is prefilled. With `prefix_cache`, requests reuse cached KV blocks of
+    earlier ones; prompts shorter than `prefix_min_tokens` may hit the cache but add nothing to it
+    (short requests would otherwise evict long, valuable agent histories).
     """
 
     model: str
@@ -156,6 +158,8 @@ class EngineConfig:
     max_model_len: int | None = None
     max_concurrency: int = 64
     prefill_chunk_tokens: int = 512
+    prefix_cache: bool = True
+    prefix_min_tokens: int = 1024
     seed: int | None = None
     num_threads: int | None = None
     tokenizer: str | None = None
@@ -173,6 +177,12 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.prefix_min_tokens, bool) or not isinstance(self.prefix_min_tokens, int):
+            raise ConfigError(
+                f"prefix_min_tokens must be an integer, got {self.prefix_min_tokens!r}"
+            )
+        if self.prefix_min_tokens < 0:
+            raise ConfigError(f"prefix_min_tokens must be >= 0, got {self.prefix_min_tokens}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from dataclasses import replace
@@ -15,6 +16,7 @@ from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.models.registry import model_class
+from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
 from dgpp.engine.request import (
     CompletionOutput,
     FinishReason,
@@ -25,6 +27,7 @@ from dgpp.engine.request import (
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
+from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.engine.tokenizer import eos_token_ids, load_tokenizer
 
 
@@ -43,9 +46,18 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(checkpoint)
         self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
         self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len)
-        self.block_manager = BlockManager(self.config.num_kv_blocks, self.config.block_size)
+        self.counters = EngineCounters()
+        cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
+        # Keys also cover the checkpoint and dtype: blocks of another model never match.
+        salt = hash((str(checkpoint.resolve()), self.config.resolved_dtype))
+        self.block_manager = BlockManager(
+            self.config.num_kv_blocks, self.config.block_size, cache, salt
+        )
         self.scheduler = Scheduler(
-            self.block_manager, self.config.max_concurrency, self.config.prefill_chunk_tokens
+            self.block_manager,
+            self.config.max_concurrency,
+            self.config.prefill_chunk_tokens,
+            self.counters,
         )
         self.sampler = Sampler(model_config.vocab_size)
         self.generator = torch.Generator(device=self.runner.device)
@@ -71,8 +83,10 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         request_id: str | None = None,
+        use_prefix_cache: bool = True,
     ) -> Request:
-        """Validate and queue a request; raise a typed error for input that can never run."""
+        """Validate and queue a request; raise a typed error for input that can never run.
+        `use_prefix_cache=False` neither reads nor fills the prefix cache for this request."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
@@ -95,6 +109,9 @@ class LLMEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         request = Request(request_id, prompt_ids, params, max_tokens, generator)
+        request.use_prefix_cache = use_prefix_cache
+        if not self._fills_cache(request):
+            self.counters.prefix_cache.skipped_inserts += 1
         self._requests[request_id] = request
         self._prompts[request_id] = prompt if isinstance(prompt, str) else None
         self._detokenizers[request_id] = IncrementalDetokenizer(
@@ -119,15 +136,60 @@ class LLMEngine:
         if plan.is_empty:
             return outputs
         logits = self.runner.run(plan)  # [num_sampling, padded_vocab]
+        counters = self.counters
+        counters.num_steps += 1
+        counters.num_decode_steps += plan.num_decodes > 0
         for chunk in plan.chunks:
-            chunk.request.num_computed_tokens += chunk.num_tokens
+            request = chunk.request
+            prompt_end = min(chunk.start + chunk.num_tokens, request.num_prompt_tokens)
+            counters.prompt_tokens_computed += max(0, prompt_end - chunk.start)
+            request.num_computed_tokens += chunk.num_tokens
+            if self._fills_cache(request):
+                added = self.block_manager.cache_computed_blocks(request)
+                counters.prefix_cache.inserted_blocks += added
         sampling = [chunk.request for chunk in plan.chunks if chunk.is_sampling]
+        counters.tokens_generated += len(sampling)
         result = self.sampler(logits, [self._row(r) for r in sampling], self.generator)
         for request, token_id, logprobs in zip(
             sampling, result.token_ids, result.logprobs, strict=True
         ):
             outputs.append(self._append(request, token_id, logprobs))
         return outputs
+
+    def _fills_cache(self, request: Request) -> bool:
+        return (
+            request.use_prefix_cache
+            and self.config.prefix_cache
+            and request.num_prompt_tokens >= self.config.prefix_min_tokens
+        )
+
+    def _count_first_token(self, request: Request) -> None:
+        assert request.first_token_time is not None
+        ttft = request.first_token_time - request.arrival_time
+        cache = self.counters.prefix_cache
+        if request.num_cached_tokens:
+            cache.ttft_hit_sum_s += ttft
+            cache.ttft_hit_count += 1
+        else:
+            cache.ttft_miss_sum_s += ttft
+            cache.ttft_miss_count += 1
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters and queues, safe to hand to another thread."""
+        scheduler = self.scheduler
+        counters = copy.deepcopy(self.counters)
+        counters.prefix_cache.evictions = self.block_manager.cache.num_evictions
+        return EngineStats(
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            prefilling=sum(r.num_pending_tokens > 1 for r in list(scheduler.running)),
+            kv_blocks_total=self.config.num_kv_blocks,
+            kv_blocks_in_use=self.block_manager.num_used_blocks,
+            block_size=self.config.block_size,
+            prefix_cache_enabled=self.config.prefix_cache,
+            prefix_min_tokens=self.config.prefix_min_tokens,
+            counters=counters,
+        )
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -172,6 +234,7 @@ class LLMEngine:
             request.logprobs.append(logprobs)
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
+            self._count_first_token(request)
         params = request.params
         detokenizer = self._detokenizers[request.request_id]
         if token_id in params.stop_token_ids:

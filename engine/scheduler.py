@@ -9,11 +9,13 @@ always progress, because admission refused any request that could not fit the po
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
+from dgpp.engine.stats import EngineCounters
 
 
 @dataclass(frozen=True)
@@ -53,14 +55,22 @@ class StepPlan:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, max_concurrency: int, prefill_chunk_tokens: int
+        self,
+        block_manager: BlockManager,
+        max_concurrency: int,
+        prefill_chunk_tokens: int,
+        counters: EngineCounters | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.max_concurrency = max_concurrency
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.counters = counters if counters is not None else EngineCounters()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.num_preemptions = 0
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.counters.num_preemptions
 
     @property
     def has_unfinished(self) -> bool:
@@ -111,10 +121,16 @@ class Scheduler:
             and len(self.running) < self.max_concurrency
         ):
             request = self.waiting[0]
+            hit_tokens = 0
+            if not request.block_table:
+                hit_tokens = self.block_manager.match_prefix(request)  # cached: no budget
             num_tokens = min(request.num_pending_tokens, budget)
             if not self.block_manager.allocate_slots(request, num_tokens):
+                self.block_manager.free(request)  # let go of the matched prefix while waiting
                 break  # head-of-line waits for blocks; arrival order is kept
             self.waiting.popleft()
+            if request.first_scheduled_time is None:
+                self._count_admission(request, hit_tokens)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
@@ -133,11 +149,22 @@ class Scheduler:
                 return False
         return True
 
+    def _count_admission(self, request: Request, hit_tokens: int) -> None:
+        request.first_scheduled_time = time.monotonic()
+        request.num_cached_tokens = hit_tokens
+        self.counters.prompt_tokens_total += request.num_prompt_tokens
+        cache = self.counters.prefix_cache
+        if request.use_prefix_cache and self.block_manager.cache.enabled:
+            cache.queries += 1
+            cache.hits += request.num_cached_tokens > 0
+            cache.misses += request.num_cached_tokens == 0
+            cache.hit_tokens += request.num_cached_tokens
+
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it first, to recompute its tokens when it returns."""
         self.running.remove(request)
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
-        self.num_preemptions += 1
+        self.counters.num_preemptions += 1
         self.waiting.appendleft(request)

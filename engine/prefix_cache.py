@@ -1,0 +1,170 @@
+"""The prefix cache: full KV blocks keyed by a hash chained over their token ids.
+
+A block's key covers its own tokens and, through the parent's key, every token before it (plus
+a salt for anything else that changes the KV, such as the model), so equal keys mean equal
+prefixes; a hit is still confirmed by comparing token ids, which guards against collisions.
+
+The cache tracks which cached blocks are in use (referenced by a request) and which are
+evictable (unreferenced, kept for future hits, oldest use first). Reference counts and the free
+list stay in the `BlockPool`; `NullPrefixCache` is the cache turned off.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+BlockTokens = tuple[int, ...]
+
+
+def chain_hash(parent: int | None, tokens: BlockTokens, salt: int) -> int:
+    """The key of a full block whose predecessor has key `parent` (None for the first block)."""
+    return hash((parent, tokens, salt))
+
+
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, salt: int, known: Sequence[int] = ()
+) -> list[int]:
+    """Keys of every full block of `token_ids`, extending the already computed `known` ones."""
+    keys = list(known)
+    parent = keys[-1] if keys else None
+    for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = chain_hash(parent, tuple(token_ids[start : start + block_size]), salt)
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache(Protocol):
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks that no request references (they count as free space)."""
+        ...
+
+    @property
+    def num_evictions(self) -> int: ...
+
+    def match(self, keys: Sequence[int], blocks_tokens: Sequence[BlockTokens]) -> list[int]:
+        """Block ids of the longest cached prefix of a sequence whose full blocks have `keys` and
+        token ids `blocks_tokens`. Changes nothing; the caller locks what it uses."""
+        ...
+
+    def lock(self, block_id: int) -> None:
+        """A request starts referencing a cached block: it is no longer evictable."""
+        ...
+
+    def unlock(self, block_id: int) -> None:
+        """The last reference to a cached block went away: it becomes the newest evictable."""
+        ...
+
+    def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:
+        """Offer a computed, full, in-use block under `key`. False (nothing changes) when the key
+        is already cached, in another block, or the cache is off."""
+        ...
+
+    def is_cached(self, block_id: int) -> bool: ...
+
+    def evict(self, count: int) -> list[int]:
+        """Remove up to `count` evictable blocks, least recently used first, and return their
+        ids for reuse. Never touches a block in use."""
+        ...
+
+
+class HashPrefixCache:
+    def __init__(self) -> None:
+        self._by_key: dict[int, int] = {}
+        self._key_of: dict[int, int] = {}
+        self._tokens_of: dict[int, BlockTokens] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    @property
+    def num_evictions(self) -> int:
+        return self._evictions
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._by_key)
+
+    def match(self, keys: Sequence[int], blocks_tokens: Sequence[BlockTokens]) -> list[int]:
+        found = []
+        for key, tokens in zip(keys, blocks_tokens, strict=False):
+            block_id = self._by_key.get(key)
+            if block_id is None or self._tokens_of[block_id] != tokens:
+                break  # a miss, or a hash collision caught by the token comparison
+            found.append(block_id)
+        return found
+
+    def lock(self, block_id: int) -> None:
+        self._evictable.pop(block_id, None)
+
+    def unlock(self, block_id: int) -> None:
+        assert block_id in self._key_of, "unlock() of an uncached block"
+        self._evictable[block_id] = None
+        self._evictable.move_to_end(block_id)
+
+    def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:
+        if key in self._by_key or block_id in self._key_of:
+            return False
+        self._by_key[key] = block_id
+        self._key_of[block_id] = key
+        self._tokens_of[block_id] = tokens
+        return True
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._key_of
+
+    def evict(self, count: int) -> list[int]:
+        evicted = []
+        while self._evictable and len(evicted) < count:
+            block_id, _ = self._evictable.popitem(last=False)
+            del self._by_key[self._key_of.pop(block_id)]
+            del self._tokens_of[block_id]
+            evicted.append(block_id)
+        self._evictions += len(evicted)
+        return evicted
+
+
+class NullPrefixCache:
+    """The cache turned off: nothing is found, kept or evicted."""
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+    @property
+    def num_evictable(self) -> int:
+        return 0
+
+    @property
+    def num_evictions(self) -> int:
+        return 0
+
+    def match(self, keys: Sequence[int], blocks_tokens: Sequence[BlockTokens]) -> list[int]:
+        return []
+
+    def lock(self, block_id: int) -> None:
+        pass
+
+    def unlock(self, block_id: int) -> None:
+        raise AssertionError("NullPrefixCache holds no blocks")
+
+    def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:
+        return False
+
+    def is_cached(self, block_id: int) -> bool:
+        return False
+
+    def evict(self, count: int) -> list[int]:
+        return []
