@@ -19,6 +19,19 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-concurrency", type=int, default=None)
     group.add_argument("--prefill-chunk-tokens", type=int, default=None)
     group.add_argument("--prefill-precision", choices=["fp32", "model"], default=None)
+    group.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        default=None,
+        help="turn the prefix cache off",
+    )
+    group.add_argument(
+        "--prefix-min-tokens",
+        type=int,
+        default=None,
+        help="prompts shorter than this may hit the prefix cache but add nothing to it (1024)",
+    )
     group.add_argument("--seed", type=int, default=None)
     group.add_argument("--threads", type=int, default=None, dest="num_threads")
 
@@ -34,6 +47,8 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "max_concurrency",
         "prefill_chunk_tokens",
         "prefill_precision",
+        "prefix_cache",
+        "prefix_min_tokens",
         "seed",
         "num_threads",
     )
