@@ -34,6 +34,14 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         "request chat_template_kwargs win",
     )
     group.add_argument("--queue-limit", type=int, default=256)
+    group.add_argument(
+        "--stats-log-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between stats log lines (throughput, queues, KV use, prefix-cache hit "
+        "rate), logged only after activity; 0 turns the log off",
+    )
     group.add_argument("--log-level", default="info")
 
 
@@ -80,6 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_names=names,
         default_max_tokens=args.default_max_tokens,
         queue_limit=args.queue_limit,
+        stats_log_interval_s=args.stats_log_interval,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     app = create_app(None, config)

@@ -18,6 +18,7 @@ from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class AsyncEngine:
     @property
     def failure(self) -> BaseException | None:
         return self._failure
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's queues and counters, for the metrics endpoints."""
+        return self.engine.stats()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dgpp-engine", daemon=True)

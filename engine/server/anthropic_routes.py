@@ -17,9 +17,10 @@ from dgpp.engine.server import responses
 from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
 from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from dgpp.engine.server.chat_render import normalise, render
-from dgpp.engine.server.deps import State
+from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
-from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
+from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.sampling import resolve_max_tokens
 from dgpp.engine.server.state import ServerState
@@ -67,7 +68,9 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 @router.post("/v1/messages", response_model=None)
-async def messages(request: MessagesRequest, state: State) -> JSONResponse | StreamingResponse:
+async def messages(
+    request: MessagesRequest, state: State, tracker: Tracker
+) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     tools = to_openai_tools(request)
     forced = forced_start(
@@ -88,13 +91,14 @@ async def messages(request: MessagesRequest, state: State) -> JSONResponse | Str
     parser = ResponseParser(state, prompt, tools is not None, forced)
     if request.stream:
         state.engine.check_capacity()
-        events = _stream(state, prompt, params, message_id, model, parser)
+        events = _stream(state, tracker, prompt, params, message_id, model, parser)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
-    (output,) = await run_to_completion(state, prompt, [params], message_id)
+    ((output,),) = await run_to_completion(state, tracker, [Job(prompt, [params], message_id)])
     completion = output.outputs[0]
     parsed = parser.parse_whole(completion.text)
+    tracker.tool_calls(parser.num_tool_calls)
     content: list[dict[str, Any]] = []
     reasoning, text = parsed.reasoning, parsed.content
     if reasoning:
@@ -173,6 +177,7 @@ class _Blocks:
 
 async def _stream(
     state: ServerState,
+    tracker: RequestTracker,
     prompt: list[int],
     params: SamplingParams,
     message_id: str,
@@ -194,7 +199,7 @@ async def _stream(
     blocks = _Blocks()
     try:
         async for item in stream_choices(
-            state, prompt, [params], message_id, state.config.keepalive_interval_s
+            state, tracker, prompt, [params], message_id, state.config.keepalive_interval_s
         ):
             if item is None:
                 yield _event("ping", {"type": "ping"})
@@ -210,6 +215,7 @@ async def _stream(
                 for event in blocks.close():
                     yield event
                 completion = output.outputs[0]
+                tracker.tool_calls(parser.num_tool_calls)
                 stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
                 yield _event(
                     "message_delta",

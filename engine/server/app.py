@@ -3,33 +3,70 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 
-from dgpp.engine.server import anthropic_routes, chat_routes, completion_routes, misc_routes
+from dgpp.engine.server import (
+    anthropic_routes,
+    chat_routes,
+    completion_routes,
+    metrics_routes,
+    misc_routes,
+)
 from dgpp.engine.server.body_limit import BodyLimitMiddleware
 from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.deps import Startup
-from dgpp.engine.server.errors import APIError, error_response, install_error_handlers
+from dgpp.engine.server.deps import Startup, state_of
+from dgpp.engine.server.errors import APIError, install_error_handlers, respond
+from dgpp.engine.server.metrics import ServiceMetrics
+from dgpp.engine.server.prometheus import build_registry
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.stats_log import periodic_stats_log
+from dgpp.engine.stats import EngineStats
 
-OPEN_PATHS = ("/health", "/docs", "/openapi.json", "/redoc")
+# /metrics is for scrapers, which usually carry no key; it holds counts only, no request content.
+OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/redoc")
 
 
 def create_app(state: ServerState | None, config: ServerConfig | None = None) -> FastAPI:
     """The application. With `state=None` it starts in the `starting` phase (health 503, every
     model route 503 `starting`) until `attach_state` hands it the loaded engine."""
     config = config or (state.config if state is not None else ServerConfig())
-    app = FastAPI(title="dgpp", version="0.1.0", description="OpenAI-compatible LLM serving")
+    metrics = ServiceMetrics()
+
+    def model_name() -> str:
+        current = state_of(app)
+        if current is not None:
+            return current.model_name
+        return config.served_model_names[0] if config.served_model_names else ""
+
+    def engine_stats() -> EngineStats | None:
+        current = state_of(app)
+        return current.engine.stats() if current is not None else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with periodic_stats_log(config.stats_log_interval_s, engine_stats, metrics.counters):
+            yield
+
+    app = FastAPI(
+        title="dgpp",
+        version="0.1.0",
+        description="OpenAI-compatible LLM serving",
+        lifespan=lifespan,
+    )
     app.state.dgpp = state
     app.state.dgpp_startup = Startup()
+    app.state.dgpp_metrics = metrics
+    app.state.dgpp_prometheus = build_registry(metrics, model_name, engine_stats)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
     app.include_router(misc_routes.router)
     app.include_router(chat_routes.router)
     app.include_router(completion_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(metrics_routes.router)
 
     @app.middleware("http")
     async def guard(
@@ -37,13 +74,13 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     ) -> Response:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return error_response(
+            return respond(
+                request,
                 APIError(
                     413,
                     f"request body over {config.max_body_bytes} bytes",
                     code="request_too_large",
                 ),
-                request.url.path,
             )
         if config.api_key is not None and request.url.path not in OPEN_PATHS:
             presented = request.headers.get("x-api-key") or ""
@@ -51,14 +88,14 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
             if bearer.lower().startswith("bearer "):
                 presented = bearer[7:].strip()
             if not hmac.compare_digest(presented.encode(), config.api_key.encode()):
-                return error_response(
+                return respond(
+                    request,
                     APIError(
                         401,
                         "invalid or missing API key",
                         type_="authentication_error",
                         code="invalid_api_key",
                     ),
-                    request.url.path,
                 )
         return await call_next(request)
 

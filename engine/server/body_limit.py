@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dgpp.engine.server.errors import APIError, error_response
+from dgpp.engine.server.metrics import record_error
 
 
 class BodyLimitMiddleware:
@@ -35,6 +36,7 @@ class BodyLimitMiddleware:
                     error = APIError(
                         413, f"request body over {self.limit} bytes", code="request_too_large"
                     )
+                    record_error(scope, error.status, error.code)
                     await error_response(error, scope["path"])(scope, receive, send)
                     return {"type": "http.disconnect"}
             return message

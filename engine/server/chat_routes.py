@@ -14,9 +14,10 @@ from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput
 from dgpp.engine.server import responses
 from dgpp.engine.server.chat_render import normalise, render
-from dgpp.engine.server.deps import State
+from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import error_body, from_dgpp_error
-from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
+from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
 from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.protocol import ChatCompletionRequest
@@ -45,7 +46,7 @@ def _template_kwargs(state: ServerState, request: ChatCompletionRequest) -> dict
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    request: ChatCompletionRequest, state: State
+    request: ChatCompletionRequest, state: State, tracker: Tracker
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     check_unsupported(request)
@@ -79,12 +80,12 @@ async def chat_completions(
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         parsers = [ResponseParser(state, prompt, tools is not None, forced) for _ in params]
         events = _chat_stream(
-            state, prompt, params, request_id, created, model, include_usage, parsers
+            state, tracker, prompt, params, request_id, created, model, include_usage, parsers
         )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
-    outputs = await run_to_completion(state, prompt, params, request_id)
+    (outputs,) = await run_to_completion(state, tracker, [Job(prompt, params, request_id)])
     choices = []
     reasoning_tokens = 0
     for index, output in enumerate(outputs):
@@ -97,6 +98,7 @@ async def chat_completions(
             message["reasoning_content"] = reasoning
             reasoning_tokens += len(state.tokenizer(reasoning, add_special_tokens=False).input_ids)
         if parser.num_tool_calls:
+            tracker.tool_calls(parser.num_tool_calls)
             message["tool_calls"] = parser.tool_calls()
             message["content"] = content or None
         choices.append(
@@ -148,6 +150,7 @@ def _delta(piece: ParsedDelta) -> dict[str, Any]:
 
 async def _chat_stream(
     state: ServerState,
+    tracker: RequestTracker,
     prompt: list[int],
     params: list,
     request_id: str,
@@ -167,7 +170,7 @@ async def _chat_stream(
     completion_tokens = 0
     try:
         async for item in stream_choices(
-            state, prompt, params, request_id, state.config.keepalive_interval_s
+            state, tracker, prompt, params, request_id, state.config.keepalive_interval_s
         ):
             if item is None:
                 yield ": keep-alive\n\n"
@@ -187,6 +190,7 @@ async def _chat_stream(
                 yield chunk(index, delta, **extra)
             if output.finished:
                 completion_tokens += len(completion.token_ids)
+                tracker.tool_calls(parser.num_tool_calls)
                 finish = _finish_reason(completion, parser.num_tool_calls)
                 yield chunk(index, {}, finish_reason=finish)
     except DgppError as err:

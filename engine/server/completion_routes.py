@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.server import responses
-from dgpp.engine.server.deps import State
+from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import error_body, from_dgpp_error
-from dgpp.engine.server.generation import run_to_completion, stream_choices
+from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
+from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.protocol import CompletionRequest
 from dgpp.engine.server.sampling import (
     check_unsupported,
@@ -50,7 +51,9 @@ def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[
 
 
 @router.post("/v1/completions", response_model=None)
-async def completions(request: CompletionRequest, state: State) -> JSONResponse | StreamingResponse:
+async def completions(
+    request: CompletionRequest, state: State, tracker: Tracker
+) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     check_unsupported(request)
     prompts = _completion_prompts(state, request)
@@ -61,23 +64,24 @@ async def completions(request: CompletionRequest, state: State) -> JSONResponse 
     created = int(time.time())
     base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
     jobs = []
-    for prompt in prompts:
+    for number, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
         params = [
             sampling_params(request, max_tokens, request.logprobs, i) for i in range(request.n)
         ]
-        jobs.append((prompt, params))
+        jobs.append(Job(prompt, params, f"{request_id}-{number}"))
     if request.stream:
-        prompt, params = jobs[0]
+        prompt, params = jobs[0].prompt, jobs[0].params
         state.engine.check_capacity(len(params))
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        events = _completion_stream(state, request, prompt, params, base, include_usage)
+        events = _completion_stream(state, tracker, request, prompt, params, base, include_usage)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
     choices, prompt_tokens, completion_tokens = [], 0, 0
-    for number, (prompt, params) in enumerate(jobs):
-        outputs = await run_to_completion(state, prompt, params, f"{request_id}-{number}")
+    results = await run_to_completion(state, tracker, jobs)
+    for job, outputs in zip(jobs, results, strict=True):
+        prompt = job.prompt
         prompt_tokens += len(prompt)
         for output in outputs:
             completion = output.outputs[0]
@@ -102,6 +106,7 @@ async def completions(request: CompletionRequest, state: State) -> JSONResponse 
 
 async def _completion_stream(
     state: ServerState,
+    tracker: RequestTracker,
     request: CompletionRequest,
     prompt: list[int],
     params: list,
@@ -119,7 +124,7 @@ async def _completion_stream(
             yield chunk(index, state.tokenizer.decode(prompt), None)
     try:
         async for item in stream_choices(
-            state, prompt, params, base["id"], state.config.keepalive_interval_s
+            state, tracker, prompt, params, base["id"], state.config.keepalive_interval_s
         ):
             if item is None:
                 yield ": keep-alive\n\n"

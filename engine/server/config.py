@@ -18,4 +18,5 @@ class ServerConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     queue_limit: int = 256
     keepalive_interval_s: float = 10.0
+    stats_log_interval_s: float = 10.0  # the periodic stats log line; 0 turns it off
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

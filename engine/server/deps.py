@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS, APIError
+from dgpp.engine.server.metrics import RequestTracker, ServiceMetrics, request_tracker
 from dgpp.engine.server.state import ServerState
 
 
@@ -43,10 +44,22 @@ def get_state(request: Request) -> ServerState:
 
 def current_state(request: Request) -> ServerState | None:
     """The state, or None while starting; honours a test's override of `get_state`."""
-    override = request.app.dependency_overrides.get(get_state)
+    return state_of(request.app)
+
+
+def state_of(app: FastAPI) -> ServerState | None:
+    """The app's state, or None while starting; honours a test's override of `get_state`."""
+    override = app.dependency_overrides.get(get_state)
     if override is not None:
         return override()
-    return request.app.state.dgpp
+    return app.state.dgpp
+
+
+def get_tracker(request: Request) -> RequestTracker:
+    """The request's `RequestTracker` (see `metrics.py`), shared with the error handlers."""
+    tracker = request_tracker(request.scope, any_path=True)
+    return tracker if tracker is not None else RequestTracker(ServiceMetrics())
 
 
 State = Annotated[ServerState, Depends(get_state)]
+Tracker = Annotated[RequestTracker, Depends(get_tracker)]

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dgpp.engine.async_engine import EngineFailureError, OverloadedError
 from dgpp.engine.errors import ContextLengthExceededError, DgppError, InvalidRequestError
+from dgpp.engine.server.metrics import record_error
 
 RETRY_AFTER_SECONDS = "5"
 
@@ -145,45 +146,51 @@ def _validation_error(err: RequestValidationError) -> APIError:
     return APIError(400, f"{param}: {detail}", code=code, param=param)
 
 
+def respond(request: Request, err: APIError) -> JSONResponse:
+    """The error response, counted in the app's service metrics when a generation route failed."""
+    record_error(request.scope, err.status, err.code)
+    return error_response(err, request.url.path)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> JSONResponse:
-        return error_response(err, request.url.path)
+        return respond(request, err)
 
     @app.exception_handler(DgppError)
     async def _dgpp_error(request: Request, err: DgppError) -> JSONResponse:
-        return error_response(from_dgpp_error(err), request.url.path)
+        return respond(request, from_dgpp_error(err))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, err: RequestValidationError) -> JSONResponse:
-        return error_response(_validation_error(err), request.url.path)
+        return respond(request, _validation_error(err))
 
     @app.exception_handler(json.JSONDecodeError)
     async def _bad_json(request: Request, err: json.JSONDecodeError) -> JSONResponse:
         message = f"the request body is not valid JSON: {err}"
-        return error_response(APIError(400, message, code="invalid_json"), request.url.path)
+        return respond(request, APIError(400, message, code="invalid_json"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-        return error_response(
+        return respond(
+            request,
             APIError(
                 err.status_code,
                 str(err.detail),
                 code=codes.get(err.status_code),
                 headers=getattr(err, "headers", None),
             ),
-            request.url.path,
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
-        return error_response(
+        return respond(
+            request,
             APIError(
                 500,
                 f"internal error: {type(err).__name__}: {err}",
                 type_="server_error",
                 code="internal_error",
             ),
-            request.url.path,
         )

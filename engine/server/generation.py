@@ -1,28 +1,56 @@
-"""Runs the `n` choices of one API request on the engine, for whole responses and for streams."""
+"""Runs the `n` choices of one API request on the engine, for whole responses and for streams,
+and records the request in the service metrics (its outcome, and each finished choice)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+from dgpp.engine.errors import DgppError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.errors import from_dgpp_error
+from dgpp.engine.server.metrics import Outcome, RequestTracker, outcome_of
 from dgpp.engine.server.state import ServerState
 
 
-async def run_to_completion(
-    state: ServerState, prompt: list[int], params: list[SamplingParams], request_id: str
-) -> list[RequestOutput]:
-    """Every choice's final output, in choice order."""
+@dataclass(frozen=True)
+class Job:
+    """One prompt and the sampling parameters of each of its choices."""
 
+    prompt: list[int]
+    params: list[SamplingParams]
+    request_id: str
+
+
+async def run_to_completion(
+    state: ServerState, tracker: RequestTracker, jobs: list[Job]
+) -> list[list[RequestOutput]]:
+    """Every job's final outputs in choice order, one job after another. The request counts as
+    succeeded once all are done, or cancelled if the caller is; an error propagates to the error
+    handlers, which count it."""
+    try:
+        results = [await _choices(state, tracker, job) for job in jobs]
+    except asyncio.CancelledError:
+        tracker.finish(Outcome.CANCELLED)
+        raise
+    tracker.finish(Outcome.SUCCEEDED)
+    return results
+
+
+async def _choices(state: ServerState, tracker: RequestTracker, job: Job) -> list[RequestOutput]:
     async def one(index: int) -> RequestOutput:
         last = None
-        async for output in state.engine.generate(prompt, params[index], f"{request_id}-{index}"):
+        async for output in state.engine.generate(
+            job.prompt, job.params[index], f"{job.request_id}-{index}"
+        ):
             last = output
         assert last is not None and last.finished
+        tracker.finished_choice(last)
         return last
 
-    tasks = [asyncio.create_task(one(index)) for index in range(len(params))]
+    tasks = [asyncio.create_task(one(index)) for index in range(len(job.params))]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
@@ -32,13 +60,17 @@ async def run_to_completion(
 
 async def stream_choices(
     state: ServerState,
+    tracker: RequestTracker,
     prompt: list[int],
     params: list[SamplingParams],
     request_id: str,
     keepalive_s: float,
 ) -> AsyncIterator[tuple[int, RequestOutput] | None]:
     """Yield (choice index, output) as the engine produces them, or None after `keepalive_s`
-    without output (a long prefill), so the caller can keep the connection alive."""
+    without output (a long prefill), so the caller can keep the connection alive.
+
+    The response has started, so no error handler will see what goes wrong: the request's
+    outcome is counted here (an engine error by its status, a client gone as cancelled)."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | int] = asyncio.Queue()
 
     async def pump(index: int) -> None:
@@ -54,6 +86,7 @@ async def stream_choices(
 
     tasks = [asyncio.create_task(pump(index)) for index in range(len(params))]
     remaining = len(tasks)
+    outcome = Outcome.FAILED
     try:
         while remaining:
             try:
@@ -66,7 +99,18 @@ async def stream_choices(
             if isinstance(item, int):
                 remaining -= 1
                 continue
+            if item[1].finished:
+                tracker.finished_choice(item[1])
             yield item
+        outcome = Outcome.SUCCEEDED
+    except DgppError as err:
+        api = from_dgpp_error(err)
+        outcome = outcome_of(api.status, api.code)
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        outcome = Outcome.CANCELLED
+        raise
     finally:
+        tracker.finish(outcome)
         for task in tasks:
             task.cancel()

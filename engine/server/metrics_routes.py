@@ -1,0 +1,66 @@
+"""GET /v1/metrics (JSON, behind the API key) and GET /metrics (Prometheus text, open).
+
+Fields, names and units: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from dgpp.engine.server import prometheus
+from dgpp.engine.server.deps import State
+from dgpp.engine.server.metrics import ServiceCounters, ServiceMetrics
+from dgpp.engine.stats import EngineStats
+
+router = APIRouter()
+
+
+@router.get("/v1/metrics")
+async def metrics_json(request: Request, state: State) -> dict[str, Any]:
+    metrics: ServiceMetrics = request.app.state.dgpp_metrics
+    return metrics_body(state.engine.stats(), metrics.counters())
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics_prometheus(request: Request) -> Response:
+    body = prometheus.render(request.app.state.dgpp_prometheus)
+    return Response(body, media_type=prometheus.CONTENT_TYPE)
+
+
+def _average(total: float, count: int) -> float | None:
+    return total / count if count else None
+
+
+def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]:
+    counters, cache = stats.counters, stats.counters.prefix_cache
+    return {
+        "scheduler": {
+            "running": stats.running,
+            "waiting": stats.waiting,
+            "prefilling": stats.prefilling,
+            "kv_blocks_total": stats.kv_blocks_total,
+            "kv_blocks_in_use": stats.kv_blocks_in_use,
+            "tokens_generated": counters.tokens_generated,
+            "prompt_tokens_total": counters.prompt_tokens_total,
+            "prompt_tokens_computed": counters.prompt_tokens_computed,
+            "decode_steps": counters.num_decode_steps,
+        },
+        "service": asdict(service),
+        "prefix_cache": {
+            "enabled": stats.prefix_cache_enabled,
+            "queries": cache.queries,
+            "hits": cache.hits,
+            "misses": cache.misses,
+            "hit_tokens": cache.hit_tokens,
+            "tokens_saved": cache.hit_tokens,
+            "evictions": cache.evictions,
+            "skipped_inserts": cache.skipped_inserts,
+            "min_tokens": stats.prefix_min_tokens,
+            "ttft_avg_hit_s": _average(cache.ttft_hit_sum_s, cache.ttft_hit_count),
+            "ttft_avg_miss_s": _average(cache.ttft_miss_sum_s, cache.ttft_miss_count),
+        },
+        "spec_decode": {"drafted": 0, "accepted": 0, "per_position": []},
+    }
