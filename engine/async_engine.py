@@ -41,6 +41,7 @@ class _Add:
     prompt: list[int]
     params: SamplingParams
     stream: _Stream
+    use_prefix_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,11 @@ class AsyncEngine:
         return self.engine.config.max_concurrency + self.queue_limit
 
     async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes. Leaving the iteration early (the client
         went away) aborts the request, and its KV blocks are freed at the next step."""
@@ -128,7 +133,7 @@ class AsyncEngine:
                 )
             self._num_pending += 1
         stream = _Stream(asyncio.get_running_loop())
-        self._commands.put(_Add(request_id, prompt, params, stream))
+        self._commands.put(_Add(request_id, prompt, params, stream, use_prefix_cache))
         self._wakeup.set()
         finished = False
         try:
@@ -188,7 +193,9 @@ class AsyncEngine:
                     self.engine.abort(command.request_id)
                 continue
             try:
-                self.engine.add_request(command.prompt, command.params, command.request_id)
+                self.engine.add_request(
+                    command.prompt, command.params, command.request_id, command.use_prefix_cache
+                )
             except DgppError as err:
                 command.stream.put(err)
                 continue

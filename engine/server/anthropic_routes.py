@@ -58,12 +58,13 @@ def _stop_reason(completion: CompletionOutput, has_tool_calls: bool) -> tuple[st
     return "end_turn", None
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """Anthropic counts cache reads apart from `input_tokens` (their sum is the prompt)."""
     return {
-        "input_tokens": input_tokens,
+        "input_tokens": prompt_tokens - cached_tokens,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
     }
 
 
@@ -124,7 +125,7 @@ async def messages(
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
-            "usage": _usage(len(prompt), len(completion.token_ids)),
+            "usage": _usage(len(prompt), len(completion.token_ids), output.num_cached_tokens),
         }
     )
 
@@ -222,7 +223,10 @@ async def _stream(
                     {
                         "type": "message_delta",
                         "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                        "usage": {"output_tokens": len(completion.token_ids)},
+                        "usage": {
+                            "output_tokens": len(completion.token_ids),
+                            "cache_read_input_tokens": output.num_cached_tokens,
+                        },
                     },
                 )
                 yield _event("message_stop", {"type": "message_stop"})

@@ -80,12 +80,23 @@ async def chat_completions(
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         parsers = [ResponseParser(state, prompt, tools is not None, forced) for _ in params]
         events = _chat_stream(
-            state, tracker, prompt, params, request_id, created, model, include_usage, parsers
+            state,
+            tracker,
+            prompt,
+            params,
+            request_id,
+            created,
+            model,
+            include_usage,
+            parsers,
+            request.prefix_cache,
         )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
-    (outputs,) = await run_to_completion(state, tracker, [Job(prompt, params, request_id)])
+    (outputs,) = await run_to_completion(
+        state, tracker, [Job(prompt, params, request_id, request.prefix_cache)]
+    )
     choices = []
     reasoning_tokens = 0
     for index, output in enumerate(outputs):
@@ -119,7 +130,9 @@ async def chat_completions(
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": responses.usage(prompt_tokens, completion_tokens, reasoning_tokens),
+            "usage": responses.usage(
+                prompt_tokens, completion_tokens, reasoning_tokens, outputs[0].num_cached_tokens
+            ),
         }
     )
 
@@ -158,6 +171,7 @@ async def _chat_stream(
     model: str,
     include_usage: bool,
     parsers: list[ResponseParser],
+    use_prefix_cache: bool,
 ) -> AsyncIterator[str]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -167,10 +181,16 @@ async def _chat_stream(
 
     for index in range(len(params)):
         yield chunk(index, {"role": "assistant", "content": ""})
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
     try:
         async for item in stream_choices(
-            state, tracker, prompt, params, request_id, state.config.keepalive_interval_s
+            state,
+            tracker,
+            prompt,
+            params,
+            request_id,
+            state.config.keepalive_interval_s,
+            use_prefix_cache,
         ):
             if item is None:
                 yield ": keep-alive\n\n"
@@ -190,6 +210,7 @@ async def _chat_stream(
                 yield chunk(index, delta, **extra)
             if output.finished:
                 completion_tokens += len(completion.token_ids)
+                cached_tokens = max(cached_tokens, output.num_cached_tokens)
                 tracker.tool_calls(parser.num_tool_calls)
                 finish = _finish_reason(completion, parser.num_tool_calls)
                 yield chunk(index, {}, finish_reason=finish)
@@ -199,6 +220,6 @@ async def _chat_stream(
         yield "data: [DONE]\n\n"
         return
     if include_usage:
-        usage = responses.usage(len(prompt), completion_tokens)
+        usage = responses.usage(len(prompt), completion_tokens, cached_tokens=cached_tokens)
         yield responses.sse({**base, "choices": [], "usage": usage})
     yield "data: [DONE]\n\n"

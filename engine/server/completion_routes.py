@@ -69,7 +69,7 @@ async def completions(
         params = [
             sampling_params(request, max_tokens, request.logprobs, i) for i in range(request.n)
         ]
-        jobs.append(Job(prompt, params, f"{request_id}-{number}"))
+        jobs.append(Job(prompt, params, f"{request_id}-{number}", request.prefix_cache))
     if request.stream:
         prompt, params = jobs[0].prompt, jobs[0].params
         state.engine.check_capacity(len(params))
@@ -78,11 +78,12 @@ async def completions(
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     results = await run_to_completion(state, tracker, jobs)
     for job, outputs in zip(jobs, results, strict=True):
         prompt = job.prompt
         prompt_tokens += len(prompt)
+        cached_tokens += outputs[0].num_cached_tokens
         for output in outputs:
             completion = output.outputs[0]
             prefix = state.tokenizer.decode(prompt) if request.echo else ""
@@ -100,7 +101,11 @@ async def completions(
             )
             completion_tokens += len(completion.token_ids)
     return JSONResponse(
-        {**base, "choices": choices, "usage": responses.usage(prompt_tokens, completion_tokens)}
+        {
+            **base,
+            "choices": choices,
+            "usage": responses.usage(prompt_tokens, completion_tokens, 0, cached_tokens),
+        }
     )
 
 
@@ -113,7 +118,7 @@ async def _completion_stream(
     base: dict[str, Any],
     include_usage: bool,
 ) -> AsyncIterator[str]:
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
 
     def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -124,7 +129,13 @@ async def _completion_stream(
             yield chunk(index, state.tokenizer.decode(prompt), None)
     try:
         async for item in stream_choices(
-            state, tracker, prompt, params, base["id"], state.config.keepalive_interval_s
+            state,
+            tracker,
+            prompt,
+            params,
+            base["id"],
+            state.config.keepalive_interval_s,
+            request.prefix_cache,
         ):
             if item is None:
                 yield ": keep-alive\n\n"
@@ -139,6 +150,7 @@ async def _completion_stream(
                 yield chunk(index, output.text_delta, None, logprobs)
             if output.finished:
                 completion_tokens += len(completion.token_ids)
+                cached_tokens = max(cached_tokens, output.num_cached_tokens)
                 yield chunk(index, "", responses.finish_reason(completion))
     except DgppError as err:
         api = from_dgpp_error(err)
@@ -147,6 +159,10 @@ async def _completion_stream(
         return
     if include_usage:
         yield responses.sse(
-            {**base, "choices": [], "usage": responses.usage(len(prompt), completion_tokens)}
+            {
+                **base,
+                "choices": [],
+                "usage": responses.usage(len(prompt), completion_tokens, 0, cached_tokens),
+            }
         )
     yield "data: [DONE]\n\n"

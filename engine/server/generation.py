@@ -22,6 +22,7 @@ class Job:
     prompt: list[int]
     params: list[SamplingParams]
     request_id: str
+    use_prefix_cache: bool = True
 
 
 async def run_to_completion(
@@ -43,7 +44,7 @@ async def _choices(state: ServerState, tracker: RequestTracker, job: Job) -> lis
     async def one(index: int) -> RequestOutput:
         last = None
         async for output in state.engine.generate(
-            job.prompt, job.params[index], f"{job.request_id}-{index}"
+            job.prompt, job.params[index], f"{job.request_id}-{index}", job.use_prefix_cache
         ):
             last = output
         assert last is not None and last.finished
@@ -65,6 +66,7 @@ async def stream_choices(
     params: list[SamplingParams],
     request_id: str,
     keepalive_s: float,
+    use_prefix_cache: bool = True,
 ) -> AsyncIterator[tuple[int, RequestOutput] | None]:
     """Yield (choice index, output) as the engine produces them, or None after `keepalive_s`
     without output (a long prefill), so the caller can keep the connection alive.
@@ -76,7 +78,7 @@ async def stream_choices(
     async def pump(index: int) -> None:
         try:
             async for output in state.engine.generate(
-                prompt, params[index], f"{request_id}-{index}"
+                prompt, params[index], f"{request_id}-{index}", use_prefix_cache
             ):
                 await queue.put((index, output))
         except BaseException as err:

@@ -11,12 +11,14 @@ from dgpp.engine.sampler import TokenLogprobs
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int = 0, cached_tokens: int = 0
+) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 

@@ -28,7 +28,11 @@ class ScriptedEngine:
         del num_requests
 
     async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         sizes = [3, 1, 7, 2, 5]
         start, step = 0, 0

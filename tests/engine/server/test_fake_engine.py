@@ -71,7 +71,11 @@ class FakeAsyncEngine:
             raise EngineFailureError(f"the engine has failed: {self.failure}")
 
     async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         self.started.append(request_id)
         try:

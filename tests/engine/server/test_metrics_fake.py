@@ -72,7 +72,11 @@ class MeteredEngine(ScriptedEngine):
             raise OverloadedError("the server is at its queue limit (0 waiting requests)")
 
     async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         self.check_capacity()
         async for output in super().generate(prompt, params, request_id):
@@ -250,7 +254,11 @@ def test_service_counters_are_per_app(tokenizer: Any) -> None:
 
 class CrashingEngine(MeteredEngine):
     async def generate(
-        self, prompt: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        request_id: str,
+        use_prefix_cache: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         raise RuntimeError("unexpected")
         yield  # an async generator
