@@ -42,11 +42,15 @@ SYSTEM = (
     + TOOLS_DOC
     + "\n"
 ) * 4
-FILE_TEXT = "\n".join(
-    f"def handler_{i}(request: dict) -> dict:\n"
-    f"    return {{'status': {200 + i}, 'id': request['id']}}"
-    for i in range(12)
-)
+
+
+def file_text(functions: int) -> str:
+    """A tool result: the text of a small Python file (about 33 tokens per function)."""
+    return "\n".join(
+        f"def handler_{i}(request: dict) -> dict:\n"
+        f"    return {{'status': {200 + i}, 'id': request['id']}}"
+        for i in range(functions)
+    )
 
 
 @dataclass
@@ -115,7 +119,7 @@ def chat(client: httpx.Client, messages: list[dict]) -> Turn:
     )
 
 
-def session_step(messages: list[dict], turn: int, reply: str) -> None:
+def session_step(messages: list[dict], turn: int, reply: str, functions: int) -> None:
     """Append what the agent and its tools say after `reply`, for the next request."""
     messages.append(
         {
@@ -137,13 +141,13 @@ def session_step(messages: list[dict], turn: int, reply: str) -> None:
         {
             "role": "tool",
             "tool_call_id": f"call_{turn}",
-            "content": FILE_TEXT.replace("handler_", f"h{turn}_"),
+            "content": file_text(functions).replace("handler_", f"h{turn}_"),
         }
     )
     messages.append({"role": "user", "content": f"Step {turn + 1}: now check handler {turn}."})
 
 
-def replay(port: int, turns: int) -> tuple[list[Turn], float, list[int]]:
+def replay(port: int, turns: int, functions: int) -> tuple[list[Turn], float, list[int]]:
     messages: list[dict] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Step 1: fix the failing handler."},
@@ -166,7 +170,7 @@ def replay(port: int, turns: int) -> tuple[list[Turn], float, list[int]]:
                 "/tokenize", json={"prompt": result.reply, "add_special_tokens": False}
             ).json()
             previous = tokens + reply_ids["tokens"]
-            session_step(messages, turn, result.reply)
+            session_step(messages, turn, result.reply, functions)
         wall = time.perf_counter() - start
     return results, wall, reusable
 
@@ -175,13 +179,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=12)
     parser.add_argument("--port", type=int, default=18090)
+    parser.add_argument(
+        "--functions",
+        type=int,
+        default=12,
+        help="functions in each tool result: how much each turn adds (~33 tokens each)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
     runs = {}
     for cache in (True, False):
         server = start_server(args.port, cache)
         try:
-            runs[cache] = replay(args.port, args.turns)
+            runs[cache] = replay(args.port, args.turns, args.functions)
         finally:
             server.terminate()
             server.wait(30)
