@@ -13,9 +13,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 BlockTokens = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    num_cached_blocks: int  # blocks findable by key (in use or evictable)
+    num_evictable_blocks: int  # of those, unreferenced: free space that may still hit
+    num_evictions: int  # cumulative
 
 
 def chain_hash(parent: int | None, tokens: BlockTokens, salt: int) -> int:
@@ -71,6 +79,8 @@ class PrefixCache(Protocol):
         """Remove up to `count` evictable blocks, least recently used first, and return their
         ids for reuse. Never touches a block in use."""
         ...
+
+    def stats(self) -> PrefixCacheStats: ...
 
 
 class HashPrefixCache:
@@ -135,6 +145,9 @@ class HashPrefixCache:
         self._evictions += len(evicted)
         return evicted
 
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(len(self._by_key), len(self._evictable), self._evictions)
+
 
 class NullPrefixCache:
     """The cache turned off: nothing is found, kept or evicted."""
@@ -168,3 +181,6 @@ class NullPrefixCache:
 
     def evict(self, count: int) -> list[int]:
         return []
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(0, 0, 0)

@@ -51,6 +51,8 @@ def test_eviction_is_least_recently_used_and_skips_locked_blocks() -> None:
     assert cache.is_cached(3) and not cache.is_cached(2)
     assert cache.match([103], [(3,)]) == [3] and cache.match([102], [(2,)]) == []
     assert cache.num_evictions == 3
+    stats = cache.stats()
+    assert (stats.num_cached_blocks, stats.num_evictable_blocks, stats.num_evictions) == (1, 0, 3)
 
 
 def test_null_cache_finds_and_keeps_nothing() -> None:
@@ -58,6 +60,7 @@ def test_null_cache_finds_and_keeps_nothing() -> None:
     assert not cache.insert(1, (1,), 0)
     assert cache.match([1], [(1,)]) == [] and cache.evict(5) == []
     assert not cache.enabled and cache.num_evictable == 0
+    assert cache.stats().num_cached_blocks == 0
 
 
 def test_pool_counts_evictable_blocks_as_free_and_evicts_only_when_short() -> None:
