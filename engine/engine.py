@@ -13,9 +13,11 @@ import torch
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
+from dgpp.engine.distributed.control import Command, ControlChannel, ControlMessage
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.models.registry import model_class
+from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
 from dgpp.engine.request import (
     CompletionOutput,
@@ -34,7 +36,15 @@ from dgpp.engine.tokenizer import eos_token_ids, load_tokenizer
 class LLMEngine:
     """Serves many requests at once on one rank. Not thread-safe: one caller drives `step()`."""
 
-    def __init__(self, config: EngineConfig, checkpoint: Path) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        checkpoint: Path,
+        parallel: ParallelContext | None = None,
+        control: ControlChannel | None = None,
+    ) -> None:
+        """`parallel` and `control` make this rank 0 of a tensor-parallel world whose other
+        ranks run `serve_commands`; without them the engine is a world of one."""
         model_config = ModelConfig.from_checkpoint(checkpoint)
         model_class(model_config)  # refuse unknown architectures before any heavy loading
         max_model_len = config.effective_max_model_len(model_config)
@@ -45,7 +55,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.tokenizer = load_tokenizer(checkpoint)
         self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
-        self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len)
+        self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len, parallel)
+        self.control = control
         self.counters = EngineCounters()
         cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
@@ -124,6 +135,12 @@ class LLMEngine:
         self.scheduler.add(request)
         return request
 
+    def shutdown(self) -> None:
+        """Release the other ranks of the world (they leave their command loops)."""
+        if self.control is not None:
+            self.control.send(ControlMessage(Command.SHUTDOWN))
+            self.control = None
+
     def abort(self, request_id: str) -> None:
         """Cancel a request; its blocks return to the pool at the next step."""
         request = self._requests.get(request_id)
@@ -135,7 +152,10 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return outputs
-        logits = self.runner.run(plan)  # [num_sampling, padded_vocab]
+        inputs = self.runner.prepare(plan)
+        if self.control is not None:
+            self.control.send(ControlMessage(Command.STEP, inputs))  # every rank, same forward
+        logits = self.runner.execute(inputs)  # [num_sampling, padded_vocab]
         counters = self.counters
         counters.num_steps += 1
         counters.num_decode_steps += plan.num_decodes > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +21,15 @@ from dgpp.kernels.linear import select_packer
 from dgpp.kernels.paged_attention_torch import decode_gather_inputs
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    metadata: PagedAttentionMetadata
+    sample_index: torch.Tensor  # [num_sampling]: rows of the last token of sampling chunks
+    fp32_logits: bool
 
 
 class ModelRunner:
@@ -66,15 +76,23 @@ class ModelRunner:
             device=self.device,
         )
 
-    @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Forward the plan; float32 logits [num_sampling_chunks, padded_vocab], in plan order."""
+        return self.execute(self.prepare(plan))
+
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward every rank runs with identical inputs (collectives inside must match)."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata)
+        hidden = hidden[inputs.sample_index]
+        dtype = torch.float32 if inputs.fp32_logits else None
+        return self.model.compute_logits(hidden, dtype).float()
+
+    def prepare(self, plan: StepPlan) -> StepInputs:
+        """The step's tensors, built on rank 0 and sent as they are to the other ranks."""
         input_ids, positions, metadata, sample_index = self._prepare(plan)
-        hidden = self.model(input_ids, positions, self.kv_cache, metadata)
-        hidden = hidden[sample_index]
         fp32_logits = plan.has_prefill and self.config.prefill_precision == "fp32"
-        logits = self.model.compute_logits(hidden, torch.float32 if fp32_logits else None)
-        return logits.float()
+        return StepInputs(input_ids, positions, metadata, sample_index, fp32_logits)
 
     def _prepare(
         self, plan: StepPlan

@@ -1,0 +1,85 @@
+"""A world of two ranks over gloo (two real processes) produces exactly world 1's tokens."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dgpp.engine import SamplingParams
+from dgpp.engine.config import EngineConfig
+from dgpp.engine.engine import LLMEngine
+from tests.conftest import build_tiny_checkpoint
+
+PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013))]
+KNOBS = {"kv_capacity": 1024, "block_size": 4, "prefill_chunk_tokens": 16, "num_threads": 1}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _generate(engine: LLMEngine) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ids = [engine.add_request(prompt, params).request_id for prompt in PROMPTS]
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = list(output.outputs[0].token_ids)
+    return [done[request_id] for request_id in ids]
+
+
+def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
+    """Entry point of each spawned rank."""
+    from dgpp.engine.distributed.control import ControlChannel
+    from dgpp.engine.distributed.worker import run_worker
+    from dgpp.engine.distributed.world import WorldSpec, join_world, leave_world
+
+    config = EngineConfig(model=checkpoint, **KNOBS)
+    spec = WorldSpec(rank=rank, world_size=2, master_port=port, rendezvous_timeout_s=60)
+    if rank > 0:
+        run_worker(config, Path(checkpoint), spec)
+        return
+    parallel = join_world(spec)
+    try:
+        engine = LLMEngine(config, Path(checkpoint), parallel, ControlChannel(parallel))
+        try:
+            results.put(_generate(engine))
+        finally:
+            engine.shutdown()
+    finally:
+        leave_world()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
+def test_world_of_two_equals_world_of_one(
+    tmp_path: Path, tokenizer_dir: Path, kv_heads: int
+) -> None:
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, "Qwen2ForCausalLM", num_key_value_heads=kv_heads
+    )
+    expected = _generate(LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [
+        context.Process(target=_rank, args=(rank, port, str(checkpoint), results))
+        for rank in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    try:
+        got = results.get(timeout=180)
+    finally:
+        for process in ranks:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+    assert [process.exitcode for process in ranks] == [0, 0]
+    assert got == expected
