@@ -30,7 +30,7 @@ from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
 from dgpp.engine.stats import EngineCounters, EngineStats
-from dgpp.engine.tokenizer import eos_token_ids, load_tokenizer
+from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
 
 
 class LLMEngine:
@@ -77,6 +77,7 @@ class LLMEngine:
         else:
             self.generator.seed()
         self._requests: dict[str, Request] = {}
+        self._abort_requested: set[str] = set()
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
         self._ids = itertools.count()
@@ -143,9 +144,8 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its blocks return to the pool at the next step."""
-        request = self._requests.get(request_id)
-        if request is not None:
-            request.is_abort_requested = True
+        if request_id in self._requests:
+            self._abort_requested.add(request_id)
 
     def step(self) -> list[RequestOutput]:
         outputs = self._reap_aborted()
@@ -215,14 +215,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             ids = list(self.tokenizer(prompt).input_ids) if prompt else []
         elif isinstance(prompt, list | tuple):
-            vocab = self.model_config.vocab_size
-            for token in prompt:
-                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                    raise InvalidRequestError(
-                        f"prompt token ids must be integers in [0, {vocab}), got {token!r}",
-                        param="prompt",
-                    )
-            ids = list(prompt)
+            ids = check_token_ids(prompt, self.model_config.vocab_size)
         else:
             raise InvalidRequestError(
                 f"a prompt is a string or a list of token ids, got {type(prompt).__name__}",
@@ -282,9 +275,12 @@ class LLMEngine:
 
     def _reap_aborted(self) -> list[RequestOutput]:
         outputs = []
-        for request in [r for r in self._requests.values() if r.is_abort_requested]:
-            self._finish(request, FinishReason.ABORT, None)
-            outputs.append(self._output(request, num_new_tokens=0))
+        for request_id in self._abort_requested:
+            request = self._requests.get(request_id)
+            if request is not None:  # it may have finished since the abort was asked for
+                self._finish(request, FinishReason.ABORT, None)
+                outputs.append(self._output(request, num_new_tokens=0))
+        self._abort_requested.clear()
         return outputs
 
     def _output(self, request: Request, num_new_tokens: int) -> RequestOutput:

@@ -44,7 +44,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    is_abort_requested: bool = False
     num_preemptions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     first_scheduled_time: float | None = None

@@ -8,7 +8,21 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.errors import InvalidRequestError, ModelLoadError
+
+
+def check_token_ids(token_ids: object, vocab_size: int, param: str = "prompt") -> list[int]:
+    """`token_ids` as a list of ints in [0, vocab_size); `InvalidRequestError` naming `param`."""
+    if not isinstance(token_ids, list | tuple):
+        raise InvalidRequestError(
+            f"expected a list of token ids, got {type(token_ids).__name__}", param=param
+        )
+    for token in token_ids:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise InvalidRequestError(
+                f"token ids must be integers in [0, {vocab_size}), got {token!r}", param=param
+            )
+    return list(token_ids)
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

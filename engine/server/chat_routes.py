@@ -15,7 +15,6 @@ from dgpp.engine.request import CompletionOutput
 from dgpp.engine.server import responses
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.errors import error_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
@@ -215,11 +214,9 @@ async def _chat_stream(
                 finish = _finish_reason(completion, parser.num_tool_calls)
                 yield chunk(index, {}, finish_reason=finish)
     except DgppError as err:
-        api = from_dgpp_error(err)
-        yield responses.sse(error_body(api.message, api.type, api.code, api.param))
-        yield "data: [DONE]\n\n"
+        yield responses.sse_error(err)
         return
     if include_usage:
         usage = responses.usage(len(prompt), completion_tokens, cached_tokens=cached_tokens)
         yield responses.sse({**base, "choices": [], "usage": usage})
-    yield "data: [DONE]\n\n"
+    yield responses.DONE

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.server import responses
 from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.errors import error_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.protocol import CompletionRequest
@@ -23,6 +22,7 @@ from dgpp.engine.server.sampling import (
     sampling_params,
 )
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenizer import check_token_ids
 
 router = APIRouter()
 
@@ -34,16 +34,12 @@ def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[
     if raw and all(isinstance(token, int) for token in raw):
         raw = [raw]  # one prompt of token ids
     prompts = []
-    vocab = state.engine.engine.model_config.vocab_size
     for prompt in raw:
         ids = state.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        bad = [token for token in ids if not 0 <= token < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token ids must be in [0, {vocab}), got {bad[:5]}", param="prompt"
-            )
+        if not isinstance(prompt, str):  # checked now: a stream cannot turn into a 400 later
+            check_token_ids(ids, state.engine.engine.model_config.vocab_size)
         prompts.append(list(ids))
     if not prompts:
         raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -153,9 +149,7 @@ async def _completion_stream(
                 cached_tokens = max(cached_tokens, output.num_cached_tokens)
                 yield chunk(index, "", responses.finish_reason(completion))
     except DgppError as err:
-        api = from_dgpp_error(err)
-        yield responses.sse(error_body(api.message, api.type, api.code, api.param))
-        yield "data: [DONE]\n\n"
+        yield responses.sse_error(err)
         return
     if include_usage:
         yield responses.sse(
@@ -165,4 +159,4 @@ async def _completion_stream(
                 "usage": responses.usage(len(prompt), completion_tokens, 0, cached_tokens),
             }
         )
-    yield "data: [DONE]\n\n"
+    yield responses.DONE

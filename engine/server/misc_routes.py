@@ -14,6 +14,7 @@ from dgpp.engine.server.deps import Startup, State, current_state
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS
 from dgpp.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenizer import check_token_ids
 
 router = APIRouter()
 
@@ -85,8 +86,5 @@ async def tokenize(request: TokenizeRequest, state: State) -> dict[str, Any]:
 async def detokenize(request: DetokenizeRequest, state: State) -> dict[str, Any]:
     if request.model is not None:
         state.check_model(request.model)
-    vocab = state.engine.engine.model_config.vocab_size
-    bad = [token for token in request.tokens if not 0 <= token < vocab]
-    if bad:
-        raise InvalidRequestError(f"token ids out of range [0, {vocab}): {bad[:5]}", param="tokens")
+    check_token_ids(request.tokens, state.engine.engine.model_config.vocab_size, param="tokens")
     return {"prompt": state.tokenizer.decode(request.tokens)}

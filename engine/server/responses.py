@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.sampler import TokenLogprobs
+from dgpp.engine.server.errors import error_body, from_dgpp_error
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -69,6 +71,16 @@ def finish_reason(completion: CompletionOutput) -> str | None:
 
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_error(err: DgppError) -> str:
+    """How an OpenAI stream ends on an error once its headers are sent: the error event, then
+    `[DONE]`."""
+    api = from_dgpp_error(err)
+    return sse(error_body(api.message, api.type, api.code, api.param)) + DONE
 
 
 def final(outputs: list[RequestOutput]) -> tuple[int, int]:

@@ -10,16 +10,21 @@ from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
 
 
+def engine_core(tokenizer: Any) -> SimpleNamespace:
+    """The attributes of `LLMEngine` the HTTP layer reads, for fake `AsyncEngine`s."""
+    return SimpleNamespace(
+        tokenizer=tokenizer,
+        max_model_len=512,
+        model_config=SimpleNamespace(vocab_size=49152),
+        config=SimpleNamespace(max_concurrency=4),
+    )
+
+
 class ScriptedEngine:
     """Replays `text` in small, uneven pieces (tags split across them), finishing with 'stop'."""
 
     def __init__(self, tokenizer: Any, text: str) -> None:
-        self.engine = SimpleNamespace(
-            tokenizer=tokenizer,
-            max_model_len=512,
-            model_config=SimpleNamespace(vocab_size=49152),
-            config=SimpleNamespace(max_concurrency=4),
-        )
+        self.engine = engine_core(tokenizer)
         self.text = text
         self.is_running = True
         self.failure = None

@@ -7,7 +7,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -24,6 +23,7 @@ from dgpp.engine.server.deps import get_state
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.tokenizer import load_tokenizer
 from tests.engine.server.harness import assert_error
+from tests.engine.server.scripted import engine_core
 
 CHAT_BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 COMPLETION_BODY = {"model": "fake", "prompt": "hi", "max_tokens": 8}
@@ -53,12 +53,7 @@ class FakeAsyncEngine:
     'crash' raises a plain RuntimeError."""
 
     def __init__(self, tokenizer: Any, mode: str, delay: float = 0.0) -> None:
-        self.engine = SimpleNamespace(
-            tokenizer=tokenizer,
-            max_model_len=512,
-            model_config=SimpleNamespace(vocab_size=49152),
-            config=SimpleNamespace(max_concurrency=4),
-        )
+        self.engine = engine_core(tokenizer)
         self.mode = mode
         self.delay = delay
         self.is_running = mode != "dead"
