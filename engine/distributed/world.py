@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -35,5 +36,11 @@ def join_world(spec: WorldSpec) -> ParallelContext:
 
 
 def leave_world() -> None:
+    """Orderly exit: wait until every rank is leaving, then tear down. Callers drop everything
+    that holds the process group first (the model's layers do): a group object that outlives
+    `destroy_process_group` is destroyed during interpreter teardown with its threads still
+    joinable, which aborts the process ("terminate called without an active exception")."""
     if dist.is_initialized():
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()

@@ -37,7 +37,6 @@ def _generate(engine: LLMEngine) -> list[list[int]]:
 
 def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
     """Entry point of each spawned rank."""
-    from dgpp.engine.distributed.control import ControlChannel
     from dgpp.engine.distributed.worker import run_worker
     from dgpp.engine.distributed.world import WorldSpec, join_world, leave_world
 
@@ -46,15 +45,20 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
     if rank > 0:
         run_worker(config, Path(checkpoint), spec)
         return
-    parallel = join_world(spec)
     try:
-        engine = LLMEngine(config, Path(checkpoint), parallel, ControlChannel(parallel))
-        try:
-            results.put(_generate(engine))
-        finally:
-            engine.shutdown()
+        results.put(_generate_as_rank_zero(config, Path(checkpoint), join_world(spec)))
     finally:
-        leave_world()
+        leave_world()  # the engine, which holds the process group, is gone by now
+
+
+def _generate_as_rank_zero(config: EngineConfig, checkpoint: Path, parallel: Any) -> Any:
+    from dgpp.engine.distributed.control import ControlChannel
+
+    engine = LLMEngine(config, checkpoint, parallel, ControlChannel(parallel))
+    try:
+        return _generate(engine)
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
