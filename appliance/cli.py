@@ -14,13 +14,20 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
+from dgpp.appliance.cache_cli import add_cache_parser
 from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
-from dgpp.appliance.serve_cli import add_server_options
-from dgpp.engine.errors import DgppError
+from dgpp.appliance.exit_codes import (
+    EXIT_CONFIG,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+)
+from dgpp.appliance.rank_cli import add_rank_parser
+from dgpp.appliance.serve_cli import add_server_options, add_world_options
+from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError, UnsupportedModelError
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
+# Errors that no retry fixes: the command line, deployment or model must change.
+CONFIG_ERRORS = (ConfigError, ModelLoadError, UnsupportedModelError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,11 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
     add_engine_options(serve)
     add_server_options(serve)
+    add_world_options(serve)
+    add_rank_parser(commands)
 
     chat = commands.add_parser("chat", help="chat with a model on the terminal")
     chat.add_argument("--system", default=None, help="system message")
     add_engine_options(chat)
     add_sampling_options(chat)
+    add_cache_parser(commands)
     return parser
 
 
@@ -81,22 +91,44 @@ def _run_model(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "model":
-            return _run_model(args)
-        if args.command == "serve":
-            from dgpp.appliance.serve_cli import run_serve
-
-            return run_serve(args)
-        from dgpp.appliance import generate_cli
-
-        if args.command == "generate":
-            return generate_cli.run_generate(args)
-        return generate_cli.run_chat(args)
+        code = _dispatch(args)
     except DgppError as err:
         print(f"dgpp: error: {err.message}", file=sys.stderr)
-        return EXIT_ERROR
+        code = EXIT_CONFIG if isinstance(err, CONFIG_ERRORS) else EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        code = EXIT_INTERRUPTED
+    if args.command in ("serve", "rank"):
+        # A rank's threads may still sit in a collective; interpreter teardown of their process
+        # groups would abort the process, so a server leaves at once, logs flushed.
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "model":
+        return _run_model(args)
+    if args.command == "serve":
+        from dgpp.appliance.serve_cli import run_serve
+
+        return run_serve(args)
+    if args.command == "rank":
+        from dgpp.appliance.rank_cli import run_rank
+
+        return run_rank(args)
+    if args.command == "cache":
+        from dgpp.appliance.cache_cli import run_cache
+
+        return run_cache(args)
+    from dgpp.appliance import generate_cli
+
+    if args.command == "generate":
+        return generate_cli.run_generate(args)
+    return generate_cli.run_chat(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import Any
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
-        "--model", default="default", help="checkpoint dir, HF repo id, or 'default'"
+        "--model", default=None, help="checkpoint dir, HF repo id, or 'default' (the default)"
     )
     group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -34,6 +34,26 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--seed", type=int, default=None)
     group.add_argument("--threads", type=int, default=None, dest="num_threads")
+    group.add_argument(
+        "--no-resident-cache",
+        dest="resident_cache",
+        action="store_false",
+        default=None,
+        help="neither read nor write the resident weight image",
+    )
+    group.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="share of the device memory (host RAM on CPU) this rank may use; sizes the KV pool "
+        "from what the weights leave of it, overriding --kv-capacity",
+    )
+    group.add_argument(
+        "--mlock",
+        action="store_true",
+        default=None,
+        help="pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",
+    )
 
 
 def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,6 +71,8 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "prefix_min_tokens",
         "seed",
         "num_threads",
+        "memory_fraction",
+        "mlock",
     )
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 

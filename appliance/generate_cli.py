@@ -28,7 +28,7 @@ def stream(llm: LLM, prompt: str | list[int], params: SamplingParams) -> Iterato
 
 def run_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    llm = LLM(args.model, **engine_knobs(args))
+    llm = LLM(args.model or "default", **engine_knobs(args))
     params = SamplingParams(**sampling_kwargs(args))
     prompt = " ".join(args.prompt) if args.prompt else sys.stdin.read()
     if args.chat_template:
@@ -43,7 +43,7 @@ def run_generate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def run_chat(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     """A conversation on the terminal; `/reset` starts over, `/exit` or end of input leaves."""
     inp, out = inp or sys.stdin, out or sys.stdout
-    llm = LLM(args.model, **engine_knobs(args))
+    llm = LLM(args.model or "default", **engine_knobs(args))
     params = SamplingParams(**sampling_kwargs(args))
     messages: list[dict[str, Any]] = []
     if args.system:

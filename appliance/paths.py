@@ -44,3 +44,14 @@ def hf_hub_cache_dir() -> Path:
         xdg_cache = _env_path("XDG_CACHE_HOME") or Path.home() / ".cache"
         hf_home = xdg_cache / "huggingface"
     return hf_home / "hub"
+
+
+def resident_dir() -> Path:
+    """Resident weight images: $DGPP_RESIDENT_DIR, else $XDG_CACHE_HOME/dgpp/resident, else
+    ~/.cache/dgpp/resident."""
+    configured = _env_path("DGPP_RESIDENT_DIR")
+    if configured is not None:
+        return configured
+    xdg = _env_path("XDG_CACHE_HOME")
+    cache = xdg if xdg is not None and xdg.is_absolute() else Path.home() / ".cache"
+    return cache / "dgpp" / "resident"

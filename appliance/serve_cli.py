@@ -5,9 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from dgpp.appliance.deployment import (
+    Deployment,
+    engine_config,
+    load_deployment,
+    parse_deployment,
+    server_config,
+    world_spec,
+    world_timeouts,
+)
 from dgpp.appliance.engine_options import engine_knobs
 
 log = logging.getLogger("dgpp.serve")
@@ -15,8 +25,8 @@ log = logging.getLogger("dgpp.serve")
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--host", default="127.0.0.1")
-    group.add_argument("--port", type=int, default=18080)
+    group.add_argument("--host", default=None, help="bind address (127.0.0.1)")
+    group.add_argument("--port", type=int, default=None, help="HTTP port (18080)")
     group.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
     group.add_argument(
         "--served-model-name",
@@ -25,19 +35,19 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         dest="served_model_names",
         help="name clients use for the model (repeatable; the first is reported)",
     )
-    group.add_argument("--default-max-tokens", type=int, default=8192)
+    group.add_argument("--default-max-tokens", type=int, default=None, help="(8192)")
     group.add_argument(
         "--default-chat-template-kwargs",
         type=_json_object,
-        default={},
+        default=None,
         help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
         "request chat_template_kwargs win",
     )
-    group.add_argument("--queue-limit", type=int, default=256)
+    group.add_argument("--queue-limit", type=int, default=None, help="(256)")
     group.add_argument(
         "--stats-log-interval",
         type=float,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
         help="seconds between stats log lines (throughput, queues, KV use, prefix-cache hit "
         "rate), logged only after activity; 0 turns the log off",
@@ -55,69 +65,82 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def add_world_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("world")
+    group.add_argument(
+        "--deployment", default=None, help="deployment file; the flags given here override it"
+    )
+    group.add_argument(
+        "--world",
+        type=int,
+        default=None,
+        dest="world_size",
+        help="ranks of the tensor-parallel world, all started on this machine (default 1)",
+    )
+    group.add_argument("--rendezvous-port", type=int, default=None, dest="rendezvous_port")
+
+
+def serve_deployment(args: argparse.Namespace) -> Deployment:
+    """The deployment file (or an empty one) with the command line's settings applied."""
+    raw: dict[str, Any] = {}
+    if args.deployment:
+        raw = load_deployment(Path(args.deployment)).model_dump(exclude_unset=True)
+    raw.setdefault("model", "default")
+    if args.model is not None:
+        raw["model"] = args.model
+    if args.world_size is not None:
+        raw["world_size"] = args.world_size
+    raw.setdefault("engine", {}).update(engine_knobs(args))
+    http = raw.setdefault("http", {})
+    for key, value in (
+        ("host", args.host),
+        ("port", args.port),
+        ("default_max_tokens", args.default_max_tokens),
+        ("queue_limit", args.queue_limit),
+        ("stats_log_interval_s", args.stats_log_interval),
+        ("default_chat_template_kwargs", args.default_chat_template_kwargs),
+    ):
+        if value is not None:
+            http[key] = value
+    if args.served_model_names:
+        http["served_model_names"] = args.served_model_names
+    if args.rendezvous_port is not None:
+        raw.setdefault("rendezvous", {})["port"] = args.rendezvous_port
+    resident = raw.get("engine", {})
+    if "resident_cache" in resident:  # the CLI's switch lives in the deployment's own section
+        raw.setdefault("resident_cache", {})["enabled"] = resident.pop("resident_cache")
+    return parse_deployment(raw, "the command line")
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    """Bind the HTTP port at once (health answers 503 `starting`), load the model in the
-    background, then serve. A model that fails to load stops the process with exit code 1."""
-    import threading
+    """Bind the HTTP port at once (health answers 503 `starting`), form the world and load the
+    model in the background, then serve; ranks 1..N-1 run as supervised local processes."""
+    from dataclasses import replace
 
-    import uvicorn
-
-    from dgpp.engine.async_engine import AsyncEngine
-    from dgpp.engine.config import EngineConfig, ModelConfig
-    from dgpp.engine.engine import LLMEngine
+    from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.appliance.rank_cli import configure_logging
+    from dgpp.appliance.timeout_env import apply_env_overrides
+    from dgpp.engine.config import ModelConfig
     from dgpp.engine.llm import resolve_checkpoint
     from dgpp.engine.models.registry import model_class
-    from dgpp.engine.server.app import attach_state, create_app, mark_failed
-    from dgpp.engine.server.config import ServerConfig
-    from dgpp.engine.server.state import ServerState
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level, 0)
+    deployment = serve_deployment(args)
     # Cheap checks first, so a wrong model reference or knob fails before anything binds.
-    checkpoint = resolve_checkpoint(args.model)
+    checkpoint = resolve_checkpoint(deployment.model)
     model_class(ModelConfig.from_checkpoint(checkpoint))
-    engine_config = EngineConfig(model=args.model, **engine_knobs(args))
-    names = tuple(args.served_model_names) or (
-        "default" if args.model == "default" else Path(args.model).name or args.model,
+    engine = engine_config(deployment)
+    world_size = deployment.world_size
+    if world_size > 1 and engine.device == "cpu" and engine.num_threads is None:
+        # N ranks on one machine share its cores; oversubscribed OpenMP pools crawl.
+        engine = replace(engine, num_threads=max(1, (os.cpu_count() or 1) // world_size))
+    timeouts = apply_env_overrides(world_timeouts(deployment), os.environ)
+    options = HeadOptions(
+        engine=engine,
+        checkpoint=checkpoint,
+        spec=world_spec(deployment, 0, timeouts),
+        server=server_config(deployment, args.api_key),
+        log_level=args.log_level,
+        local_workers=True,
     )
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        served_model_names=names,
-        default_max_tokens=args.default_max_tokens,
-        queue_limit=args.queue_limit,
-        stats_log_interval_s=args.stats_log_interval,
-        default_chat_template_kwargs=args.default_chat_template_kwargs,
-    )
-    app = create_app(None, config)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level)
-    )
-    engines: list[AsyncEngine] = []
-    failed: list[BaseException] = []
-
-    def load() -> None:
-        try:
-            engine = LLMEngine(engine_config, checkpoint)
-            async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
-            async_engine.start()
-            engines.append(async_engine)
-            attach_state(app, ServerState(async_engine, config, names))
-            log.info(
-                "serving %s as %s on %s:%d", checkpoint, ", ".join(names), config.host, config.port
-            )
-        except BaseException as err:
-            log.exception("loading %s failed", checkpoint)
-            failed.append(err)
-            mark_failed(app, f"{type(err).__name__}: {err}")
-            server.should_exit = True
-
-    threading.Thread(target=load, name="dgpp-load", daemon=True).start()
-    try:
-        server.run()
-    finally:
-        for async_engine in engines:
-            async_engine.stop()
-    return 1 if failed else 0
+    return run_head(options)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -64,12 +65,17 @@ class AsyncEngine:
     """Thread-safe, asyncio-facing front of one engine.
 
     `queue_limit` bounds the requests waiting beyond `max_concurrency` running ones; past it
-    `generate` raises `OverloadedError` at once instead of queueing without bound.
+    `generate` raises `OverloadedError` at once instead of queueing without bound. While idle the
+    engine thread sends a heartbeat every `heartbeat_s` (workers of a world wait for rank 0's next
+    command with a deadline; a heartbeat to a dead worker also surfaces its loss at once).
     """
 
-    def __init__(self, engine: LLMEngine, queue_limit: int = 256) -> None:
+    def __init__(self, engine: LLMEngine, queue_limit: int = 256, heartbeat_s: float = 5.0) -> None:
         self.engine = engine
         self.queue_limit = queue_limit
+        self.heartbeat_s = heartbeat_s
+        self.step_started: float | None = None  # monotonic start of the step in progress
+        self._failed = threading.Event()
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._wakeup = threading.Event()
@@ -85,6 +91,10 @@ class AsyncEngine:
     @property
     def failure(self) -> BaseException | None:
         return self._failure
+
+    def wait_failed(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds; True once the engine thread has failed."""
+        return self._failed.wait(timeout)
 
     def stats(self) -> EngineStats:
         """A snapshot of the engine's queues and counters, for the metrics endpoints."""
@@ -124,16 +134,16 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes. Leaving the iteration early (the client
         went away) aborts the request, and its KV blocks are freed at the next step."""
-        if self._failure is not None:
-            raise EngineFailureError(f"the engine has failed: {self._failure}")
-        with self._lock:
+        stream = _Stream(asyncio.get_running_loop())
+        with self._lock:  # the failure path drains the queue under this lock: no add is lost
+            if self._failure is not None:
+                raise EngineFailureError(f"the engine has failed: {self._failure}")
             if self._num_pending >= self._capacity:
                 raise OverloadedError(
                     f"the server is at its queue limit ({self.queue_limit} waiting requests)"
                 )
             self._num_pending += 1
-        stream = _Stream(asyncio.get_running_loop())
-        self._commands.put(_Add(request_id, prompt, params, stream, use_prefix_cache))
+            self._commands.put(_Add(request_id, prompt, params, stream, use_prefix_cache))
         self._wakeup.set()
         finished = False
         try:
@@ -162,10 +172,14 @@ class AsyncEngine:
                 if not self._drain_commands():
                     return
                 if not self.engine.has_unfinished():
-                    self._wakeup.wait()
+                    if not self._wakeup.wait(self.heartbeat_s):
+                        self.engine.heartbeat()
                     self._wakeup.clear()
                     continue
-                for output in self.engine.step():
+                self.step_started = time.monotonic()
+                outputs = self.engine.step()
+                self.step_started = None
+                for output in outputs:
                     stream = self._streams.get(output.request_id)
                     if stream is None:
                         continue
@@ -174,11 +188,18 @@ class AsyncEngine:
                     stream.put(output)
         except BaseException as err:
             log.exception("engine thread failed")
-            self._failure = err
             failure = EngineFailureError(f"the engine failed while serving: {err}")
-            for stream in self._streams.values():
+            with self._lock:
+                self._failure = err
+                streams = list(self._streams.values())
+                while not self._commands.empty():
+                    command = self._commands.get_nowait()
+                    if isinstance(command, _Add):
+                        streams.append(command.stream)
+            for stream in streams:
                 stream.put(failure)
             self._streams.clear()
+            self._failed.set()
 
     def _drain_commands(self) -> bool:
         while True:

@@ -147,6 +147,12 @@ class EngineConfig:
     while a long prompt is prefilled. With `prefix_cache`, requests reuse cached KV blocks of
     earlier ones; prompts shorter than `prefix_min_tokens` may hit the cache but add nothing to it
     (short requests would otherwise evict long, valuable agent histories).
+
+    `memory_fraction` (like vLLM's `--gpu-memory-utilization`) bounds what this rank may use of the
+    device's memory (host RAM on CPU); when set, the KV pool is sized from what the weights and
+    workspace leave of it instead of from `kv_capacity`. `mlock` pins the process's memory.
+    `resident_cache` keeps each rank's final weight tensors as one image under
+    `resident_cache_dir` (default `~/.cache/dgpp/resident`), so a restart skips the checkpoint.
     """
 
     model: str
@@ -163,6 +169,10 @@ class EngineConfig:
     seed: int | None = None
     num_threads: int | None = None
     tokenizer: str | None = None
+    memory_fraction: float | None = None
+    mlock: bool = False
+    resident_cache: bool = True
+    resident_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -185,6 +195,8 @@ class EngineConfig:
             raise ConfigError(f"prefix_min_tokens must be >= 0, got {self.prefix_min_tokens}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
+            raise ConfigError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be positive, got {self.num_threads}")
 

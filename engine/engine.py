@@ -15,6 +15,7 @@ from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel, ControlMessage
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.memory_plan import size_kv_pool
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.models.registry import model_class
 from dgpp.engine.parallel import ParallelContext
@@ -47,6 +48,8 @@ class LLMEngine:
         ranks run `serve_commands`; without them the engine is a world of one."""
         model_config = ModelConfig.from_checkpoint(checkpoint)
         model_class(model_config)  # refuse unknown architectures before any heavy loading
+        # memory_fraction: the KV pool is sized here, once; other ranks must run the result.
+        config = size_kv_pool(config, model_config, parallel.tp_size if parallel else 1)
         max_model_len = config.effective_max_model_len(model_config)
         self.config = replace(config, max_model_len=max_model_len)
         self.model_config = model_config
@@ -58,29 +61,50 @@ class LLMEngine:
         self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len, parallel)
         self.control = control
         self.counters = EngineCounters()
-        cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
-        # Keys also cover the checkpoint and dtype: blocks of another model never match.
-        salt = hash((str(checkpoint.resolve()), self.config.resolved_dtype))
-        self.block_manager = BlockManager(
-            self.config.num_kv_blocks, self.config.block_size, cache, salt
-        )
-        self.scheduler = Scheduler(
-            self.block_manager,
-            self.config.max_concurrency,
-            self.config.prefill_chunk_tokens,
-            self.counters,
-        )
+        self._reset_requests()
         self.sampler = Sampler(model_config.vocab_size)
         self.generator = torch.Generator(device=self.runner.device)
         if config.seed is not None:
             self.generator.manual_seed(config.seed)
         else:
             self.generator.seed()
+        self._ids = itertools.count()
+
+    def _reset_requests(self) -> None:
+        """No request in flight and an empty prefix cache (KV held elsewhere is gone)."""
+        config = self.config
+        cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
+        # Keys also cover the checkpoint and dtype: blocks of another model never match.
+        salt = hash((str(self.checkpoint.resolve()), config.resolved_dtype))
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, cache, salt)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_concurrency, config.prefill_chunk_tokens, self.counters
+        )
         self._requests: dict[str, Request] = {}
         self._abort_requested: set[str] = set()
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._prompts: dict[str, str | None] = {}
-        self._ids = itertools.count()
+
+    def rejoin(self, control: ControlChannel) -> None:
+        """Serve a re-formed world through `control`. Whatever was in flight is dropped (its
+        callers were already failed) and the prefix cache starts empty: a restarted rank's KV
+        pool holds none of the cached blocks."""
+        self.control = control
+        self._reset_requests()
+
+    def heartbeat(self) -> None:
+        """Tell idle workers rank 0 is alive (their wait for the next command has a deadline)."""
+        if self.control is not None:
+            self.control.send(ControlMessage(Command.HEARTBEAT))
+
+    def warm_up(self) -> None:
+        """One tiny forward on every rank, so the first request does not pay for lazy kernel
+        setup. Writes only block 0's first slot, which nothing holds yet."""
+        assert not self._requests, "warm_up runs before any request"
+        inputs = self.runner.warm_up_inputs()
+        if self.control is not None:
+            self.control.send(ControlMessage(Command.STEP, inputs))
+        self.runner.execute(inputs)
 
     @property
     def max_model_len(self) -> int:
@@ -137,7 +161,8 @@ class LLMEngine:
         return request
 
     def shutdown(self) -> None:
-        """Release the other ranks of the world (they leave their command loops)."""
+        """Release the other ranks of the world in order (they dissolve it and wait for the
+        next one)."""
         if self.control is not None:
             self.control.send(ControlMessage(Command.SHUTDOWN))
             self.control = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
+from dgpp.engine.memory_plan import check_fits, lock_memory, plan_memory
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.resident_cache import cache_root, image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.dispatch import attention_kernels
@@ -51,11 +54,28 @@ class ModelRunner:
         self.dtype = TORCH_DTYPES[config.resolved_dtype]
         self.block_size = config.block_size
         parallel = parallel or ParallelContext()
+        # Refuse a plan that cannot fit before any weight or KV byte is allocated.
+        plan = plan_memory(config, model_config, parallel.tp_size, tp_rank=parallel.tp_rank)
+        check_fits(plan)
+        logging.getLogger(__name__).info("memory plan: %s", plan.describe())
+        if config.mlock:
+            lock_memory()
         kernels = attention_kernels(config.device)
         with torch.device("cpu"):
             model = build_model(model_config, parallel, max_model_len, kernels)
         model = model.to(self.dtype)
-        load_weights(model, checkpoint)
+        if config.resident_cache:
+            key = image_key(
+                checkpoint,
+                parallel.tp_rank,
+                parallel.tp_size,
+                config.resolved_dtype,
+                self.device.type,
+                model_config.architecture,
+            )
+            load_resident(model, checkpoint, key, cache_root(config.resident_cache_dir))
+        else:
+            load_weights(model, checkpoint)
         self.model = model.to(self.device).eval()
         # Rotary tables stay float32 whatever the weights' dtype.
         self.model.model.rotary.float()
@@ -148,3 +168,25 @@ class ModelRunner:
             decode_mask=decode_mask,
         )
         return tensor(input_ids), tensor(positions), metadata, tensor(sample_index)
+
+    def warm_up_inputs(self) -> StepInputs:
+        """A one-token prefill at position 0 in block 0, sampled: it runs every layer once."""
+
+        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        fp32 = self.config.prefill_precision == "fp32"
+        metadata = PagedAttentionMetadata(
+            slot_mapping=tensor([0]),
+            block_tables=tensor([[0]]),
+            query_start_loc=tensor([0, 1]),
+            seq_lens=tensor([1]),
+            query_start_loc_host=(0, 1),
+            seq_lens_host=(1,),
+            num_decodes=0,
+            max_seq_len=1,
+            prefill_softmax_fp32=fp32,
+            decode_slots=None,
+            decode_mask=None,
+        )
+        return StepInputs(tensor([0]), tensor([0]), metadata, tensor([0]), fp32)

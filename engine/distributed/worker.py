@@ -1,32 +1,106 @@
-"""A worker rank (rank > 0): load this rank's weight shards, then execute rank 0's steps."""
+"""A worker rank (rank > 0): join rank 0's world, load what it pushes, execute its steps; when the
+world breaks, join the next one, keeping the loaded weights while the configuration is unchanged."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import gc
+import logging
+import threading
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.distributed.control import ControlChannel, serve_commands
-from dgpp.engine.distributed.world import WorldSpec, join_world, leave_world
+from dgpp.engine.distributed.handshake import receive_config, report_loaded
+from dgpp.engine.distributed.world import World, WorldSpec, join_world
+from dgpp.engine.errors import ConfigError, DgppError
 from dgpp.engine.model_runner import ModelRunner
-from dgpp.engine.parallel import ParallelContext
+
+log = logging.getLogger(__name__)
 
 
-def run_worker(config: EngineConfig, checkpoint: Path, spec: WorldSpec) -> None:
-    assert spec.rank > 0, "rank 0 runs the engine, not a worker"
+def pushed_config(config: EngineConfig, checkpoint: Path, world_size: int) -> dict[str, Any]:
+    """The configuration rank 0 pushes, as plain data: every rank builds the same runner from it."""
+    return {"engine": asdict(config), "checkpoint": str(checkpoint), "world_size": world_size}
+
+
+class Worker:
+    """One worker process's whole life. `expected` holds settings this rank insists on (from its
+    own deployment file); a world whose configuration differs is refused."""
+
+    def __init__(self, spec: WorldSpec, expected: dict[str, Any] | None = None) -> None:
+        assert spec.rank > 0, "rank 0 runs the engine, not a worker"
+        self.spec = spec
+        self.expected = expected
+        self.runner: ModelRunner | None = None
+        self.digest: str | None = None
+        self.generations = 0  # worlds this process has served in
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve world after world until `stop` is set. Raises `ConfigError` when this rank
+        refuses rank 0's configuration or cannot exist in its world (the caller exits)."""
+        retry_s = 0.5
+        while not stop.is_set():
+            try:
+                world = join_world(self.spec)
+            except ConfigError:
+                raise
+            except Exception as err:  # head not up yet, gone, or moved to a new generation
+                log.info("cannot join rank 0 at %s:%d yet: %s", self.spec.head, self.spec.port, err)
+                stop.wait(retry_s)
+                retry_s = min(retry_s * 2, 5.0)
+                continue
+            retry_s = 0.5
+            try:
+                self._serve(world)
+                log.info(
+                    "rank 0 left generation %d in order; waiting for the next", world.generation
+                )
+            except ConfigError:
+                raise
+            except Exception as err:
+                log.warning("lost generation %d: %s", world.generation, _first_line(err))
+            finally:
+                world.dissolve()
+
+    def _serve(self, world: World) -> None:
+        pushed, refusal = receive_config(world.rank, world.control_group, self.expected)
+        if refusal is not None:
+            raise ConfigError(f"refusing rank 0's world: {refusal}")
+        error = None
+        if pushed.digest != self.digest:
+            self.runner, self.digest = None, None
+            gc.collect()  # the previous model's memory, before loading the next one
+            try:
+                self.runner = _build_runner(pushed.config, world)
+                self.digest = pushed.digest
+            except DgppError as err:
+                error = f"{type(err).__name__}: {err}"
+        engine = pushed.config["engine"]
+        failures = report_loaded(error, world.control_group, self.spec.timeouts.load_s)
+        if error is not None:
+            raise ConfigError(f"cannot load {engine['model']!r}: {error}")
+        if failures:
+            raise RuntimeError("another rank failed to load: " + "; ".join(failures))
+        assert self.runner is not None
+        self.generations += 1
+        log.info("rank %d serving generation %d", world.rank, world.generation)
+        serve_commands(self.runner, ControlChannel(world.rank, world.control_group))
+
+
+def _build_runner(pushed: dict[str, Any], world: World) -> ModelRunner:
+    config = EngineConfig(**pushed["engine"])
+    checkpoint = Path(pushed["checkpoint"])
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
-    try:
-        _load_and_serve(config, checkpoint, join_world(spec))
-    finally:
-        leave_world()  # after the runner (which holds the process group) is gone
-
-
-def _load_and_serve(config: EngineConfig, checkpoint: Path, parallel: ParallelContext) -> None:
     model_config = ModelConfig.from_checkpoint(checkpoint)
-    max_model_len = config.effective_max_model_len(model_config)
-    config = replace(config, max_model_len=max_model_len)
-    runner = ModelRunner(config, model_config, checkpoint, max_model_len, parallel)
-    serve_commands(runner, ControlChannel(parallel))
+    assert config.max_model_len is not None, "rank 0 pushes the resolved context limit"
+    return ModelRunner(config, model_config, checkpoint, config.max_model_len, world.parallel)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"

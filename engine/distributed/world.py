@@ -1,46 +1,222 @@
-"""Joins this process to a tensor-parallel world over torch.distributed."""
+"""Forms tensor-parallel worlds over torch.distributed, one generation at a time.
+
+Rank 0 owns the rendezvous: a TCP store on the head's rendezvous port that outlives every world it
+forms. Each formation is a new *generation*: workers announce themselves under the generation's
+keys, rank 0 says "go" once every rank is there, and all ranks then create the process groups under
+a store prefix of that generation. A world that breaks (a rank died, a collective timed out) is
+dissolved and the next generation formed on the same port, so surviving ranks keep their weights
+and only the lost rank starts again. A worker needs only the head's address, the port and its rank:
+the world size comes from the store.
+"""
 
 from __future__ import annotations
 
-import gc
-from dataclasses import dataclass
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
+from dgpp.engine.errors import ConfigError
 from dgpp.engine.parallel import ParallelContext
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "dgpp"
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class WorldTimeouts:
+    """Every deadline of the distributed runtime, in seconds.
+
+    `collective_s` bounds one tensor collective of a forward (env `DGPP_BOUNDARY_TIMEOUT_MS`);
+    `control_deadline_s` is how long a worker waits for rank 0's next command before it declares
+    the head lost (env `DGPP_CONSUMER_DEADLINE_S`); idle workers get a heartbeat every
+    `heartbeat_s`, so it must be well below that deadline; `step_watchdog_s` bounds one whole step
+    on rank 0 (env `DGPP_BUS_COMPLETION_TIMEOUT_MS`). `rendezvous_s` is how long rank 0 waits for
+    every rank of a generation before starting a fresh one, `load_s` how long every rank may take to
+    load its weights, `shutdown_s` how long an orderly stop may take.
+    """
+
+    rendezvous_s: float = 300.0
+    collective_s: float = 600.0
+    control_deadline_s: float = 120.0
+    heartbeat_s: float = 5.0
+    step_watchdog_s: float = 600.0
+    load_s: float = 1800.0
+    shutdown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ConfigError(f"timeouts.{name} must be positive, got {value}")
+        if self.heartbeat_s * 2 > self.control_deadline_s:
+            raise ConfigError(
+                f"timeouts.heartbeat_s ({self.heartbeat_s}) must be at most half of "
+                f"timeouts.control_deadline_s ({self.control_deadline_s}), or idle workers "
+                "would declare a healthy head lost"
+            )
 
 
 @dataclass(frozen=True)
 class WorldSpec:
-    """Where and how ranks meet: rank 0's address and rendezvous port, and the deadlines."""
+    """Where ranks meet. Workers leave `world_size` unset and take `backend` from rank 0."""
 
     rank: int
-    world_size: int
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29517
-    backend: str = "gloo"  # "nccl" on CUDA
-    rendezvous_timeout_s: float = 120.0
+    head: str = "127.0.0.1"
+    port: int = 29517
+    world_size: int | None = None
+    backend: str = "gloo"  # "nccl" on CUDA; the control channel always runs on gloo
+    timeouts: WorldTimeouts = field(default_factory=WorldTimeouts)
 
 
-def join_world(spec: WorldSpec) -> ParallelContext:
-    """Form (or join) the world; returns this rank's tensor-parallel context."""
-    dist.init_process_group(
-        backend=spec.backend,
-        init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.rendezvous_timeout_s),
-    )
-    return ParallelContext(tp_rank=spec.rank, tp_size=spec.world_size, group=dist.group.WORLD)
+@dataclass
+class World:
+    """One generation of the world, as this rank sees it."""
+
+    generation: int
+    rank: int
+    size: int
+    control_group: Any  # a gloo group, so commands flow on CPU whatever the tensor backend
+
+    @property
+    def parallel(self) -> ParallelContext:
+        # group=None: the current default group, so the model built for one generation keeps
+        # working in the next.
+        return ParallelContext(tp_rank=self.rank, tp_size=self.size, group=None)
+
+    def dissolve(self) -> None:
+        """Drop this generation's process groups (after a failure: without waiting for peers)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def leave_world() -> None:
     """Orderly exit: wait until every rank is leaving, then tear down. Callers drop everything
-    that holds the process group first (the model's layers do): a group object that outlives
-    `destroy_process_group` is destroyed during interpreter teardown with its threads still
-    joinable, which aborts the process ("terminate called without an active exception")."""
+    that holds a process group first: a group object that outlives `destroy_process_group` is
+    destroyed during interpreter teardown with its threads still joinable, which aborts the
+    process ("terminate called without an active exception")."""
     if dist.is_initialized():
+        import gc
+
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+
+
+class Rendezvous:
+    """Rank 0's side: the store on the rendezvous port, and one `form()` per generation."""
+
+    def __init__(self, spec: WorldSpec) -> None:
+        assert spec.rank == 0 and spec.world_size is not None
+        self.spec = spec
+        self.world_size = spec.world_size
+        self.generation = 0
+        self.missing: tuple[int, ...] = tuple(range(1, spec.world_size))
+        self.store = dist.TCPStore(
+            spec.head,
+            spec.port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=spec.timeouts.rendezvous_s),
+        )
+        self.store.set(f"{_PREFIX}/world_size", str(spec.world_size))
+        self.store.set(f"{_PREFIX}/backend", spec.backend)
+
+    def form(self) -> World:
+        """Open the next generation and block until every rank has joined it. A generation that
+        is not complete within `rendezvous_s` is abandoned for a fresh one (a rank that announced
+        itself and died must not stall the world)."""
+        timeouts = self.spec.timeouts
+        while True:
+            self.generation += 1
+            generation = self.generation
+            self.store.set(f"{_PREFIX}/generation", str(generation))
+            deadline = time.monotonic() + timeouts.rendezvous_s
+            next_report = time.monotonic() + 10.0
+            while True:
+                self.missing = self._missing(generation)
+                if not self.missing:
+                    break
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "generation %d: ranks %s did not join within %.0f s; starting over",
+                        generation,
+                        _ranks(self.missing),
+                        timeouts.rendezvous_s,
+                    )
+                    break
+                if time.monotonic() > next_report:
+                    log.info("waiting for ranks %s to join", _ranks(self.missing))
+                    next_report = time.monotonic() + 30.0
+                time.sleep(_POLL_S)
+            if not self.missing:
+                break
+        self.store.set(f"{_PREFIX}/g{generation}/go", "1")
+        return _init_groups(self.store, generation, 0, self.world_size, self.spec)
+
+    def _missing(self, generation: int) -> tuple[int, ...]:
+        return tuple(
+            rank
+            for rank in range(1, self.world_size)
+            if not self.store.check([f"{_PREFIX}/g{generation}/rank{rank}"])
+        )
+
+
+def join_world(spec: WorldSpec) -> World:
+    """A worker's side: connect to rank 0's store (waiting up to `rendezvous_s` for it to come
+    up), join the current generation, and wait for every other rank. The world size and the
+    tensor backend are rank 0's. Raises `ConfigError` for a rank this world cannot hold, and
+    `RendezvousLost` when the head moved on or went away."""
+    assert spec.rank > 0
+    timeouts = spec.timeouts
+    store = dist.TCPStore(
+        spec.head,
+        spec.port,
+        is_master=False,
+        timeout=timedelta(seconds=timeouts.rendezvous_s),
+    )
+    world_size = int(store.get(f"{_PREFIX}/world_size"))
+    if spec.rank >= world_size:
+        raise ConfigError(f"rank {spec.rank} does not exist in rank 0's world of {world_size}")
+    spec = replace(spec, backend=store.get(f"{_PREFIX}/backend").decode())
+    generation = int(store.get(f"{_PREFIX}/generation"))
+    me = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
+    holder = store.compare_set(f"{_PREFIX}/g{generation}/rank{spec.rank}", "", me).decode()
+    if holder != me:
+        # This rank's seat in the generation is taken: by this process before the world broke,
+        # by a dead predecessor rank 0 has not noticed yet, or by a duplicate. Wait for the next.
+        raise RendezvousLost(f"rank {spec.rank} of generation {generation} is held by {holder}")
+    go = f"{_PREFIX}/g{generation}/go"
+    while not store.check([go]):
+        if int(store.get(f"{_PREFIX}/generation")) != generation:
+            raise RendezvousLost(f"rank 0 abandoned generation {generation}")
+        time.sleep(_POLL_S)
+    return _init_groups(store, generation, spec.rank, world_size, spec)
+
+
+class RendezvousLost(RuntimeError):
+    """The generation this rank joined will not form; join the next one."""
+
+
+def _init_groups(store: Any, generation: int, rank: int, size: int, spec: WorldSpec) -> World:
+    timeouts = spec.timeouts
+    dist.init_process_group(
+        backend=spec.backend,
+        store=dist.PrefixStore(f"{_PREFIX}/g{generation}/pg", store),
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=timeouts.collective_s),
+    )
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.control_deadline_s))
+    log.info("generation %d formed: rank %d of %d", generation, rank, size)
+    return World(generation=generation, rank=rank, size=size, control_group=control)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(str(rank) for rank in ranks)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.linear import LinearFn, LinearPacker
 
@@ -91,8 +92,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """The fused query/key/value projection. Query heads split evenly across ranks; key/value heads
-    split too, or are replicated when there are fewer of them than ranks."""
+    """The fused query/key/value projection. Each rank holds whole key/value groups (see
+    `partition_heads`), or one replicated key/value head when there are fewer than ranks."""
 
     def __init__(
         self,
@@ -104,32 +105,25 @@ class QKVParallelLinear(ColumnParallelLinear):
         parallel: ParallelContext,
     ) -> None:
         self.head_dim = head_dim
-        self.num_heads_local = parallel.shard(num_heads, "num_attention_heads")
-        tp_size = parallel.tp_size
-        if num_kv_heads >= tp_size:
-            self.num_kv_heads_local = parallel.shard(num_kv_heads, "num_key_value_heads")
-            self.kv_head_start = parallel.tp_rank * self.num_kv_heads_local
-        else:
-            if tp_size % num_kv_heads:
-                raise ValueError(
-                    f"tp_size={tp_size} is not a multiple of num_kv_heads={num_kv_heads}"
-                )
-            self.num_kv_heads_local = 1
-            self.kv_head_start = parallel.tp_rank // (tp_size // num_kv_heads)
-        total_local = (self.num_heads_local + 2 * self.num_kv_heads_local) * head_dim
-        super().__init__(hidden_size, total_local * tp_size, bias, parallel)
+        heads = partition_heads(num_heads, num_kv_heads, parallel.tp_size, parallel.tp_rank)
+        self.heads = heads
+        self.num_heads_local = heads.num_q
+        self.num_kv_heads_local = heads.num_kv
+        total_local = (heads.num_q + 2 * heads.num_kv) * head_dim
+        super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel)
 
     def load_rows(  # type: ignore[override]
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str
     ) -> None:
-        q_size = self.num_heads_local * self.head_dim
-        kv_size = self.num_kv_heads_local * self.head_dim
+        heads, head_dim = self.heads, self.head_dim
+        q_size = heads.num_q * head_dim
+        kv_size = heads.num_kv * head_dim
         if shard_id == "q":
-            offset, size, start = 0, q_size, self.parallel.tp_rank * q_size
+            offset, size, start = 0, q_size, heads.q_start * head_dim
         elif shard_id == "k":
-            offset, size, start = q_size, kv_size, self.kv_head_start * self.head_dim
+            offset, size, start = q_size, kv_size, heads.kv_start * head_dim
         else:
-            offset, size, start = q_size + kv_size, kv_size, self.kv_head_start * self.head_dim
+            offset, size, start = q_size + kv_size, kv_size, heads.kv_start * head_dim
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
 
@@ -138,18 +132,27 @@ class RowParallelLinear(PackableLinear):
     group, so every rank returns the full Y. The bias is added once, after the sum."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool, parallel: ParallelContext
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        parallel: ParallelContext,
+        input_range: tuple[int, int] | None = None,
     ) -> None:
+        """`input_range` (start, size) gives this rank's input columns when the split is not
+        even (attention heads, see `partition_heads`); by default they are split evenly."""
         super().__init__()
         self.parallel = parallel
-        self.input_size_local = parallel.shard(input_size, "input_size")
+        if input_range is None:
+            size = parallel.shard(input_size, "input_size")
+            input_range = (parallel.tp_rank * size, size)
+        self.input_start, self.input_size_local = input_range
         self.weight = _new_param(output_size, self.input_size_local)
         _attach_loader(self.weight, self.load_columns)
         self.bias = _new_param(output_size) if bias else None
 
     def load_columns(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        cols = param.shape[1]
-        param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
+        param.data.copy_(loaded.narrow(1, self.input_start, self.input_size_local))
 
     def pack(self, packer: LinearPacker, with_bias: bool = False) -> None:
         super().pack(packer, with_bias=False)  # the bias is added once, after the reduction

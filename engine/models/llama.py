@@ -47,8 +47,13 @@ class DecoderAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads_local
         self.num_kv_heads = self.qkv_proj.num_kv_heads_local
         self.head_dim = config.head_dim
+        heads = self.qkv_proj.heads
         self.o_proj = RowParallelLinear(
-            config.num_heads * config.head_dim, config.hidden_size, False, parallel
+            config.num_heads * config.head_dim,
+            config.hidden_size,
+            False,
+            parallel,
+            input_range=(heads.q_start * config.head_dim, heads.num_q * config.head_dim),
         )
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None

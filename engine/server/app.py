@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
@@ -102,10 +103,18 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     return app
 
 
-def attach_state(app: FastAPI, state: ServerState) -> None:
-    """The model is loaded: start serving it."""
+def attach_state(app: FastAPI, state: ServerState, details: dict[str, Any] | None = None) -> None:
+    """The model is loaded: start serving it. `details` (world size, generation) go on /health."""
     app.state.dgpp = state
+    app.state.dgpp_startup = Startup(phase="serving", details=details or {})
 
 
 def mark_failed(app: FastAPI, error: str) -> None:
     app.state.dgpp_startup = Startup(phase="failed", error=error)
+
+
+def detach_state(app: FastAPI, startup: Startup) -> None:
+    """Stop serving (the world broke): new requests get 503 with Retry-After, `/health` shows
+    `startup`'s phase and details."""
+    app.state.dgpp_startup = startup
+    app.state.dgpp = None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
 
@@ -14,10 +14,21 @@ from dgpp.engine.server.state import ServerState
 
 @dataclass
 class Startup:
-    """Where the server is before its `ServerState` exists: loading the model, or failed to."""
+    """Where the server is while it has no engine to serve with: loading the model
+    (`starting`), forming the world again after a rank was lost (`re-forming`), or `failed`."""
 
-    phase: str = "starting"  # "starting" | "failed"
+    phase: str = "starting"
     error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # shown on /health
+
+
+_UNAVAILABLE = {
+    "starting": ("the model is still loading", "starting"),
+    "re-forming": (
+        "the tensor-parallel world is re-forming after a failure; retry shortly",
+        "world_reforming",
+    ),
+}
 
 
 def get_state(request: Request) -> ServerState:
@@ -25,7 +36,7 @@ def get_state(request: Request) -> ServerState:
     if state is not None:
         return state
     startup: Startup = request.app.state.dgpp_startup
-    if startup.phase == "failed":
+    if startup.phase not in _UNAVAILABLE:
         raise APIError(
             503,
             f"the engine failed to start: {startup.error}",
@@ -33,12 +44,11 @@ def get_state(request: Request) -> ServerState:
             code="engine_failure",
             headers={"Retry-After": RETRY_AFTER_SECONDS},
         )
+    message, code = _UNAVAILABLE[startup.phase]
+    if startup.error:
+        message = f"{message} ({startup.error})"
     raise APIError(
-        503,
-        "the model is still loading",
-        type_="server_error",
-        code="starting",
-        headers={"Retry-After": RETRY_AFTER_SECONDS},
+        503, message, type_="server_error", code=code, headers={"Retry-After": RETRY_AFTER_SECONDS}
     )
 
 

@@ -22,17 +22,18 @@ router = APIRouter()
 @router.get("/health", response_model=None)
 async def health(request: Request) -> JSONResponse:
     state = current_state(request)
+    startup: Startup = request.app.state.dgpp_startup
     if state is None:
-        startup: Startup = request.app.state.dgpp_startup
-        body = {"state": startup.phase}
+        body: dict[str, Any] = {"state": startup.phase, **startup.details}
         if startup.error:
             body["error"] = startup.error
         return JSONResponse(body, status_code=503, headers={"Retry-After": RETRY_AFTER_SECONDS})
     engine = state.engine
-    body: dict[str, Any] = {
+    body = {
         "state": "serving" if engine.is_running else "failed",
         "model": state.model_name,
         "uptime_s": round(time.time() - state.started_at, 1),
+        **startup.details,
     }
     if engine.failure is not None:
         body["error"] = str(engine.failure)

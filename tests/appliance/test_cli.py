@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dgpp.appliance import cli
+from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ERROR, EXIT_USAGE
 from tests.conftest import build_tiny_checkpoint
 
 RunCli = Callable[..., tuple[int, str, str]]
@@ -113,7 +114,7 @@ def test_generate_with_chat_template(run_cli: RunCli, checkpoint: Path) -> None:
 
 def test_generate_empty_stdin_is_an_error(run_cli: RunCli, checkpoint: Path) -> None:
     code, out, err = run_cli(*generate_args(checkpoint), stdin="")
-    assert code == 1
+    assert code == EXIT_ERROR
     assert out == ""
     assert err.startswith("dgpp: error:") and "empty" in err
 
@@ -171,7 +172,7 @@ def test_unknown_model_reference_is_an_error(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli("generate", "--model", model, "--max-tokens", "5", "hello")
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert out == ""
     assert err.startswith("dgpp: error:")
     assert problem in err
@@ -180,7 +181,7 @@ def test_unknown_model_reference_is_an_error(
 
 def test_a_file_is_not_a_checkpoint(run_cli: RunCli, checkpoint: Path) -> None:
     code, _, err = run_cli("generate", "--model", str(checkpoint / "config.json"), "hello")
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert err.startswith("dgpp: error:") and "is a file" in err
 
 
@@ -204,7 +205,9 @@ def test_invalid_flag_value_is_a_clear_error(
     run_cli: RunCli, checkpoint: Path, flag: str, value: str, message: str
 ) -> None:
     code, out, err = run_cli("generate", "--model", str(checkpoint), flag, value, "hello")
-    assert code == 1
+    # Engine knobs are configuration (exit 3); a bad sampling request is an input error (1).
+    sampling = flag in ("--max-tokens", "--temperature", "--top-p")
+    assert code == (EXIT_ERROR if sampling else EXIT_CONFIG)
     assert out == ""
     assert err.startswith("dgpp: error:")
     assert message in err
@@ -214,13 +217,13 @@ def test_invalid_flag_value_in_chat_is_a_clear_error(run_cli: RunCli, checkpoint
     code, _, err = run_cli(
         "chat", "--model", str(checkpoint), "--block-size", "0", stdin="hi\n/exit\n"
     )
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert err.startswith("dgpp: error:") and "block_size" in err
 
 
 def test_invalid_device_is_a_clear_error(run_cli: RunCli, checkpoint: Path) -> None:
     code, _, err = run_cli("generate", "--model", str(checkpoint), "--device", "bogus", "hello")
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert err.startswith("dgpp: error:") and "device" in err
 
 
@@ -229,14 +232,14 @@ def test_unparsable_flag_value_is_a_usage_error(
 ) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["generate", "--model", str(checkpoint), "--block-size", "abc", "hello"])
-    assert info.value.code == cli.EXIT_USAGE
+    assert info.value.code == EXIT_USAGE
     assert "invalid int value: 'abc'" in capsys.readouterr().err
 
 
 def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main([])
-    assert info.value.code == cli.EXIT_USAGE
+    assert info.value.code == EXIT_USAGE
     assert "usage: dgpp" in capsys.readouterr().err
 
 
@@ -271,7 +274,7 @@ def test_model_list_shows_installed_checkpoints(run_cli: RunCli, private_env: Pa
 
 def test_model_pull_offline_is_an_error(run_cli: RunCli) -> None:
     code, out, err = run_cli("model", "pull", "some-org/some-model")
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert out == ""
     assert err == (
         "dgpp: error: cannot download some-org/some-model: HF_HUB_OFFLINE is set and it is not "
@@ -281,7 +284,7 @@ def test_model_pull_offline_is_an_error(run_cli: RunCli) -> None:
 
 def test_model_pull_invalid_repo_id_is_an_error(run_cli: RunCli) -> None:
     code, _, err = run_cli("model", "pull", "not a repo id!")
-    assert code == 1
+    assert code == EXIT_CONFIG
     assert err.startswith("dgpp: error:") and "is not a valid repo id" in err
 
 
@@ -320,13 +323,13 @@ def test_console_script_generate_and_chat(run_cli: RunCli, checkpoint: Path) -> 
 
 def test_console_script_error_has_no_traceback(tmp_path: Path) -> None:
     result = run_console_script("generate", "--model", str(tmp_path / "missing"), "hello")
-    assert result.returncode == 1
+    assert result.returncode == EXIT_CONFIG
     assert result.stdout == ""
     assert result.stderr == f"dgpp: error: no such checkpoint directory: {tmp_path / 'missing'}\n"
 
 
 def test_console_script_model_pull_offline_has_no_traceback() -> None:
     result = run_console_script("model", "pull", "some-org/some-model")
-    assert result.returncode == 1
+    assert result.returncode == EXIT_CONFIG
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("dgpp: error: cannot download some-org/some-model")

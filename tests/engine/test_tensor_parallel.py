@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,36 +38,50 @@ def _generate(engine: LLMEngine) -> list[list[int]]:
 
 def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
     """Entry point of each spawned rank."""
-    from dgpp.engine.distributed.worker import run_worker
-    from dgpp.engine.distributed.world import WorldSpec, join_world, leave_world
+    import threading
+
+    from dgpp.engine.distributed.worker import Worker
+    from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+
+    timeouts = WorldTimeouts(rendezvous_s=60, control_deadline_s=60)
+    if rank > 0:
+        import os
+
+        import torch.distributed as dist
+
+        # The worker serves until rank 0 leaves in order, then would wait for the next world:
+        # leave once it has served one and dissolved it.
+        worker = Worker(WorldSpec(rank=rank, port=port, timeouts=timeouts))
+        threading.Thread(target=worker.run, args=(threading.Event(),), daemon=True).start()
+        while not worker.generations or dist.is_initialized():
+            time.sleep(0.05)
+        os._exit(0)
+    from dgpp.engine.distributed.head import Head
 
     config = EngineConfig(model=checkpoint, **KNOBS)
-    spec = WorldSpec(rank=rank, world_size=2, master_port=port, rendezvous_timeout_s=60)
-    if rank > 0:
-        run_worker(config, Path(checkpoint), spec)
-        return
+    spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=timeouts)
+    head = Head(config, Path(checkpoint), spec)
     try:
-        results.put(_generate_as_rank_zero(config, Path(checkpoint), join_world(spec)))
+        results.put(_generate(head.form()))
     finally:
-        leave_world()  # the engine, which holds the process group, is gone by now
+        head.dissolve(orderly=True)
 
 
-def _generate_as_rank_zero(config: EngineConfig, checkpoint: Path, parallel: Any) -> Any:
-    from dgpp.engine.distributed.control import ControlChannel
-
-    engine = LLMEngine(config, checkpoint, parallel, ControlChannel(parallel))
-    try:
-        return _generate(engine)
-    finally:
-        engine.shutdown()
-
-
-@pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
+@pytest.mark.parametrize(
+    ("num_heads", "kv_heads", "hidden"),
+    [(4, 2, 64), (4, 1, 64), (6, 3, 96)],
+    ids=["kv-split", "kv-replicated", "uneven-3-groups"],
+)
 def test_world_of_two_equals_world_of_one(
-    tmp_path: Path, tokenizer_dir: Path, kv_heads: int
+    tmp_path: Path, tokenizer_dir: Path, kv_heads: int, num_heads: int, hidden: int
 ) -> None:
     checkpoint = build_tiny_checkpoint(
-        tmp_path, tokenizer_dir, "Qwen2ForCausalLM", num_key_value_heads=kv_heads
+        tmp_path,
+        tokenizer_dir,
+        "Qwen2ForCausalLM",
+        num_attention_heads=num_heads,
+        num_key_value_heads=kv_heads,
+        hidden_size=hidden,
     )
     expected = _generate(LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     context = mp.get_context("spawn")

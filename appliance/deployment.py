@@ -1,0 +1,169 @@
+"""The deployment file: one strict, typed model that every part of dgpp is configured from.
+
+Unknown keys and wrong types are refused with the key's path and what is allowed. Pure functions
+turn a deployment into the engine's, the server's and the world's frozen configurations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dgpp.engine.config import EngineConfig
+from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.server.config import ServerConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class EngineSection(_Section):
+    """Engine knobs; absent ones take `EngineConfig`'s defaults."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    kv_capacity: int = Field(16384, ge=1)
+    block_size: int = Field(16, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    max_concurrency: int = Field(64, ge=1)
+    prefill_chunk_tokens: int = Field(512, ge=1)
+    prefill_precision: Literal["fp32", "model"] = "fp32"
+    prefix_cache: bool = True
+    prefix_min_tokens: int = Field(1024, ge=0)
+    seed: int | None = None
+    num_threads: int | None = Field(None, ge=1)
+    memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    mlock: bool = False
+
+
+class HttpSection(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(18080, ge=1, le=65535)
+    api_key_file: str | None = None  # the key stays out of the deployment (and of bundles)
+    served_model_names: list[str] = Field(default_factory=list)
+    default_max_tokens: int | None = Field(8192, ge=1)
+    queue_limit: int = Field(256, ge=0)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    stats_log_interval_s: float = Field(10.0, ge=0.0)
+    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class RendezvousSection(_Section):
+    """Where the ranks meet: the head's address as workers reach it, and the store's port."""
+
+    head: str = "127.0.0.1"
+    port: int = Field(29517, ge=1, le=65535)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+class TimeoutsSection(_Section):
+    """Every deadline of the runtime (see `WorldTimeouts`); also overridable from the environment
+    by the CLI (`DGPP_BOUNDARY_TIMEOUT_MS`, `DGPP_CONSUMER_DEADLINE_S`,
+    `DGPP_BUS_COMPLETION_TIMEOUT_MS`)."""
+
+    rendezvous_s: float = Field(300.0, gt=0)
+    collective_s: float = Field(600.0, gt=0)
+    control_deadline_s: float = Field(120.0, gt=0)
+    heartbeat_s: float = Field(5.0, gt=0)
+    step_watchdog_s: float = Field(600.0, gt=0)
+    load_s: float = Field(1800.0, gt=0)
+    shutdown_s: float = Field(30.0, gt=0)
+
+
+class ResidentCacheSection(_Section):
+    enabled: bool = True
+    dir: str | None = None
+
+
+class Deployment(_Section):
+    model: str = Field(min_length=1)  # checkpoint dir, HF repo id, or "default"
+    world_size: int = Field(1, ge=1)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    http: HttpSection = Field(default_factory=HttpSection)
+    rendezvous: RendezvousSection = Field(default_factory=RendezvousSection)
+    timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
+    resident_cache: ResidentCacheSection = Field(default_factory=ResidentCacheSection)
+
+
+def parse_deployment(raw: Any, source: str = "deployment") -> Deployment:
+    """Validate plain data; `ConfigError` names every bad key's path and what it allows."""
+    try:
+        return Deployment.model_validate(raw)
+    except ValidationError as err:
+        problems = [_describe(error) for error in err.errors()]
+        raise ConfigError(f"{source} is invalid: " + "; ".join(problems)) from None
+
+
+def load_deployment(path: Path) -> Deployment:
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read the deployment {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON: {err}") from None
+    return parse_deployment(raw, str(path))
+
+
+def _describe(error: Any) -> str:
+    path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        return f"{path}: unknown key"
+    if error["type"] == "missing":
+        return f"{path}: required"
+    detail = error["msg"]
+    if error["type"] == "literal_error":
+        detail = f"must be one of {error['ctx']['expected']}"
+    return f"{path}: {detail} (got {error.get('input')!r})"
+
+
+def engine_config(deployment: Deployment) -> EngineConfig:
+    return EngineConfig(
+        model=deployment.model,
+        resident_cache=deployment.resident_cache.enabled,
+        resident_cache_dir=deployment.resident_cache.dir,
+        **deployment.engine.model_dump(),
+    )
+
+
+def server_config(deployment: Deployment, api_key: str | None = None) -> ServerConfig:
+    http = deployment.http
+    names = tuple(http.served_model_names) or (default_served_name(deployment.model),)
+    return ServerConfig(
+        host=http.host,
+        port=http.port,
+        api_key=api_key,
+        served_model_names=names,
+        default_max_tokens=http.default_max_tokens,
+        max_body_bytes=http.max_body_bytes,
+        queue_limit=http.queue_limit,
+        stats_log_interval_s=http.stats_log_interval_s,
+        default_chat_template_kwargs=dict(http.default_chat_template_kwargs),
+    )
+
+
+def default_served_name(model: str) -> str:
+    return "default" if model == "default" else Path(model).name or model
+
+
+def world_timeouts(deployment: Deployment) -> WorldTimeouts:
+    return WorldTimeouts(**deployment.timeouts.model_dump())
+
+
+def world_spec(deployment: Deployment, rank: int, timeouts: WorldTimeouts) -> WorldSpec:
+    rendezvous = deployment.rendezvous
+    backend = rendezvous.backend
+    if backend == "auto":
+        backend = "nccl" if deployment.engine.device.startswith("cuda") else "gloo"
+    return WorldSpec(
+        rank=rank,
+        head=rendezvous.head,
+        port=rendezvous.port,
+        world_size=deployment.world_size if rank == 0 else None,
+        backend=backend,
+        timeouts=timeouts,
+    )

@@ -1,0 +1,204 @@
+"""Rank 0's process: the HTTP port (bound first, kept through every failure), the world's
+generations (form, serve, lose a rank, re-form), and the local worker processes when there are any.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.local_backend import LocalWorkers
+from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.config import EngineConfig
+from dgpp.engine.distributed.head import Head
+from dgpp.engine.distributed.world import WorldSpec
+from dgpp.engine.engine import LLMEngine
+from dgpp.engine.errors import DgppError
+from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.deps import Startup
+from dgpp.engine.server.state import ServerState
+
+log = logging.getLogger("dgpp.head")
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (interpreter start and imports included)."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        now_s = float(uptime.read().split()[0])
+    return now_s - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class HeadOptions:
+    engine: EngineConfig
+    checkpoint: Path
+    spec: WorldSpec
+    server: ServerConfig
+    log_level: str = "info"
+    local_workers: bool = False  # `dgpp serve --world N`: start and supervise ranks 1..N-1 here
+
+
+def run_head(options: HeadOptions) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    import_s = process_age_s()
+    app = create_app(None, options.server)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=options.server.host, port=options.server.port, log_level=options.log_level
+        )
+    )
+    runtime = HeadRuntime(options, app, server, import_s)
+    workers = None
+    if options.local_workers and options.spec.world_size and options.spec.world_size > 1:
+        timeouts = options.spec.timeouts
+        workers = LocalWorkers(
+            options.spec.world_size, options.spec.port, timeouts, options.log_level
+        )
+        workers.start()
+    thread = threading.Thread(target=runtime.run, name="dgpp-head", daemon=True)
+    thread.start()
+    # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then raises the signal again with
+    # the handlers found here: make those no-ops so an orderly stop exits 0, not -15.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
+    try:
+        server.run()
+    finally:
+        runtime.stop()
+        if workers is not None:
+            workers.stop()
+    return runtime.exit_code
+
+
+class HeadRuntime:
+    """Runs the head's generations on its own thread; the HTTP server runs on the main thread."""
+
+    def __init__(
+        self, options: HeadOptions, app: FastAPI, server: uvicorn.Server, import_s: float
+    ) -> None:
+        self.options = options
+        self.app = app
+        self.server = server
+        self.head = Head(options.engine, options.checkpoint, options.spec)
+        self.exit_code = EXIT_OK
+        self.import_s = import_s
+        self._stop = threading.Event()
+        self._async_engine: AsyncEngine | None = None
+        self._lost_at: float | None = None
+
+    def run(self) -> None:
+        retry_s = 1.0
+        while not self._stop.is_set():
+            try:
+                engine = self.head.form()
+            except DgppError as err:  # rank 0 itself cannot run this configuration
+                self._fatal(EXIT_CONFIG, f"{type(err).__name__}: {err}")
+                return
+            except Exception as err:  # a rank refused, failed to load, or was lost meanwhile
+                log.warning("forming the world failed: %s", _first_line(err))
+                self._unavailable("re-forming" if self._lost_at else "starting", err)
+                self.head.dissolve(orderly=False)
+                self._stop.wait(retry_s)
+                retry_s = min(retry_s * 2, 15.0)
+                continue
+            retry_s = 1.0
+            self._serve(engine)
+            if self._stop.is_set():
+                return
+            failure = self._async_engine.failure if self._async_engine else None
+            self._lost_at = time.monotonic()
+            log.error("the world broke (%s); re-forming", _first_line(failure))
+            self._unavailable("re-forming", failure)
+            assert self._async_engine is not None
+            self._async_engine.stop(self.options.spec.timeouts.shutdown_s)
+            self._async_engine = None
+            self.head.dissolve(orderly=False)
+
+    def _serve(self, engine: LLMEngine) -> None:
+        options = self.options
+        timeouts = options.spec.timeouts
+        async_engine = AsyncEngine(
+            engine,
+            queue_limit=options.server.queue_limit,
+            heartbeat_s=timeouts.heartbeat_s,
+        )
+        async_engine.start()
+        self._async_engine = async_engine
+        state = ServerState(async_engine, options.server, options.server.served_model_names)
+        attach_state(self.app, state, self._details())
+        self._log_ready()
+        while not self._stop.is_set() and not async_engine.wait_failed(1.0):
+            started = async_engine.step_started
+            if started is not None and time.monotonic() - started > timeouts.step_watchdog_s:
+                log.critical(
+                    "a step has run for over %.0f s (timeouts.step_watchdog_s); exiting so the "
+                    "supervisor restarts this rank",
+                    timeouts.step_watchdog_s,
+                )
+                logging.shutdown()
+                os._exit(EXIT_ENGINE_FAILURE)
+
+    def _log_ready(self) -> None:
+        phases = self.head.phases
+        if self._lost_at is None:
+            phases.seconds = {"import": self.import_s, **phases.seconds}
+            log.info("ready in %s", phases.describe())
+        else:
+            log.info(
+                "world re-formed %.2f s after the failure: %s",
+                time.monotonic() - self._lost_at,
+                phases.describe(),
+            )
+        log.info(
+            "serving %s as %s on %s:%d (world of %d)",
+            self.options.checkpoint,
+            ", ".join(self.options.server.served_model_names),
+            self.options.server.host,
+            self.options.server.port,
+            self.head.world_size,
+        )
+
+    def _details(self) -> dict[str, object]:
+        details: dict[str, object] = {"world_size": self.head.world_size}
+        if self.head.world is not None:
+            details["generation"] = self.head.world.generation
+        return details
+
+    def _unavailable(self, phase: str, error: BaseException | None) -> None:
+        details = self._details()
+        if self.head.missing_ranks:
+            details["missing_ranks"] = list(self.head.missing_ranks)
+        detach_state(self.app, Startup(phase, _first_line(error) if error else None, details))
+
+    def _fatal(self, code: int, message: str) -> None:
+        log.error("cannot serve: %s", message)
+        self.exit_code = code
+        mark_failed(self.app, message)
+        self.server.should_exit = True
+
+    def stop(self) -> None:
+        """Orderly stop: finish the engine thread, tell the workers, drop the groups."""
+        self._stop.set()
+        if self._async_engine is not None:
+            self._async_engine.stop(self.options.spec.timeouts.shutdown_s)
+            self._async_engine = None
+        self.head.dissolve(orderly=True)
+
+
+def _first_line(err: BaseException | None) -> str:
+    if err is None:
+        return "unknown error"
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"

@@ -1,0 +1,134 @@
+"""The local process backend: a world's worker ranks as child processes of this machine,
+restarted whenever one exits, the way systemd's `Restart=always` restarts `dgpp@rankN`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from dgpp.appliance.exit_codes import EXIT_CONFIG
+from dgpp.engine.distributed.world import WorldTimeouts
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    started: float
+    restarts: int = 0
+    restart_at: float | None = None  # when an exited rank is due to start again
+
+
+class LocalWorkers:
+    """Starts ranks 1..world_size-1 as `dgpp rank` processes joining the head on loopback."""
+
+    def __init__(
+        self,
+        world_size: int,
+        port: int,
+        timeouts: WorldTimeouts,
+        log_level: str = "info",
+        restart_delay_s: float = 0.5,
+    ) -> None:
+        self.world_size = world_size
+        self.port = port
+        self.timeouts = timeouts
+        self.log_level = log_level
+        self.restart_delay_s = restart_delay_s
+        self._ranks: dict[int, _Rank] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def command(self, rank: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dgpp.appliance.cli",
+            "rank",
+            "--rank",
+            str(rank),
+            "--head",
+            "127.0.0.1",
+            "--rendezvous-port",
+            str(self.port),
+            "--timeouts",
+            json.dumps(asdict(self.timeouts)),
+            "--log-level",
+            self.log_level,
+        ]
+
+    def start(self) -> None:
+        with self._lock:
+            for rank in range(1, self.world_size):
+                self._ranks[rank] = _Rank(rank, self._spawn(rank), time.monotonic())
+        self._thread = threading.Thread(target=self._supervise, name="dgpp-workers", daemon=True)
+        self._thread.start()
+
+    def pids(self) -> dict[int, int]:
+        with self._lock:
+            return {rank: entry.process.pid for rank, entry in self._ranks.items()}
+
+    def restarts(self) -> dict[int, int]:
+        with self._lock:
+            return {rank: entry.restarts for rank, entry in self._ranks.items()}
+
+    def stop(self) -> None:
+        """SIGTERM every worker, then SIGKILL what is left after `shutdown_s`."""
+        self._stopping.set()
+        with self._lock:
+            processes = [entry.process for entry in self._ranks.values()]
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.timeouts.shutdown_s
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker pid %d did not stop in time; killing it", process.pid)
+                process.kill()
+                process.wait()
+
+    def _spawn(self, rank: int) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(self.command(rank), env=dict(os.environ))
+        log.info("started rank %d (pid %d)", rank, process.pid)
+        return process
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(_POLL_S):
+            with self._lock:
+                for entry in self._ranks.values():
+                    self._check(entry)
+
+    def _check(self, entry: _Rank) -> None:
+        now = time.monotonic()
+        code = entry.process.poll()
+        if code is None:
+            return
+        if entry.restart_at is None:
+            # A rank that refuses its configuration will refuse it again soon: retry slowly.
+            delay = self.restart_delay_s * (20 if code == EXIT_CONFIG else 1)
+            log.warning(
+                "rank %d (pid %d) exited with %d; restarting in %.1f s",
+                entry.rank,
+                entry.process.pid,
+                code,
+                delay,
+            )
+            entry.restart_at = now + delay
+        elif now >= entry.restart_at and not self._stopping.is_set():
+            entry.process = self._spawn(entry.rank)
+            entry.started, entry.restart_at = now, None
+            entry.restarts += 1

@@ -1,0 +1,156 @@
+"""`dgpp rank`: run one rank of a world (what the unit `dgpp@rankN` runs).
+
+Rank 0 reads the deployment file and serves HTTP; a worker needs only the head's address, the
+rendezvous port and its rank (flags or `DGPP_HEAD`, `DGPP_RENDEZVOUS_PORT`, `DGPP_RANK`). A worker
+given a deployment too refuses a world whose configuration differs from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from dgpp.appliance.deployment import (
+    Deployment,
+    engine_config,
+    load_deployment,
+    server_config,
+    world_spec,
+    world_timeouts,
+)
+from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.timeout_env import apply_env_overrides
+from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+from dgpp.engine.errors import ConfigError
+
+log = logging.getLogger("dgpp.rank")
+
+
+def add_rank_parser(commands: Any) -> None:
+    rank = commands.add_parser("rank", help="run one rank of a tensor-parallel world")
+    env = os.environ
+    rank.add_argument("--deployment", default=env.get("DGPP_DEPLOYMENT"), help="deployment file")
+    rank.add_argument("--rank", type=int, default=_int_env("DGPP_RANK"), help="this rank")
+    rank.add_argument("--head", default=env.get("DGPP_HEAD"), help="rank 0's address")
+    rank.add_argument(
+        "--rendezvous-port", type=int, default=_int_env("DGPP_RENDEZVOUS_PORT"), dest="port"
+    )
+    rank.add_argument("--timeouts", default=None, help=argparse.SUPPRESS)  # local backend
+    rank.add_argument("--log-level", default="info")
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.strip().isdigit() else None
+
+
+def configure_logging(level: str, rank: int) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    if args.rank is None or args.rank < 0:
+        raise ConfigError("--rank (or DGPP_RANK) must name this rank, 0 for the head")
+    configure_logging(args.log_level, args.rank)
+    deployment = load_deployment_arg(args.deployment)
+    timeouts = _timeouts(args, deployment)
+    if args.rank == 0:
+        if deployment is None:
+            raise ConfigError("rank 0 needs --deployment (or DGPP_DEPLOYMENT)")
+        return run_head_rank(deployment, timeouts, args.log_level)
+    spec = WorldSpec(
+        rank=args.rank,
+        head=args.head or (deployment.rendezvous.head if deployment else "127.0.0.1"),
+        port=args.port or (deployment.rendezvous.port if deployment else 29517),
+        timeouts=timeouts,
+    )
+    return run_worker_rank(spec, expected_config(deployment))
+
+
+def load_deployment_arg(path: str | None) -> Deployment | None:
+    from pathlib import Path
+
+    return load_deployment(Path(path)) if path else None
+
+
+def _timeouts(args: argparse.Namespace, deployment: Deployment | None) -> WorldTimeouts:
+    if args.timeouts:
+        timeouts = WorldTimeouts(**json.loads(args.timeouts))
+    elif deployment is not None:
+        timeouts = world_timeouts(deployment)
+    else:
+        timeouts = WorldTimeouts()
+    return apply_env_overrides(timeouts, os.environ)
+
+
+def expected_config(deployment: Deployment | None) -> dict[str, Any] | None:
+    """What a worker with its own deployment insists on: the model, the world size, and every
+    engine knob its file sets."""
+    if deployment is None:
+        return None
+    engine = {"model": deployment.model, **deployment.engine.model_dump(exclude_unset=True)}
+    return {"world_size": deployment.world_size, "engine": engine}
+
+
+def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: str) -> int:
+    from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.engine.llm import resolve_checkpoint
+
+    api_key = None
+    if deployment.http.api_key_file:
+        try:
+            with open(deployment.http.api_key_file) as key_file:
+                api_key = key_file.read().strip()
+        except OSError as err:
+            raise ConfigError(f"cannot read http.api_key_file: {err.strerror}") from None
+    options = HeadOptions(
+        engine=engine_config(deployment),
+        checkpoint=resolve_checkpoint(deployment.model),
+        spec=world_spec(deployment, 0, timeouts),
+        server=server_config(deployment, api_key),
+        log_level=log_level,
+    )
+    return run_head(options)
+
+
+def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
+    """Serve worlds until SIGTERM/SIGINT (exit 0), a refused configuration (3) or an
+    unexpected failure (4). The rank runs on a helper thread so that a signal is handled even
+    while that thread is blocked inside a collective."""
+    from dgpp.engine.distributed.worker import Worker
+
+    stop = threading.Event()
+    outcome: list[int] = []
+
+    def serve() -> None:
+        try:
+            Worker(spec, expected).run(stop)
+            outcome.append(EXIT_OK)
+        except ConfigError as err:
+            log.error("%s", err)
+            outcome.append(EXIT_CONFIG)
+        except BaseException:
+            log.exception("rank %d failed", spec.rank)
+            outcome.append(EXIT_ENGINE_FAILURE)
+        finally:
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
+    while not stop.wait(0.5):
+        pass
+    code = outcome[0] if outcome else EXIT_OK
+    log.info("rank %d exiting with %d", spec.rank, code)
+    logging.shutdown()
+    # Not a normal interpreter exit: the rank's thread may still be inside a collective, and
+    # tearing its process group down under it aborts the process.
+    os._exit(code)

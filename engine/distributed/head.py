@@ -1,0 +1,136 @@
+"""Rank 0's side of the world: form a generation, push the configuration, load (once) and warm up.
+
+The engine, with its weights and KV pool, is built once and kept across generations; a re-formed
+world only gets a new control channel and an empty request table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.distributed.control import ControlChannel
+from dgpp.engine.distributed.handshake import WorldConfig, push_config, report_loaded
+from dgpp.engine.distributed.worker import pushed_config
+from dgpp.engine.distributed.world import Rendezvous, World, WorldSpec
+from dgpp.engine.engine import LLMEngine
+from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError
+from dgpp.engine.memory_plan import size_kv_pool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Phases:
+    """Seconds spent in each phase of the last time-to-ready."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, started: float) -> float:
+        now = time.monotonic()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - started
+        return now
+
+    def describe(self) -> str:
+        total = sum(self.seconds.values())
+        parts = ", ".join(f"{name} {value:.2f} s" for name, value in self.seconds.items())
+        return f"{total:.2f} s ({parts})"
+
+
+def resolve_config(config: EngineConfig, checkpoint: Path, tp_size: int) -> EngineConfig:
+    """The configuration every rank of a world runs, with what rank 0 learns before loading
+    filled in (the KV pool sized from `memory_fraction`, the context limit), so that no rank
+    sizes anything by itself."""
+    model_config = ModelConfig.from_checkpoint(checkpoint)
+    config = size_kv_pool(config, model_config, tp_size)
+    sized = replace(config, memory_fraction=None) if config.memory_fraction else config
+    return replace(sized, max_model_len=sized.effective_max_model_len(model_config))
+
+
+class FormationError(RuntimeError):
+    """This generation cannot start because of another rank; a later one may."""
+
+
+class Head:
+    """Rank 0's world: `form()` once per generation, `dissolve()` when it breaks or stops."""
+
+    def __init__(self, config: EngineConfig, checkpoint: Path, spec: WorldSpec) -> None:
+        assert spec.rank == 0 and spec.world_size is not None
+        self.spec = spec
+        # A world of one sizes itself (LLMEngine); a larger one runs what rank 0 resolved.
+        self.config = config
+        if spec.world_size > 1:
+            self.config = resolve_config(config, checkpoint, spec.world_size)
+        self.checkpoint = checkpoint
+        self.world_size = spec.world_size
+        self.engine: LLMEngine | None = None
+        self.world: World | None = None
+        self.phases = Phases()
+        self._rendezvous: Rendezvous | None = None
+
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        return self._rendezvous.missing if self._rendezvous is not None else ()
+
+    def form(self) -> LLMEngine:
+        """Form the next generation and return the engine serving it. Raises `DgppError` when
+        rank 0 itself cannot run the configuration; `FormationError` when another rank refuses
+        it or cannot load, or the collective's error when a rank is lost meanwhile (the caller
+        dissolves and retries those)."""
+        self.phases = Phases()
+        started = time.monotonic()
+        if self.world_size == 1:
+            if self.engine is None:
+                self.engine = LLMEngine(self.config, self.checkpoint)
+                started = self.phases.add("weights", started)
+                self.engine.warm_up()
+                self.phases.add("warm-up", started)
+            return self.engine
+        if self._rendezvous is None:
+            self._rendezvous = Rendezvous(self.spec)
+        world = self._rendezvous.form()
+        self.world = world
+        started = self.phases.add("rendezvous", started)
+        try:
+            push_config(
+                WorldConfig.of(pushed_config(self.config, self.checkpoint, self.world_size)),
+                world.control_group,
+            )
+        except ConfigError as err:  # a worker refused: it (or its deployment) may be fixed
+            raise FormationError(str(err)) from None
+        control = ControlChannel(0, world.control_group)
+        error = None
+        if self.engine is None:
+            try:
+                self.engine = LLMEngine(self.config, self.checkpoint, world.parallel, control)
+            except DgppError as err:
+                error = f"{type(err).__name__}: {err}"
+        else:
+            self.engine.rejoin(control)
+        failures = report_loaded(error, world.control_group, self.spec.timeouts.load_s)
+        if error is not None:
+            raise ModelLoadError(error)  # rank 0 itself cannot load: no retry will help
+        if failures:
+            raise FormationError("; ".join(failures))
+        assert self.engine is not None
+        started = self.phases.add("weights", started)
+        self.engine.warm_up()
+        self.phases.add("warm-up", started)
+        return self.engine
+
+    def dissolve(self, orderly: bool) -> None:
+        """Leave the current generation. `orderly`: the workers are told, and wait for the next
+        head; otherwise (a failure) the groups are dropped without waiting for anyone."""
+        if self.engine is not None and orderly and self.world is not None:
+            try:
+                self.engine.shutdown()
+            except Exception as err:  # a worker is already gone: nothing more to tell
+                log.info("could not tell every worker we are leaving: %s", err)
+        if self.engine is not None:
+            self.engine.control = None
+        if self.world is not None:
+            self.world.dissolve()
+            self.world = None

@@ -1,0 +1,365 @@
+"""Per-rank memory plan: what the weights, the KV pool and one step's activations will take,
+checked against what the device can give before anything heavy is allocated.
+
+Weight and KV bytes are exact (they follow the layer shapes of `engine/layers`); the step workspace
+is an estimate (see `workspace_bytes`). Memory readings arrive as a `DeviceMemory`, so a plan is a
+pure function of its inputs and tests need not depend on the machine they run on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import math
+import os
+import platform
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.kernels.linear import select_packer
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32_BYTES = 4
+# Without `memory_fraction`, a CUDA rank leaves a tenth of the device for the CUDA context, cuBLAS
+# and NCCL buffers and allocator fragmentation, none of which the plan counts.
+DEFAULT_CUDA_FRACTION = 0.9
+WORKSPACE_MARGIN = 1.25  # on top of the counted activations: temporaries the sum misses
+SAMPLER_COPIES = 4  # fp32 [rows, vocab] copies alive while sampling: logits, probs, sort, indices
+# `size_kv_pool` leaves this share of the budget unused, so the same plan still fits when it is
+# checked again, slightly later, after small allocations (the tokenizer) moved the free memory.
+SIZING_SLACK = 0.02
+MIB, GIB = 1 << 20, 1 << 30
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One reading of the memory a rank draws from: a CUDA device, or host RAM for CPU ranks."""
+
+    total_bytes: int
+    free_bytes: int
+    description: str
+    is_accelerator: bool
+
+    def budget(self, fraction: float | None) -> int:
+        """Bytes this rank may plan to use.
+
+        CUDA: `total * (fraction or 0.9)` minus what others already hold (`total - free`).
+        CPU: the available memory, capped at `total * fraction` when a fraction is set."""
+        if self.is_accelerator:
+            share = DEFAULT_CUDA_FRACTION if fraction is None else fraction
+            budget = int(self.total_bytes * share) - (self.total_bytes - self.free_bytes)
+        elif fraction is None:
+            budget = self.free_bytes
+        else:
+            budget = min(self.free_bytes, int(self.total_bytes * fraction))
+        return max(0, budget)
+
+
+def read_host_memory(meminfo: Path = Path("/proc/meminfo")) -> DeviceMemory:
+    """Host RAM from `/proc/meminfo` (MemTotal, MemAvailable); sysconf where there is none."""
+    if meminfo.is_file():
+        fields = {}
+        for line in meminfo.read_text().splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[name] = int(parts[0]) * (1024 if parts[-1] == "kB" else 1)
+        total = fields["MemTotal"]
+        free = fields.get("MemAvailable", fields.get("MemFree", total))
+    else:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * page
+        free = (
+            os.sysconf("SC_AVPHYS_PAGES") * page if "SC_AVPHYS_PAGES" in os.sysconf_names else total
+        )
+    return DeviceMemory(total, free, "cpu (host RAM)", is_accelerator=False)
+
+
+def read_device_memory(device: str) -> DeviceMemory:
+    """The current reading for `device` ('cpu', 'cuda' or 'cuda:N')."""
+    if not device.startswith("cuda"):
+        return read_host_memory()
+    index = torch.device(device)
+    free, total = torch.cuda.mem_get_info(index)
+    name = torch.cuda.get_device_name(index)
+    return DeviceMemory(total, free, f"{device} ({name})", is_accelerator=True)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one rank will hold, in bytes, and what it may hold.
+
+    `buffers_bytes` are fixed tensors that are not parameters: the float32 rotary tables and, where
+    linears are prepacked (oneDNN on CPU), the LM head's packed copy beside its dense weight."""
+
+    weights_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    buffers_bytes: int
+    workspace_bytes: int
+    total_bytes: int
+    budget_bytes: int
+    available_bytes: int
+    device: str
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    def describe(self) -> str:
+        return (
+            f"weights {format_bytes(self.weights_bytes)} + KV pool {format_bytes(self.kv_bytes)} "
+            f"({self.kv_tokens} tokens) + buffers {format_bytes(self.buffers_bytes)} + workspace "
+            f"{format_bytes(self.workspace_bytes)} = {format_bytes(self.total_bytes)} of a "
+            f"{format_bytes(self.budget_bytes)} budget ({format_bytes(self.available_bytes)} "
+            f"free) on {self.device}"
+        )
+
+
+def format_bytes(num_bytes: int) -> str:
+    if abs(num_bytes) >= GIB:
+        return f"{num_bytes / GIB:.2f} GiB"
+    return f"{num_bytes / MIB:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """One rank's share of each sharded dimension, by the rules of `engine/layers`: whole
+    key/value groups per rank (`partition_heads`, rank 0 holding the most when the split is
+    uneven), even splits of the MLP, and rows of the vocabulary padded to a multiple of tp_size."""
+
+    num_heads: int
+    num_kv_heads: int  # one replicated head when there are fewer kv heads than ranks
+    intermediate_size: int
+    vocab_rows: int  # rows of the padded vocabulary this rank holds
+    padded_vocab_size: int
+
+    @classmethod
+    def of(cls, model: ModelConfig, tp_size: int, tp_rank: int = 0) -> RankShapes:
+        try:
+            heads = partition_heads(model.num_heads, model.num_kv_heads, tp_size, tp_rank)
+        except ValueError as err:
+            raise ConfigError(f"cannot shard this model over {tp_size} ranks: {err}") from None
+        if model.intermediate_size % tp_size:
+            raise ConfigError(
+                f"intermediate_size={model.intermediate_size} is not divisible by tp_size={tp_size}"
+            )
+        padded_vocab = -(-model.vocab_size // tp_size) * tp_size
+        return cls(
+            num_heads=heads.num_q,
+            num_kv_heads=heads.num_kv,
+            intermediate_size=model.intermediate_size // tp_size,
+            vocab_rows=padded_vocab // tp_size,
+            padded_vocab_size=padded_vocab,
+        )
+
+
+def weight_elements(model: ModelConfig, shapes: RankShapes) -> int:
+    """Parameters one rank holds; a tied LM head shares the embedding table."""
+    hidden, head_dim, inter = model.hidden_size, model.head_dim, shapes.intermediate_size
+    qkv_rows = (shapes.num_heads + 2 * shapes.num_kv_heads) * head_dim
+    per_layer = (
+        2 * hidden  # input and post-attention RMSNorm (replicated)
+        + qkv_rows * (hidden + model.qkv_bias)  # column-parallel fused q/k/v
+        + hidden * shapes.num_heads * head_dim  # row-parallel o_proj, no bias
+        + 2 * head_dim * model.qk_norm  # per-head q/k RMSNorm (replicated)
+        + 2 * inter * (hidden + model.mlp_bias)  # column-parallel fused gate/up
+        + hidden * inter
+        + hidden * model.mlp_bias  # row-parallel down; its bias is replicated
+    )
+    embedding = shapes.vocab_rows * hidden
+    lm_head = 0 if model.tie_word_embeddings else embedding
+    return model.num_layers * per_layer + embedding + lm_head + hidden  # + final norm
+
+
+def kv_bytes_per_token(config: EngineConfig, model: ModelConfig, shapes: RankShapes) -> int:
+    """One token's slot in the pool [layers, 2, blocks, block_size, H_kv_local, D]."""
+    dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
+    return model.num_layers * 2 * shapes.num_kv_heads * model.head_dim * dtype_bytes
+
+
+def workspace_bytes(
+    config: EngineConfig, model: ModelConfig, shapes: RankShapes, max_context: int
+) -> int:
+    """Estimated peak activation memory of one step, times `WORKSPACE_MARGIN`.
+
+    A step holds at most T = prefill_chunk_tokens + max_concurrency tokens (the prefill budget plus
+    one token per decode row) and samples at most R = max_concurrency rows. Layers run one after
+    another, so the peak is the residual stream plus the largest of:
+    - attention: fused qkv, rotated q/k and the output [T, *, D]; a prefill chunk's fp32 scores and
+      probabilities against the longest context [chunk, H, S] with its keys and values gathered in
+      fp32 and expanded to the query heads [S, H, D]; decode scores [R, H, S];
+    - MLP: fused gate/up [T, 2I] plus silu(gate) and the product [T, I];
+    - logits: the local fp32 slice [R, V/tp], `SAMPLER_COPIES` fp32 copies of the gathered
+      [R, V], and the LM head cast to fp32 when fp32 logits come from a lower-precision model.
+    The torch twin's decode key/value gather (all decode rows padded to the longest) is not
+    counted: it is kernel-specific and goes with the paged kernels; the margin covers modest use.
+    """
+    b = DTYPE_BYTES[config.resolved_dtype]
+    rows = config.max_concurrency
+    chunk = config.prefill_chunk_tokens
+    tokens = chunk + rows
+    heads, kv_heads, head_dim = shapes.num_heads, shapes.num_kv_heads, model.head_dim
+    inter, hidden = shapes.intermediate_size, model.hidden_size
+    residual = 3 * tokens * hidden * b  # residual, normed input, sublayer output
+    attention = (
+        tokens * (2 * heads + 3 * kv_heads) * head_dim * b  # qkv and rotated q/k
+        + tokens * heads * head_dim * b  # attention output
+        + 2 * chunk * heads * max_context * FP32_BYTES  # prefill scores and probabilities
+        + 2 * max_context * heads * head_dim * FP32_BYTES  # gathered keys and values
+        + rows * heads * max_context * FP32_BYTES  # decode scores
+    )
+    mlp = tokens * 2 * inter * b + 2 * tokens * inter * b
+    logits = (
+        rows * shapes.vocab_rows * FP32_BYTES
+        + SAMPLER_COPIES * rows * shapes.padded_vocab_size * FP32_BYTES
+    )
+    if b != FP32_BYTES and config.prefill_precision == "fp32":
+        logits += shapes.vocab_rows * hidden * FP32_BYTES  # LM head weight cast for fp32 logits
+    return math.ceil((residual + max(attention, mlp, logits)) * WORKSPACE_MARGIN)
+
+
+def buffers_bytes(
+    config: EngineConfig, model: ModelConfig, shapes: RankShapes, max_context: int
+) -> int:
+    rotary = 2 * max_context * model.head_dim * FP32_BYTES  # cos and sin tables [P, D]
+    dtype = getattr(torch, config.resolved_dtype)
+    packs_lm_head = select_packer(torch.device(config.device), dtype) is not None
+    lm_head = shapes.vocab_rows * model.hidden_size
+    return rotary + packs_lm_head * lm_head * DTYPE_BYTES[config.resolved_dtype]
+
+
+def plan_memory(
+    config: EngineConfig,
+    model: ModelConfig,
+    tp_size: int,
+    memory: DeviceMemory | None = None,
+    tp_rank: int = 0,
+) -> MemoryPlan:
+    """The plan of rank `tp_rank` of a `tp_size` world (rank 0 holds the largest share);
+    `memory` defaults to a reading of the device."""
+    shapes = RankShapes.of(model, tp_size, tp_rank)
+    return _plan(config, model, shapes, memory, config.effective_max_model_len(model))
+
+
+def _plan(
+    config: EngineConfig,
+    model: ModelConfig,
+    shapes: RankShapes,
+    memory: DeviceMemory | None,
+    max_context: int,
+) -> MemoryPlan:
+    memory = memory if memory is not None else read_device_memory(config.device)
+    weights = weight_elements(model, shapes) * DTYPE_BYTES[config.resolved_dtype]
+    kv_tokens = config.num_kv_blocks * config.block_size
+    kv = kv_tokens * kv_bytes_per_token(config, model, shapes)
+    buffers = buffers_bytes(config, model, shapes, max_context)
+    workspace = workspace_bytes(config, model, shapes, max_context)
+    return MemoryPlan(
+        weights_bytes=weights,
+        kv_bytes=kv,
+        kv_tokens=kv_tokens,
+        buffers_bytes=buffers,
+        workspace_bytes=workspace,
+        total_bytes=weights + kv + buffers + workspace,
+        budget_bytes=memory.budget(config.memory_fraction),
+        available_bytes=memory.free_bytes,
+        device=memory.description,
+    )
+
+
+def check_fits(plan: MemoryPlan) -> None:
+    """Raise `ConfigError` naming every part of the plan and what to change when it does not fit."""
+    if plan.fits:
+        return
+    fixed = plan.total_bytes - plan.kv_bytes
+    room = plan.budget_bytes - fixed
+    per_token = plan.kv_bytes // plan.kv_tokens
+    hint = (
+        f"at most about {room // per_token} KV tokens would fit"
+        if room >= per_token
+        else "not even the weights and workspace fit"
+    )
+    raise ConfigError(
+        f"this rank's memory plan does not fit: {plan.describe()}; {hint}. "
+        "Lower kv_capacity (--kv-capacity), max_concurrency (--max-concurrency) or "
+        "prefill_chunk_tokens (--prefill-chunk-tokens), raise memory_fraction "
+        "(--memory-fraction), or use more ranks (tensor parallelism) to shard the model"
+    )
+
+
+def size_kv_pool(
+    config: EngineConfig,
+    model: ModelConfig,
+    tp_size: int,
+    memory: DeviceMemory | None = None,
+) -> EngineConfig:
+    """With `memory_fraction`, a config whose `kv_capacity` is what the budget leaves after the
+    weights, buffers and workspace (whole blocks); otherwise `config` itself.
+
+    The pool holds at least one request of the longest context (`max_model_len`, else the model's
+    position limit) or this refuses, and at most `max_concurrency` of them: beyond that, blocks
+    only lengthen the prefix cache's memory. Deterministic given its inputs, so rank 0 computes it
+    once and hands the result to every rank."""
+    if config.memory_fraction is None:
+        return config
+    memory = memory if memory is not None else read_device_memory(config.device)
+    max_context = config.max_model_len or model.max_position_embeddings
+    block_size = config.block_size
+    shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
+    probe = _plan(replace(config, kv_capacity=block_size), model, shapes, memory, max_context)
+    fixed = probe.total_bytes - probe.kv_bytes
+    room = int(probe.budget_bytes * (1 - SIZING_SLACK)) - fixed
+    block_bytes = probe.kv_bytes  # the probe's pool is exactly one block
+    num_blocks = max(0, room) // block_bytes
+    min_blocks = -(-max_context // block_size)
+    if num_blocks < min_blocks:
+        raise ConfigError(
+            f"memory_fraction={config.memory_fraction} leaves {format_bytes(max(0, room))} for "
+            f"the KV pool on {probe.device} (budget {format_bytes(probe.budget_bytes)}, weights "
+            f"{format_bytes(probe.weights_bytes)}, buffers {format_bytes(probe.buffers_bytes)}, "
+            f"workspace {format_bytes(probe.workspace_bytes)}), but one request of "
+            f"{max_context} tokens needs {format_bytes(min_blocks * block_bytes)}. Raise "
+            "memory_fraction (--memory-fraction), lower max_model_len (--max-model-len), "
+            "max_concurrency or prefill_chunk_tokens, or use more ranks (tensor parallelism)"
+        )
+    num_blocks = min(num_blocks, config.max_concurrency * min_blocks)
+    return replace(config, kv_capacity=num_blocks * block_size)
+
+
+class MlockLibrary(Protocol):
+    def mlockall(self, flags: int) -> int: ...
+
+
+def _mlockall_flags() -> int:
+    """MCL_CURRENT | MCL_FUTURE; PowerPC and SPARC number them differently from other Linux."""
+    if platform.machine().startswith(("ppc", "sparc")):
+        return 0x2000 | 0x4000
+    return 1 | 2
+
+
+def lock_memory(libc: MlockLibrary | None = None) -> None:
+    """Pin this process's memory, now and future, so the weights and KV pool never swap.
+
+    `ConfigError` when the kernel refuses: the memlock limit (RLIMIT_MEMLOCK) is too low."""
+    if not sys.platform.startswith("linux"):
+        raise ConfigError("mlock is supported on Linux only; run without --mlock")
+    library: MlockLibrary = libc if libc is not None else ctypes.CDLL(None, use_errno=True)
+    if library.mlockall(_mlockall_flags()) == 0:
+        return
+    code = ctypes.get_errno()
+    reason = os.strerror(code) if code else "unknown error"
+    advice = (
+        "raise the memlock limit: LimitMEMLOCK=infinity in the systemd unit, `ulimit -l "
+        "unlimited` in the shell (or memlock in /etc/security/limits.conf), or run without --mlock"
+    )
+    if code in (errno.EPERM, errno.ENOMEM, errno.EAGAIN):
+        raise ConfigError(f"mlockall failed ({reason}): the memlock limit is too low; {advice}")
+    raise ConfigError(f"mlockall failed ({reason}); {advice}")

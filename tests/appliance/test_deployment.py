@@ -1,0 +1,123 @@
+"""The deployment schema: strict types, key paths in every error, and what it turns into."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dgpp.appliance.deployment import (
+    engine_config,
+    load_deployment,
+    parse_deployment,
+    server_config,
+    world_spec,
+    world_timeouts,
+)
+from dgpp.appliance.timeout_env import apply_env_overrides
+from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.errors import ConfigError
+
+
+def test_minimal_deployment_takes_the_defaults() -> None:
+    deployment = parse_deployment({"model": "default"})
+    config = engine_config(deployment)
+    assert (config.model, config.kv_capacity, config.resident_cache) == ("default", 16384, True)
+    assert server_config(deployment).served_model_names == ("default",)
+    spec = world_spec(deployment, 0, world_timeouts(deployment))
+    assert (spec.world_size, spec.backend, spec.port) == (1, "gloo", 29517)
+
+
+def test_every_section_reaches_its_configuration() -> None:
+    deployment = parse_deployment(
+        {
+            "model": "/models/qwen",
+            "world_size": 2,
+            "engine": {"kv_capacity": 4096, "device": "cuda", "prefill_precision": "model"},
+            "http": {"port": 9000, "served_model_names": ["q", "q2"]},
+            "rendezvous": {"head": "10.0.0.1", "port": 4000},
+            "timeouts": {"collective_s": 60, "heartbeat_s": 2},
+            "resident_cache": {"enabled": False, "dir": "/var/cache/dgpp"},
+        }
+    )
+    config = engine_config(deployment)
+    assert (config.kv_capacity, config.device, config.prefill_precision) == (4096, "cuda", "model")
+    assert (config.resident_cache, config.resident_cache_dir) == (False, "/var/cache/dgpp")
+    server = server_config(deployment, api_key="k")
+    assert (server.port, server.served_model_names, server.api_key) == (9000, ("q", "q2"), "k")
+    head = world_spec(deployment, 0, world_timeouts(deployment))
+    assert (head.head, head.port, head.world_size, head.backend) == ("10.0.0.1", 4000, 2, "nccl")
+    assert head.timeouts.collective_s == 60 and head.timeouts.heartbeat_s == 2
+    assert world_spec(deployment, 1, head.timeouts).world_size is None  # workers learn it
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "model: required"),
+        ({"model": "m", "engine": {"kv_capcity": 1}}, "engine.kv_capcity: unknown key"),
+        ({"model": "m", "bogus": 1}, "bogus: unknown key"),
+        ({"model": "m", "engine": {"kv_capacity": "big"}}, "engine.kv_capacity: Input should"),
+        ({"model": "m", "engine": {"kv_capacity": 0}}, "engine.kv_capacity: Input should be"),
+        ({"model": "m", "engine": {"prefix_cache": "yes"}}, "engine.prefix_cache:"),
+        (
+            {"model": "m", "engine": {"prefill_precision": "fp16"}},
+            "engine.prefill_precision: must be one of 'fp32' or 'model' (got 'fp16')",
+        ),
+        ({"model": "m", "engine": {"device": "tpu"}}, "engine.device: String should match"),
+        ({"model": "m", "rendezvous": {"port": 70000}}, "rendezvous.port:"),
+        ({"model": "m", "world_size": 0}, "world_size:"),
+        ({"model": "m", "http": {"served_model_names": "x"}}, "http.served_model_names:"),
+    ],
+)
+def test_bad_deployments_name_the_key(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match="deployment is invalid") as info:
+        parse_deployment(raw)
+    assert message in str(info.value)
+
+
+def test_inconsistent_timeouts_are_refused() -> None:
+    deployment = parse_deployment({"model": "m", "timeouts": {"heartbeat_s": 61}})
+    with pytest.raises(ConfigError, match=r"heartbeat_s .* at most half"):
+        world_timeouts(deployment)
+
+
+def test_load_reports_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the deployment"):
+        load_deployment(tmp_path / "absent.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        load_deployment(bad)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"model": "default", "world_size": 4}))
+    assert load_deployment(good).world_size == 4
+
+
+def test_environment_overrides_the_three_legacy_deadlines() -> None:
+    environ = {
+        "DGPP_BOUNDARY_TIMEOUT_MS": "600000",
+        "DGPP_CONSUMER_DEADLINE_S": "300",
+        "DGPP_BUS_COMPLETION_TIMEOUT_MS": "120000",
+    }
+    timeouts = apply_env_overrides(WorldTimeouts(), environ)
+    assert (timeouts.collective_s, timeouts.control_deadline_s, timeouts.step_watchdog_s) == (
+        600.0,
+        300.0,
+        120.0,
+    )
+    assert apply_env_overrides(WorldTimeouts(), {}) == WorldTimeouts()
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"DGPP_BOUNDARY_TIMEOUT_MS": "soon"}, "DGPP_BOUNDARY_TIMEOUT_MS must be a number"),
+        ({"DGPP_CONSUMER_DEADLINE_S": "-1"}, "DGPP_CONSUMER_DEADLINE_S must be positive"),
+        ({"DGPP_CONSUMER_DEADLINE_S": "4"}, "at most half"),
+    ],
+)
+def test_bad_environment_overrides_are_refused(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        apply_env_overrides(WorldTimeouts(), environ)
