@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 
 from dgpp.appliance.cache_cli import add_cache_parser
+from dgpp.appliance.deploy_cli import add_deploy_parsers
 from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
 from dgpp.appliance.exit_codes import (
     EXIT_CONFIG,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_options(serve)
     add_world_options(serve)
     add_rank_parser(commands)
+    add_deploy_parsers(commands)
 
     chat = commands.add_parser("chat", help="chat with a model on the terminal")
     chat.add_argument("--system", default=None, help="system message")
@@ -116,6 +118,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.serve_cli import run_serve
 
         return run_serve(args)
+    if args.command == "deploy":
+        from dgpp.appliance.deploy_cli import run_deploy
+
+        return run_deploy(args)
+    if args.command == "support-bundle":
+        from dgpp.appliance.deploy_cli import run_support_bundle
+
+        return run_support_bundle(args)
     if args.command == "rank":
         from dgpp.appliance.rank_cli import run_rank
 

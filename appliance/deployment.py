@@ -6,7 +6,6 @@ turn a deployment into the engine's, the server's and the world's frozen configu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,16 +96,6 @@ def parse_deployment(raw: Any, source: str = "deployment") -> Deployment:
     except ValidationError as err:
         problems = [_describe(error) for error in err.errors()]
         raise ConfigError(f"{source} is invalid: " + "; ".join(problems)) from None
-
-
-def load_deployment(path: Path) -> Deployment:
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read the deployment {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON: {err}") from None
-    return parse_deployment(raw, str(path))
 
 
 def _describe(error: Any) -> str:

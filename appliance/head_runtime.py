@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.local_backend import LocalWorkers
+from dgpp.appliance.sd_notify import Notifier
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.head import Head
@@ -48,6 +49,7 @@ class HeadOptions:
     server: ServerConfig
     log_level: str = "info"
     local_workers: bool = False  # `dgpp serve --world N`: start and supervise ranks 1..N-1 here
+    deployment_id: str | None = None  # names the log folder on every rank
 
 
 def run_head(options: HeadOptions) -> int:
@@ -91,14 +93,20 @@ class HeadRuntime:
         self.options = options
         self.app = app
         self.server = server
-        self.head = Head(options.engine, options.checkpoint, options.spec)
+        self.head = Head(options.engine, options.checkpoint, options.spec, options.deployment_id)
         self.exit_code = EXIT_OK
         self.import_s = import_s
         self._stop = threading.Event()
         self._async_engine: AsyncEngine | None = None
         self._lost_at: float | None = None
+        # What systemd is told (Type=notify): taken before the local workers start, so they
+        # do not inherit NOTIFY_SOCKET.
+        self.notifier = Notifier.from_environment()
+        self._phase = "starting"  # starting, re-forming, serving, stopping, failed
+        self._reason: str | None = None  # why the world is not serving, one line
 
     def run(self) -> None:
+        self.notifier.watch(self.status_line, self._stop)
         retry_s = 1.0
         while not self._stop.is_set():
             try:
@@ -139,6 +147,7 @@ class HeadRuntime:
         state = ServerState(async_engine, options.server, options.server.served_model_names)
         attach_state(self.app, state, self._details())
         self._log_ready()
+        self._notify_serving()
         while not self._stop.is_set() and not async_engine.wait_failed(1.0):
             started = async_engine.step_started
             if started is not None and time.monotonic() - started > timeouts.step_watchdog_s:
@@ -170,6 +179,32 @@ class HeadRuntime:
             self.head.world_size,
         )
 
+    def _notify_serving(self) -> None:
+        """READY=1 the first time a world serves, once the HTTP port is bound; STATUS each time."""
+        while not self.server.started and not self._stop.wait(0.05):
+            pass
+        self._phase, self._reason = "serving", None
+        self.notifier.notify(ready=not self.notifier.is_ready, status=self.status_line())
+
+    def status_line(self) -> str:
+        """The line `systemctl status dgpp@rank0` shows; polled while a world forms."""
+        head, server = self.head, self.options.server
+        address = f"{server.host}:{server.port}"
+        if self._phase == "serving":
+            generation = f", generation {head.world.generation}" if head.world else ""
+            names = ", ".join(server.served_model_names)
+            return f"serving {names} on {address} (world of {head.world_size}{generation})"
+        if self._phase in ("stopping", "failed"):
+            return f"{self._phase}: {self._reason}" if self._reason else self._phase
+        step = f"loading {self.options.checkpoint.name}" if head.engine is None else "rejoining"
+        if head.world_size > 1 and head.world is None:
+            missing = head.missing_ranks or tuple(range(1, head.world_size))
+            step = "waiting for ranks " + ", ".join(str(rank) for rank in missing)
+        if not self.server.started:
+            step = f"binding {address}; {step}"
+        reason = f" after {self._reason}" if self._reason else ""
+        return f"{self._phase}{reason}: {step}"
+
     def _details(self) -> dict[str, object]:
         details: dict[str, object] = {"world_size": self.head.world_size}
         if self.head.world is not None:
@@ -177,6 +212,7 @@ class HeadRuntime:
         return details
 
     def _unavailable(self, phase: str, error: BaseException | None) -> None:
+        self._phase, self._reason = phase, _first_line(error) if error else None
         details = self._details()
         if self.head.missing_ranks:
             details["missing_ranks"] = list(self.head.missing_ranks)
@@ -184,12 +220,17 @@ class HeadRuntime:
 
     def _fatal(self, code: int, message: str) -> None:
         log.error("cannot serve: %s", message)
+        self._phase, self._reason = "failed", message
+        self.notifier.notify(status=self.status_line())
         self.exit_code = code
         mark_failed(self.app, message)
         self.server.should_exit = True
 
     def stop(self) -> None:
         """Orderly stop: finish the engine thread, tell the workers, drop the groups."""
+        if self._phase != "failed":
+            self._phase, self._reason = "stopping", None
+        self.notifier.notify(stopping=True, status=self.status_line())
         self._stop.set()
         if self._async_engine is not None:
             self._async_engine.stop(self.options.spec.timeouts.shutdown_s)

@@ -55,3 +55,13 @@ def resident_dir() -> Path:
     xdg = _env_path("XDG_CACHE_HOME")
     cache = xdg if xdg is not None and xdg.is_absolute() else Path.home() / ".cache"
     return cache / "dgpp" / "resident"
+
+
+def log_root() -> Path:
+    """Logs of every deployment this host has run: $DGPP_LOG_DIR, else ~/dgpp/log."""
+    return _env_path("DGPP_LOG_DIR") or Path.home() / "dgpp" / "log"
+
+
+def deployment_log_dir(deployment_id: str) -> Path:
+    """One deployment's folder: its resolved configuration and every rank's log."""
+    return log_root() / "deployments" / deployment_id

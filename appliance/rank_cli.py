@@ -18,12 +18,13 @@ from typing import Any
 from dgpp.appliance.deployment import (
     Deployment,
     engine_config,
-    load_deployment,
     server_config,
     world_spec,
     world_timeouts,
 )
+from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.sd_notify import Notifier, report_worker
 from dgpp.appliance.timeout_env import apply_env_overrides
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
@@ -50,10 +51,9 @@ def _int_env(name: str) -> int | None:
 
 
 def configure_logging(level: str, rank: int) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
-    )
+    from dgpp.appliance.deployment_log import LOG_FORMAT
+
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT.format(rank=rank))
 
 
 def run_rank(args: argparse.Namespace) -> int:
@@ -78,7 +78,7 @@ def run_rank(args: argparse.Namespace) -> int:
 def load_deployment_arg(path: str | None) -> Deployment | None:
     from pathlib import Path
 
-    return load_deployment(Path(path)) if path else None
+    return resolve(Path(path)) if path else None
 
 
 def _timeouts(args: argparse.Namespace, deployment: Deployment | None) -> WorldTimeouts:
@@ -111,7 +111,12 @@ def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: st
                 api_key = key_file.read().strip()
         except OSError as err:
             raise ConfigError(f"cannot read http.api_key_file: {err.strerror}") from None
+    from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
+
+    ident, _ = record_deployment(deployment)
+    attach_rank_log(ident, 0)
     options = HeadOptions(
+        deployment_id=ident,
         engine=engine_config(deployment),
         checkpoint=resolve_checkpoint(deployment.model),
         spec=world_spec(deployment, 0, timeouts),
@@ -129,10 +134,13 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
 
     stop = threading.Event()
     outcome: list[int] = []
+    worker = Worker(spec, expected)
+    notifier = Notifier.from_environment()
+    report_worker(notifier, worker)
 
     def serve() -> None:
         try:
-            Worker(spec, expected).run(stop)
+            worker.run(stop)
             outcome.append(EXIT_OK)
         except ConfigError as err:
             log.error("%s", err)
@@ -146,9 +154,19 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
+    logged_to, handler = None, None
     while not stop.wait(0.5):
-        pass
+        report_worker(notifier, worker)
+        if worker.deployment_id is not None and worker.deployment_id != logged_to:
+            from dgpp.appliance.deployment_log import attach_rank_log
+
+            if handler is not None:  # rank 0 switched deployments: follow it to its folder
+                logging.getLogger().removeHandler(handler)
+                handler.close()
+            logged_to = worker.deployment_id
+            handler = attach_rank_log(logged_to, spec.rank)
     code = outcome[0] if outcome else EXIT_OK
+    notifier.notify(stopping=True, status=f"stopping with exit code {code}")
     log.info("rank %d exiting with %d", spec.rank, code)
     logging.shutdown()
     # Not a normal interpreter exit: the rank's thread may still be inside a collective, and

@@ -12,12 +12,12 @@ from typing import Any
 from dgpp.appliance.deployment import (
     Deployment,
     engine_config,
-    load_deployment,
     parse_deployment,
     server_config,
     world_spec,
     world_timeouts,
 )
+from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.engine_options import engine_knobs
 
 log = logging.getLogger("dgpp.serve")
@@ -84,7 +84,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
     """The deployment file (or an empty one) with the command line's settings applied."""
     raw: dict[str, Any] = {}
     if args.deployment:
-        raw = load_deployment(Path(args.deployment)).model_dump(exclude_unset=True)
+        raw = resolve(Path(args.deployment)).model_dump(exclude_unset=True)
     raw.setdefault("model", "default")
     if args.model is not None:
         raw["model"] = args.model
@@ -135,7 +135,12 @@ def run_serve(args: argparse.Namespace) -> int:
         # N ranks on one machine share its cores; oversubscribed OpenMP pools crawl.
         engine = replace(engine, num_threads=max(1, (os.cpu_count() or 1) // world_size))
     timeouts = apply_env_overrides(world_timeouts(deployment), os.environ)
+    from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
+
+    ident, _ = record_deployment(deployment)
+    attach_rank_log(ident, 0)
     options = HeadOptions(
+        deployment_id=ident,
         engine=engine,
         checkpoint=checkpoint,
         spec=world_spec(deployment, 0, timeouts),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from dgpp.engine.resident_cache import cache_root, image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.dispatch import attention_kernels
-from dgpp.kernels.linear import select_packer
+from dgpp.kernels.linear import LinearPacker, select_packer
 from dgpp.kernels.paged_attention_torch import decode_gather_inputs
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,6 +66,7 @@ class ModelRunner:
         with torch.device("cpu"):
             model = build_model(model_config, parallel, max_model_len, kernels)
         model = model.to(self.dtype)
+        warm = False
         if config.resident_cache:
             key = image_key(
                 checkpoint,
@@ -73,18 +76,30 @@ class ModelRunner:
                 self.device.type,
                 model_config.architecture,
             )
-            load_resident(model, checkpoint, key, cache_root(config.resident_cache_dir))
+            warm = load_resident(model, checkpoint, key, cache_root(config.resident_cache_dir))
         else:
             load_weights(model, checkpoint)
         self.model = model.to(self.device).eval()
         # Rotary tables stay float32 whatever the weights' dtype.
         self.model.model.rotary.float()
         packer = select_packer(self.device, self.dtype)
-        if packer is not None:
-            for module in self.model.modules():
-                if isinstance(module, PackableLinear | ParallelLMHead):
-                    module.pack(packer)
+        packable = [
+            module
+            for module in self.model.modules()
+            if isinstance(module, PackableLinear | ParallelLMHead)
+        ]
+        self.packing: threading.Thread | None = None
+        if packer is not None and warm:
+            # Warm weights are memory-mapped from the image: serve on them at once and pack on
+            # the side (seconds for billions of parameters); each layer switches when packed.
+            self.packing = threading.Thread(
+                target=_pack_all, args=(packable, packer), name="dgpp-pack", daemon=True
+            )
+            self.packing.start()
+        elif packer is not None:
+            _pack_all(packable, packer, keep_dense=False)
         attention = self.model.model.layers[0].self_attn
+        started = time.monotonic()
         self.kv_cache = torch.zeros(
             model_config.num_layers,
             2,
@@ -95,6 +110,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
+        self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
 
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Forward the plan; float32 logits [num_sampling_chunks, padded_vocab], in plan order."""
@@ -190,3 +206,17 @@ class ModelRunner:
             decode_mask=None,
         )
         return StepInputs(tensor([0]), tensor([0]), metadata, tensor([0]), fp32)
+
+
+def _pack_all(
+    modules: list[PackableLinear | ParallelLMHead], packer: LinearPacker, keep_dense: bool = True
+) -> None:
+    started = time.monotonic()
+    for module in modules:
+        module.pack(packer, keep_dense=keep_dense)
+    if keep_dense:
+        logging.getLogger(__name__).info(
+            "packed %d linear layers in the background in %.2f s",
+            len(modules),
+            time.monotonic() - started,
+        )

@@ -147,15 +147,15 @@ def image_key(
     return ImageKey(digest.hexdigest(), name, tp_rank, tp_size, dtype, device_type, architecture)
 
 
-def load_resident(model: nn.Module, checkpoint: Path, key: ImageKey, root: Path) -> None:
-    """Fill `model` from its image under `root` (warm), or from the checkpoint and then write the
-    image (cold). An unusable image is logged, removed and rebuilt."""
+def load_resident(model: nn.Module, checkpoint: Path, key: ImageKey, root: Path) -> bool:
+    """Fill `model` from its image under `root` (warm: True), or from the checkpoint and then
+    write the image (cold: False). An unusable image is logged, removed and rebuilt."""
     start = time.perf_counter()
     image = root / key.file_name
     if load_image(model, image, key):
         elapsed = time.perf_counter() - start
         log.info("rank %d: weights warm from %s in %.2f s", key.tp_rank, image, elapsed)
-        return
+        return True
     loader.load_weights(model, checkpoint)
     loaded = time.perf_counter()
     written = "written" if write_image(model, image, key, checkpoint) else "not written"
@@ -168,6 +168,7 @@ def load_resident(model: nn.Module, checkpoint: Path, key: ImageKey, root: Path)
         written,
         time.perf_counter() - loaded,
     )
+    return False
 
 
 def load_image(model: nn.Module, image: Path, key: ImageKey) -> bool:

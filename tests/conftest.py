@@ -22,9 +22,10 @@ def smollm2_gguf_dir() -> Path | None:
 
 @pytest.fixture(autouse=True, scope="session")
 def _resident_images_in_a_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Engines built by tests (and the servers they start) write resident weight images under
-    the session's temp dir, never into the user's cache."""
+    """Engines built by tests (and the servers they start) write resident weight images and
+    deployment logs under the session's temp dir, never into the user's cache or home."""
     os.environ["DGPP_RESIDENT_DIR"] = str(tmp_path_factory.mktemp("resident"))
+    os.environ["DGPP_LOG_DIR"] = str(tmp_path_factory.mktemp("logs"))
 
 
 @pytest.fixture(scope="session")

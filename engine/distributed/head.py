@@ -57,7 +57,13 @@ class FormationError(RuntimeError):
 class Head:
     """Rank 0's world: `form()` once per generation, `dissolve()` when it breaks or stops."""
 
-    def __init__(self, config: EngineConfig, checkpoint: Path, spec: WorldSpec) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        checkpoint: Path,
+        spec: WorldSpec,
+        deployment_id: str | None = None,
+    ) -> None:
         assert spec.rank == 0 and spec.world_size is not None
         self.spec = spec
         # A world of one sizes itself (LLMEngine); a larger one runs what rank 0 resolved.
@@ -65,6 +71,7 @@ class Head:
         if spec.world_size > 1:
             self.config = resolve_config(config, checkpoint, spec.world_size)
         self.checkpoint = checkpoint
+        self.deployment_id = deployment_id
         self.world_size = spec.world_size
         self.engine: LLMEngine | None = None
         self.world: World | None = None
@@ -85,7 +92,7 @@ class Head:
         if self.world_size == 1:
             if self.engine is None:
                 self.engine = LLMEngine(self.config, self.checkpoint)
-                started = self.phases.add("weights", started)
+                started = self._loaded(started, built=True)
                 self.engine.warm_up()
                 self.phases.add("warm-up", started)
             return self.engine
@@ -96,14 +103,17 @@ class Head:
         started = self.phases.add("rendezvous", started)
         try:
             push_config(
-                WorldConfig.of(pushed_config(self.config, self.checkpoint, self.world_size)),
+                WorldConfig.of(
+                    pushed_config(self.config, self.checkpoint, self.world_size, self.deployment_id)
+                ),
                 world.control_group,
             )
         except ConfigError as err:  # a worker refused: it (or its deployment) may be fixed
             raise FormationError(str(err)) from None
         control = ControlChannel(0, world.control_group)
         error = None
-        if self.engine is None:
+        built = self.engine is None
+        if built:
             try:
                 self.engine = LLMEngine(self.config, self.checkpoint, world.parallel, control)
             except DgppError as err:
@@ -116,10 +126,20 @@ class Head:
         if failures:
             raise FormationError("; ".join(failures))
         assert self.engine is not None
-        started = self.phases.add("weights", started)
+        started = self._loaded(started, built)
         self.engine.warm_up()
         self.phases.add("warm-up", started)
         return self.engine
+
+    def _loaded(self, started: float, built: bool) -> float:
+        """Account the load; when rank 0 built its engine just now, the KV pool's reservation
+        apart from the rest (weights, tokenizer, and in a world waiting for the slowest rank)."""
+        now = self.phases.add("weights", started)
+        if built and self.engine is not None:
+            kv_seconds = self.engine.runner.kv_seconds
+            self.phases.seconds["weights"] -= kv_seconds
+            self.phases.seconds["kv"] = kv_seconds
+        return now
 
     def dissolve(self, orderly: bool) -> None:
         """Leave the current generation. `orderly`: the workers are told, and wait for the next

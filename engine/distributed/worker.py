@@ -22,9 +22,13 @@ from dgpp.engine.model_runner import ModelRunner
 log = logging.getLogger(__name__)
 
 
-def pushed_config(config: EngineConfig, checkpoint: Path, world_size: int) -> dict[str, Any]:
-    """The configuration rank 0 pushes, as plain data: every rank builds the same runner from it."""
-    return {"engine": asdict(config), "checkpoint": str(checkpoint), "world_size": world_size}
+def pushed_config(
+    config: EngineConfig, checkpoint: Path, world_size: int, deployment_id: str | None = None
+) -> dict[str, Any]:
+    """The configuration rank 0 pushes, as plain data: every rank builds the same runner from it
+    (and names its log folder after the deployment)."""
+    pushed = {"engine": asdict(config), "checkpoint": str(checkpoint), "world_size": world_size}
+    return pushed | {"deployment_id": deployment_id}
 
 
 class Worker:
@@ -38,6 +42,11 @@ class Worker:
         self.runner: ModelRunner | None = None
         self.digest: str | None = None
         self.generations = 0  # worlds this process has served in
+        self.deployment_id: str | None = None  # the deployment rank 0 last pushed
+        # Read by the process's supervisor-facing status line (polled, never called back):
+        self.generation: int | None = None  # the generation joined now (loading or serving)
+        self.is_serving = False  # loaded, executing that generation's commands
+        self.ended: str | None = None  # how the last generation ended, one line
 
     def run(self, stop: threading.Event) -> None:
         """Serve world after world until `stop` is set. Raises `ConfigError` when this rank
@@ -54,22 +63,25 @@ class Worker:
                 retry_s = min(retry_s * 2, 5.0)
                 continue
             retry_s = 0.5
+            self.generation = world.generation
             try:
                 self._serve(world)
-                log.info(
-                    "rank 0 left generation %d in order; waiting for the next", world.generation
-                )
+                self.ended = f"rank 0 left generation {world.generation} in order"
+                log.info("%s; waiting for the next", self.ended)
             except ConfigError:
                 raise
             except Exception as err:
-                log.warning("lost generation %d: %s", world.generation, _first_line(err))
+                self.ended = f"lost generation {world.generation}: {_first_line(err)}"
+                log.warning("%s", self.ended)
             finally:
+                self.generation, self.is_serving = None, False
                 world.dissolve()
 
     def _serve(self, world: World) -> None:
         pushed, refusal = receive_config(world.rank, world.control_group, self.expected)
         if refusal is not None:
             raise ConfigError(f"refusing rank 0's world: {refusal}")
+        self.deployment_id = pushed.config.get("deployment_id")
         error = None
         if pushed.digest != self.digest:
             self.runner, self.digest = None, None
@@ -87,6 +99,7 @@ class Worker:
             raise RuntimeError("another rank failed to load: " + "; ".join(failures))
         assert self.runner is not None
         self.generations += 1
+        self.is_serving = True
         log.info("rank %d serving generation %d", world.rank, world.generation)
         serve_commands(self.runner, ControlChannel(world.rank, world.control_group))
 

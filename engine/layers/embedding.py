@@ -48,7 +48,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     packed: LinearFn | None = None
 
-    def pack(self, packer: LinearPacker) -> None:
+    def pack(self, packer: LinearPacker, keep_dense: bool = True) -> None:
+        """The dense weight always stays: the embedding (when tied) and fp32 logits use it."""
         self.packed = packer(self.weight.detach(), None)
 
     def compute_logits(

@@ -25,21 +25,25 @@ def _new_param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
 class PackableLinear(nn.Module):
     """A linear layer whose matmul can be swapped, once weights are loaded, for a packed kernel.
 
-    After `pack()` the dense weight is released: the packed copy is the only one kept.
+    After `pack()` the dense weight is released (the packed copy is the only one kept), unless
+    `keep_dense`: then packing may run on another thread while this layer serves, and the dense
+    weight (memory-mapped from a resident image, so it costs no private memory) stays valid.
     """
 
     weight: nn.Parameter | None
     bias: nn.Parameter | None
     packed: LinearFn | None = None
 
-    def pack(self, packer: LinearPacker, with_bias: bool = True) -> None:
-        assert self.weight is not None, "pack() called twice"
+    def pack(self, packer: LinearPacker, with_bias: bool = True, keep_dense: bool = False) -> None:
+        assert self.weight is not None and self.packed is None, "pack() called twice"
         self.packed = packer(self.weight.detach(), self.bias if with_bias else None)
-        self.weight = None
+        if not keep_dense:
+            self.weight = None
 
     def matmul(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        if self.packed is not None:
-            return self.packed(x)
+        packed = self.packed  # read once: another thread may be packing this layer
+        if packed is not None:
+            return packed(x)
         return F.linear(x, self.weight, self.bias if with_bias else None)
 
 
@@ -154,8 +158,9 @@ class RowParallelLinear(PackableLinear):
     def load_columns(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded.narrow(1, self.input_start, self.input_size_local))
 
-    def pack(self, packer: LinearPacker, with_bias: bool = False) -> None:
-        super().pack(packer, with_bias=False)  # the bias is added once, after the reduction
+    def pack(self, packer: LinearPacker, with_bias: bool = False, keep_dense: bool = False) -> None:
+        # The bias is added once, after the reduction.
+        super().pack(packer, with_bias=False, keep_dense=keep_dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.parallel.all_reduce(self.matmul(x, with_bias=False))

@@ -9,12 +9,12 @@ import pytest
 
 from dgpp.appliance.deployment import (
     engine_config,
-    load_deployment,
     parse_deployment,
     server_config,
     world_spec,
     world_timeouts,
 )
+from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.timeout_env import apply_env_overrides
 from dgpp.engine.distributed.world import WorldTimeouts
 from dgpp.engine.errors import ConfigError
@@ -85,14 +85,14 @@ def test_inconsistent_timeouts_are_refused() -> None:
 
 def test_load_reports_unreadable_and_invalid_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the deployment"):
-        load_deployment(tmp_path / "absent.json")
+        resolve(tmp_path / "absent.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="is not valid JSON"):
-        load_deployment(bad)
+        resolve(bad)
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"model": "default", "world_size": 4}))
-    assert load_deployment(good).world_size == 4
+    assert resolve(good).world_size == 4
 
 
 def test_environment_overrides_the_three_legacy_deadlines() -> None:

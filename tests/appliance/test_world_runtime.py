@@ -136,6 +136,17 @@ def test_rank0_restart_alone_heals(qwen3: Path, tmp_path: Path) -> None:
         assert greedy_texts(url) == expected
         assert worker.process.poll() is None
         assert worker.text().count("serving generation") == 3
+        # Every rank logs into the deployment's folder, beside the resolved configuration.
+        from dgpp.appliance.deployment_files import deployment_id, resolve
+        from dgpp.appliance.paths import deployment_log_dir
+
+        folder = deployment_log_dir(deployment_id(resolve(deployment)))
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "deployment.json",
+            "rank0.log",
+            "rank1.log",
+        ]
+        assert "rank1 INFO" in (folder / "rank1.log").read_text()
     finally:
         head.stop()
         assert worker.stop() == 0, worker.text()[-3000:]

@@ -1,0 +1,66 @@
+"""`dgpp deploy validate|resolve|templates` and `dgpp support-bundle`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from dgpp.appliance.deployment_files import (
+    deployment_id,
+    deployment_json,
+    list_templates,
+    resolve,
+)
+from dgpp.appliance.exit_codes import EXIT_OK
+
+
+def add_deploy_parsers(commands: Any) -> None:
+    deploy = commands.add_parser("deploy", help="validate and resolve deployment files")
+    actions = deploy.add_subparsers(dest="deploy_command", required=True)
+    validate = actions.add_parser("validate", help="check a deployment file; print its id")
+    validate.add_argument("file", type=Path)
+    resolve_parser = actions.add_parser(
+        "resolve", help="print the effective deployment: template + file + inventory + --set"
+    )
+    resolve_parser.add_argument("file", type=Path, nargs="?")
+    resolve_parser.add_argument("--inventory", type=Path, default=None, help="Ansible inventory")
+    resolve_parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="overrides",
+        metavar="KEY.PATH=VALUE",
+        help="override one key, e.g. engine.kv_capacity=8192 (repeatable)",
+    )
+    actions.add_parser("templates", help="list the shipped deployment templates")
+    bundle = commands.add_parser(
+        "support-bundle", help="pack a deployment's logs and resolved config (no secrets)"
+    )
+    bundle.add_argument("--id", default=None, help="deployment id (default: the newest)")
+    bundle.add_argument("--output", "-o", type=Path, default=None, help="the .tar.gz to write")
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    if args.deploy_command == "templates":
+        for template in list_templates():
+            raw = template.load()
+            print(f"{template.name}\t{raw.get('model')}\tworld {raw.get('world_size', 1)}")
+        return EXIT_OK
+    if args.deploy_command == "validate":
+        deployment = resolve(args.file)
+        print(f"{args.file}: valid, deployment id {deployment_id(deployment)}")
+        return EXIT_OK
+    deployment = resolve(args.file, args.inventory, args.overrides)
+    sys.stdout.write(deployment_json(deployment))
+    print(f"deployment id {deployment_id(deployment)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def run_support_bundle(args: argparse.Namespace) -> int:
+    from dgpp.appliance.support_bundle import write_bundle
+
+    path = write_bundle(args.id, args.output)
+    print(path)
+    return EXIT_OK

@@ -1,0 +1,48 @@
+"""A deployment's log folder, `~/dgpp/log/deployments/<id>/`: the resolved configuration rank 0
+ran (`deployment.json`) and one log file per rank (`rank<N>.log`), beside the journal."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.deployment_files import deployment_id, deployment_json
+from dgpp.appliance.paths import deployment_log_dir
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
+
+
+def record_deployment(deployment: Deployment) -> tuple[str, Path | None]:
+    """Write the resolved deployment into its folder; (id, folder), folder None if unwritable
+    (logging to files is a convenience: it never stops a rank)."""
+    ident = deployment_id(deployment)
+    folder = deployment_log_dir(ident)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / "deployment.json"
+        temporary = folder / f".deployment.json.{os.getpid()}"
+        temporary.write_text(deployment_json(deployment))
+        os.replace(temporary, target)
+    except OSError as err:
+        log.warning("cannot write the deployment log folder %s: %s", folder, err)
+        return ident, None
+    return ident, folder
+
+
+def attach_rank_log(deployment: str, rank: int) -> logging.FileHandler | None:
+    """Also log this rank's records to `<folder>/rank<rank>.log`; the handler, or None."""
+    folder = deployment_log_dir(deployment)
+    path = folder / f"rank{rank}.log"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path)
+    except OSError as err:
+        log.warning("cannot log to %s: %s", path, err)
+        return None
+    handler.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank)))
+    logging.getLogger().addHandler(handler)
+    return handler
