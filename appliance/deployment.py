@@ -68,7 +68,7 @@ class TimeoutsSection(_Section):
     rendezvous_s: float = Field(300.0, gt=0)
     collective_s: float = Field(600.0, gt=0)
     control_deadline_s: float = Field(120.0, gt=0)
-    heartbeat_s: float = Field(5.0, gt=0)
+    heartbeat_s: float = Field(1.0, gt=0)
     step_watchdog_s: float = Field(600.0, gt=0)
     load_s: float = Field(1800.0, gt=0)
     shutdown_s: float = Field(30.0, gt=0)

@@ -1,9 +1,28 @@
-"""dgpp inference engine: models, paged KV cache, scheduler, sampler and the offline `LLM` API."""
+"""dgpp inference engine: models, paged KV cache, scheduler, sampler and the offline `LLM` API.
 
-from dgpp.engine.config import EngineConfig, ModelConfig
-from dgpp.engine.llm import LLM
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
+The names below are imported on first use: a worker rank or a CLI command that needs only part
+of the engine does not pay for the rest (the tokenizer's transformers import alone is ~1 s).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dgpp.engine.config import EngineConfig, ModelConfig
+    from dgpp.engine.llm import LLM
+    from dgpp.engine.request import CompletionOutput, RequestOutput
+    from dgpp.engine.sampling_params import SamplingParams
+
+_EXPORTS = {
+    "LLM": "dgpp.engine.llm",
+    "CompletionOutput": "dgpp.engine.request",
+    "EngineConfig": "dgpp.engine.config",
+    "ModelConfig": "dgpp.engine.config",
+    "RequestOutput": "dgpp.engine.request",
+    "SamplingParams": "dgpp.engine.sampling_params",
+}
 
 __all__ = [
     "LLM",
@@ -13,3 +32,10 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dgpp.engine' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -51,7 +51,7 @@ class Worker:
     def run(self, stop: threading.Event) -> None:
         """Serve world after world until `stop` is set. Raises `ConfigError` when this rank
         refuses rank 0's configuration or cannot exist in its world (the caller exits)."""
-        retry_s = 0.5
+        retry_s = 0.2  # rejoining fast is what heals a world: keep retries frequent and cheap
         while not stop.is_set():
             try:
                 world = join_world(self.spec)
@@ -60,9 +60,9 @@ class Worker:
             except Exception as err:  # head not up yet, gone, or moved to a new generation
                 log.info("cannot join rank 0 at %s:%d yet: %s", self.spec.head, self.spec.port, err)
                 stop.wait(retry_s)
-                retry_s = min(retry_s * 2, 5.0)
+                retry_s = min(retry_s * 2, 1.0)
                 continue
-            retry_s = 0.5
+            retry_s = 0.2
             self.generation = world.generation
             try:
                 self._serve(world)

@@ -46,7 +46,7 @@ class WorldTimeouts:
     rendezvous_s: float = 300.0
     collective_s: float = 600.0
     control_deadline_s: float = 120.0
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = 1.0
     step_watchdog_s: float = 600.0
     load_s: float = 1800.0
     shutdown_s: float = 30.0

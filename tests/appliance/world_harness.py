@@ -44,8 +44,14 @@ class DgppProcess:
 
     def worker_pids(self) -> list[int]:
         """The `dgpp rank` children of a `dgpp serve --world N` process."""
-        children = psutil.Process(self.pid).children()
-        return sorted(c.pid for c in children if "rank" in c.cmdline())
+        pids = []
+        for child in psutil.Process(self.pid).children():
+            try:  # a killed worker lingers as a zombie until the backend reaps it
+                if child.status() != psutil.STATUS_ZOMBIE and "rank" in child.cmdline():
+                    pids.append(child.pid)
+            except psutil.Error:
+                continue
+        return sorted(pids)
 
 
 def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> DgppProcess:
