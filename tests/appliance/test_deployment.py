@@ -115,7 +115,7 @@ def test_environment_overrides_the_three_legacy_deadlines() -> None:
     [
         ({"DGPP_BOUNDARY_TIMEOUT_MS": "soon"}, "DGPP_BOUNDARY_TIMEOUT_MS must be a number"),
         ({"DGPP_CONSUMER_DEADLINE_S": "-1"}, "DGPP_CONSUMER_DEADLINE_S must be positive"),
-        ({"DGPP_CONSUMER_DEADLINE_S": "4"}, "at most half"),
+        ({"DGPP_CONSUMER_DEADLINE_S": "1.5"}, "at most half"),
     ],
 )
 def test_bad_environment_overrides_are_refused(environ: dict[str, str], message: str) -> None:
