@@ -74,6 +74,14 @@ class TimeoutsSection(_Section):
     shutdown_s: float = Field(30.0, gt=0)
 
 
+class PathsSection(_Section):
+    """Where files live on every node. `models_dir` (e.g. the NFS mount of the weights) is
+    searched first for the model: `Qwen/Qwen3-8B` is taken from `<models_dir>/Qwen3-8B` when that
+    directory exists."""
+
+    models_dir: str | None = None
+
+
 class ResidentCacheSection(_Section):
     enabled: bool = True
     dir: str | None = None
@@ -87,6 +95,7 @@ class Deployment(_Section):
     rendezvous: RendezvousSection = Field(default_factory=RendezvousSection)
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     resident_cache: ResidentCacheSection = Field(default_factory=ResidentCacheSection)
+    paths: PathsSection = Field(default_factory=PathsSection)
 
 
 def parse_deployment(raw: Any, source: str = "deployment") -> Deployment:
@@ -156,3 +165,14 @@ def world_spec(deployment: Deployment, rank: int, timeouts: WorldTimeouts) -> Wo
         backend=backend,
         timeouts=timeouts,
     )
+
+
+def checkpoint_of(deployment: Deployment) -> Path:
+    """The checkpoint directory this deployment serves (`paths.models_dir` first)."""
+    from dgpp.engine.llm import resolve_checkpoint
+
+    if deployment.paths.models_dir is not None and deployment.model != "default":
+        local = Path(deployment.paths.models_dir).expanduser() / Path(deployment.model).name
+        if local.is_dir():
+            return local
+    return resolve_checkpoint(deployment.model)

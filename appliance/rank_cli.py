@@ -17,6 +17,7 @@ from typing import Any
 
 from dgpp.appliance.deployment import (
     Deployment,
+    checkpoint_of,
     engine_config,
     server_config,
     world_spec,
@@ -102,7 +103,6 @@ def expected_config(deployment: Deployment | None) -> dict[str, Any] | None:
 
 def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: str) -> int:
     from dgpp.appliance.head_runtime import HeadOptions, run_head
-    from dgpp.engine.llm import resolve_checkpoint
 
     api_key = None
     if deployment.http.api_key_file:
@@ -118,7 +118,7 @@ def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: st
     options = HeadOptions(
         deployment_id=ident,
         engine=engine_config(deployment),
-        checkpoint=resolve_checkpoint(deployment.model),
+        checkpoint=checkpoint_of(deployment),
         spec=world_spec(deployment, 0, timeouts),
         server=server_config(deployment, api_key),
         log_level=log_level,

@@ -11,6 +11,7 @@ from typing import Any
 
 from dgpp.appliance.deployment import (
     Deployment,
+    checkpoint_of,
     engine_config,
     parse_deployment,
     server_config,
@@ -121,13 +122,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from dgpp.appliance.rank_cli import configure_logging
     from dgpp.appliance.timeout_env import apply_env_overrides
     from dgpp.engine.config import ModelConfig
-    from dgpp.engine.llm import resolve_checkpoint
     from dgpp.engine.models.registry import model_class
 
     configure_logging(args.log_level, 0)
     deployment = serve_deployment(args)
     # Cheap checks first, so a wrong model reference or knob fails before anything binds.
-    checkpoint = resolve_checkpoint(deployment.model)
+    checkpoint = checkpoint_of(deployment)
     model_class(ModelConfig.from_checkpoint(checkpoint))
     engine = engine_config(deployment)
     world_size = deployment.world_size

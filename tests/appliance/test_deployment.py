@@ -17,7 +17,7 @@ from dgpp.appliance.deployment import (
 from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.timeout_env import apply_env_overrides
 from dgpp.engine.distributed.world import WorldTimeouts
-from dgpp.engine.errors import ConfigError
+from dgpp.engine.errors import ConfigError, ModelLoadError
 
 
 def test_minimal_deployment_takes_the_defaults() -> None:
@@ -121,3 +121,19 @@ def test_environment_overrides_the_three_legacy_deadlines() -> None:
 def test_bad_environment_overrides_are_refused(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         apply_env_overrides(WorldTimeouts(), environ)
+
+
+def test_models_dir_is_searched_first(tmp_path: Path, default_checkpoint: Path) -> None:
+    from dgpp.appliance.deployment import checkpoint_of
+
+    mounted = tmp_path / "nfs" / "Qwen3-8B"
+    mounted.mkdir(parents=True)
+    deployment = parse_deployment(
+        {"model": "Qwen/Qwen3-8B", "paths": {"models_dir": str(tmp_path / "nfs")}}
+    )
+    assert checkpoint_of(deployment) == mounted
+    # The default model is never shadowed, and a missing entry falls back to the model store.
+    default = parse_deployment({"model": "default", "paths": {"models_dir": str(tmp_path)}})
+    assert checkpoint_of(default) == default_checkpoint
+    with pytest.raises(ModelLoadError):
+        checkpoint_of(parse_deployment({"model": "nope/absent", "paths": {"models_dir": "/x"}}))
