@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,6 +36,18 @@ class StepInputs:
     metadata: PagedAttentionMetadata
     sample_index: torch.Tensor  # [num_sampling]: rows of the last token of sampling chunks
     fp32_logits: bool
+
+    def to(self, device: torch.device) -> StepInputs:
+        """These inputs on `device` (themselves when already there)."""
+        if self.input_ids.device == device:
+            return self
+        return StepInputs(
+            self.input_ids.to(device, non_blocking=True),
+            self.positions.to(device, non_blocking=True),
+            _metadata_to(self.metadata, device),
+            self.sample_index.to(device, non_blocking=True),
+            self.fp32_logits,
+        )
 
 
 class ModelRunner:
@@ -119,6 +132,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """The forward every rank runs with identical inputs (collectives inside must match)."""
+        inputs = inputs.to(self.device)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata)
         hidden = hidden[inputs.sample_index]
         dtype = torch.float32 if inputs.fp32_logits else None
@@ -157,7 +171,8 @@ class ModelRunner:
             chunk.request.block_table + [0] * (max_blocks - len(chunk.request.block_table))
             for chunk in plan.chunks
         ]
-        device = self.device
+        # Built on the host: rank 0 sends them as they are, every rank moves them to its device.
+        device = torch.device("cpu")
 
         def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
@@ -220,3 +235,12 @@ def _pack_all(
             len(modules),
             time.monotonic() - started,
         )
+
+
+def _metadata_to(metadata: PagedAttentionMetadata, device: torch.device) -> PagedAttentionMetadata:
+    moved = {
+        field.name: value.to(device, non_blocking=True)
+        for field in dataclasses.fields(metadata)
+        if isinstance(value := getattr(metadata, field.name), torch.Tensor)
+    }
+    return dataclasses.replace(metadata, **moved)

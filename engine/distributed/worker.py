@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +104,20 @@ class Worker:
         serve_commands(self.runner, ControlChannel(world.rank, world.control_group))
 
 
+def local_device(device: str, rank: int) -> str:
+    """This rank's device: `cuda` means this node's GPU, or, where one machine holds several
+    ranks and several GPUs (`dgpp serve --world N`), the GPU of index rank mod count."""
+    if device != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    return f"cuda:{rank % count}" if count > 1 else device
+
+
 def _build_runner(pushed: dict[str, Any], world: World) -> ModelRunner:
     config = EngineConfig(**pushed["engine"])
+    config = replace(config, device=local_device(config.device, world.rank))
+    if config.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(config.device))
     checkpoint = Path(pushed["checkpoint"])
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
