@@ -148,7 +148,8 @@ class HeadRuntime:
         attach_state(self.app, state, self._details())
         self._log_ready()
         self._notify_serving()
-        while not self._stop.is_set() and not async_engine.wait_failed(1.0):
+        poll_s = min(1.0, timeouts.step_watchdog_s / 4)
+        while not self._stop.is_set() and not async_engine.wait_failed(poll_s):
             started = async_engine.step_started
             if started is not None and time.monotonic() - started > timeouts.step_watchdog_s:
                 log.critical(

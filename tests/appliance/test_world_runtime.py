@@ -174,3 +174,28 @@ def test_worker_refuses_a_different_configuration(qwen3: Path, tmp_path: Path) -
         assert health.headers["retry-after"]
     finally:
         head.stop()
+
+
+def test_a_step_over_the_watchdog_ends_rank_zero_with_code_4(
+    default_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The step watchdog (here 0.2 s through DGPP_BUS_COMPLETION_TIMEOUT_MS) is the last resort
+    for a step that never returns: rank 0 exits with 4 so that its supervisor restarts it."""
+    port = free_port()
+    args = ["serve", "--model", str(default_checkpoint), "--port", str(port)]
+    args += ["--kv-capacity", "8192", "--prefill-chunk-tokens", "8192", "--max-model-len", "8192"]
+    args += ["--served-model-name", "m"]
+    process = start(args, tmp_path / "serve.log", {"DGPP_BUS_COMPLETION_TIMEOUT_MS": "200"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        body = {"model": "m", "prompt": "word " * 6000, "max_tokens": 1}
+        try:
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            raise AssertionError(f"the request was answered: {response.status_code}")
+        except httpx.HTTPError:
+            pass  # the process went away under it
+        assert process.process.wait(60) == 4
+        assert "timeouts.step_watchdog_s" in process.text()
+    finally:
+        process.stop()
