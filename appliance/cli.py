@@ -25,6 +25,7 @@ from dgpp.appliance.exit_codes import (
 )
 from dgpp.appliance.rank_cli import add_rank_parser
 from dgpp.appliance.serve_cli import add_server_options, add_world_options
+from dgpp.appliance.webui_cli import add_webui_parser
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError, UnsupportedModelError
 
 # Errors that no retry fixes: the command line, deployment or model must change.
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(chat)
     add_sampling_options(chat)
     add_cache_parser(commands)
+    add_webui_parser(commands)
     return parser
 
 
@@ -134,6 +136,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.cache_cli import run_cache
 
         return run_cache(args)
+    if args.command == "webui":
+        from dgpp.appliance.webui_cli import run_webui
+
+        return run_webui(args)
     from dgpp.appliance import generate_cli
 
     if args.command == "generate":

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from dgpp.engine.server import (
+    admin_routes,
     anthropic_routes,
     chat_routes,
     completion_routes,
@@ -68,6 +69,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.include_router(completion_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(metrics_routes.router)
+    admin_routes.install(app)  # /admin/drain, /admin/undrain and the guard while draining
 
     @app.middleware("http")
     async def guard(

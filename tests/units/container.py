@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import tomllib
 from contextlib import suppress
@@ -125,12 +126,19 @@ def _build_venv(layer: Path, base: Path) -> None:
     partial = layer.with_name(layer.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "upper").mkdir(parents=True)
+    # The project's direct dependencies as the host's pip finds them (PyPI is reachable from the
+    # host, not from the container): the local mirrors may lack a newly added one.
+    direct = layer.with_name(layer.name + ".wheels")
+    shutil.rmtree(direct, ignore_errors=True)
+    wanted = [d for d in _dependencies() if not d.startswith("torch")]
+    _check([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--dest", direct, *wanted])
     script = (
         f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --disable-pip-version-check "
-        f"{PIP_SOURCES} '{TORCH}' 'setuptools>=77' "
+        f"{PIP_SOURCES} --find-links /opt/dgpp-direct '{TORCH}' 'setuptools>=77' "
         + " ".join(f"'{dependency}'" for dependency in _dependencies())
     )
     binds = [f"--bind-ro={path}" for path in (WHEELS, *INDEXES)]
+    binds.append(f"--bind-ro={direct}:/opt/dgpp-direct")
     with Overlay([base], partial) as merged, PrivateCgroup("dgpp-nspawn-build") as cgroup:
         _check([*NSPAWN, "--pipe", *binds, "-D", merged, "/bin/sh", "-c", script], cgroup)
     (partial / "upper" / ".dgpp-complete").touch()

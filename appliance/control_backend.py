@@ -1,0 +1,100 @@
+"""How the console controls the engine's processes: a `ControlBackend` restarts rank 0 with the
+deployment file, says what state each rank's process is in, and tails each rank's log.
+
+Two implementations: `SystemdBackend` (a cluster: `dgpp@rankN` units, workers follow rank 0) and
+`LocalBackend` (a development box: one `dgpp serve --deployment FILE` child process). Switching
+models is the same on both: write the new deployment file, `restart()`, follow `/health`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+BackendKind = Literal["systemd", "local"]
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank's process as its supervisor sees it."""
+
+    rank: int
+    state: str  # "running", "starting", "stopped", "failed", "restarting", "unknown"
+    pid: int | None = None
+    started_at: float | None = None  # wall clock, seconds since the epoch
+    detail: str = ""  # the supervisor's own words: unit sub-state, exit code
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What a start, stop or restart did; `ok` False carries the supervisor's message."""
+
+    ok: bool
+    message: str
+
+
+class ControlBackend(Protocol):
+    kind: BackendKind
+
+    @property
+    def deployment_path(self) -> Path:
+        """The deployment file rank 0 starts from (the console writes it before a restart)."""
+        ...
+
+    def start(self) -> ActionResult:
+        """Start rank 0 (and, locally, its workers) if it is not running."""
+        ...
+
+    def stop(self) -> ActionResult:
+        """Stop rank 0 in order (SIGTERM, then a kill after the stop timeout)."""
+        ...
+
+    def restart(self) -> ActionResult:
+        """Stop rank 0 and start it again from the deployment file; returns once the new process
+        is launched, not when it serves (follow `/health` for that)."""
+        ...
+
+    def status(self) -> list[RankStatus]:
+        """Every rank this backend can see, rank 0 first."""
+        ...
+
+    def log_tail(self, rank: int, lines: int) -> str:
+        """The last `lines` lines of rank `rank`'s log ("" when it has none)."""
+        ...
+
+
+def tail_lines(text: str, lines: int) -> str:
+    """The last `lines` lines of `text`."""
+    if lines <= 0:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_tail(path: Path, lines: int, max_bytes: int = 1 << 20) -> str:
+    """The last `lines` lines of a file, reading at most its last `max_bytes`; "" if absent."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return ""
+    return tail_lines(data.decode(errors="replace"), lines)
+
+
+def make_backend(
+    kind: BackendKind,
+    deployment_path: Path,
+    state_dir: Path,
+    systemctl: tuple[str, ...] = ("systemctl",),
+) -> ControlBackend:
+    """The backend the console's settings name."""
+    if kind == "systemd":
+        from dgpp.appliance.control_backend_systemd import SystemdBackend
+
+        return SystemdBackend(deployment_path, systemctl=systemctl)
+    from dgpp.appliance.control_backend_local import LocalBackend
+
+    return LocalBackend(deployment_path, output_path=state_dir / "engine.out")

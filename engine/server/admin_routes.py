@@ -1,0 +1,105 @@
+"""POST /admin/drain, POST /admin/undrain and GET /admin/drain: stop admitting generation requests
+before a planned restart, let the running ones finish, and say how many are left.
+
+While draining, every new generation request (chat, completions, messages) is answered
+`503 draining` with Retry-After and counted as shed; everything else (health, models, metrics,
+tokenize) keeps working. The flag lives on the app, so a restarted server starts undrained.
+The routes sit behind the API key like every non-open route (see `app.py`'s guard).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dgpp.engine.server.deps import Startup, state_of
+from dgpp.engine.server.errors import RETRY_AFTER_SECONDS, APIError, error_response
+from dgpp.engine.server.metrics import GENERATION_PATHS, Outcome, request_tracker
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+DRAIN_KEY = "dgpp_drain"
+
+
+@dataclass(frozen=True)
+class Drain:
+    """The server stopped admitting at `since` (wall clock, seconds since the epoch)."""
+
+    since: float
+
+
+def drain_of(app: FastAPI) -> Drain | None:
+    return getattr(app.state, DRAIN_KEY, None)
+
+
+def install(app: FastAPI) -> None:
+    """The admin routes and the guard that refuses generation requests while draining."""
+    setattr(app.state, DRAIN_KEY, None)
+    app.include_router(router)
+    app.add_middleware(DrainGuard)
+
+
+class DrainGuard:
+    """Answers new generation requests with `503 draining` while the app drains."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        owner: Any = scope.get("app")
+        if path not in GENERATION_PATHS or owner is None or drain_of(owner) is None:
+            await self.app(scope, receive, send)
+            return
+        tracker = request_tracker(scope)
+        if tracker is not None:
+            tracker.finish(Outcome.SHED)
+        refusal = APIError(
+            503,
+            "the server is draining before a restart; retry shortly",
+            type_="server_error",
+            code="draining",
+            headers={"Retry-After": RETRY_AFTER_SECONDS},
+        )
+        await error_response(refusal, path)(scope, receive, send)
+
+
+def _report(app: FastAPI) -> dict[str, Any]:
+    drain = drain_of(app)
+    state = state_of(app)
+    body: dict[str, Any] = {
+        "draining": drain is not None,
+        "since": drain.since if drain is not None else None,
+    }
+    if state is None:
+        startup: Startup = app.state.dgpp_startup
+        return {**body, "state": startup.phase, "running": 0, "waiting": 0}
+    stats = state.engine.stats()
+    return {**body, "state": "serving", "running": stats.running, "waiting": stats.waiting}
+
+
+@router.post("/drain")
+async def drain(request: Request) -> dict[str, Any]:
+    """Stop admitting (idempotent: a second call keeps the first `since`); the requests left."""
+    if drain_of(request.app) is None:
+        setattr(request.app.state, DRAIN_KEY, Drain(since=time.time()))
+    return _report(request.app)
+
+
+@router.post("/undrain")
+async def undrain(request: Request) -> dict[str, Any]:
+    """Admit again."""
+    setattr(request.app.state, DRAIN_KEY, None)
+    return _report(request.app)
+
+
+@router.get("/drain")
+async def drain_status(request: Request) -> dict[str, Any]:
+    return _report(request.app)

@@ -1,0 +1,101 @@
+"""POST /admin/drain and /admin/undrain through a scripted engine: new generation requests are
+refused with `503 draining` while the rest of the API keeps answering; the API key guards them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from dgpp.engine.server.app import create_app
+from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.state import ServerState
+from dgpp.engine.stats import EngineStats
+from tests.engine.server.harness import assert_error
+from tests.engine.server.scripted import ScriptedEngine
+from tests.engine.server.test_metrics_fake import STATS
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+class BusyEngine(ScriptedEngine):
+    """The scripted engine reporting `running` and `waiting` requests."""
+
+    def __init__(self, tokenizer: Any, running: int = 0, waiting: int = 0) -> None:
+        super().__init__(tokenizer, "Hello!")
+        self.snapshot = replace(STATS, running=running, waiting=waiting)
+
+    def stats(self) -> EngineStats:
+        return self.snapshot
+
+
+def _client(engine: Any, **config: Any) -> TestClient:
+    settings = ServerConfig(served_model_names=("m",), stats_log_interval_s=0, **config)
+    return TestClient(create_app(ServerState(engine, settings, ("m",))))
+
+
+def test_drain_refuses_new_generation_requests_and_undrain_admits_again(tokenizer: Any) -> None:
+    with _client(BusyEngine(tokenizer)) as client:
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        drained = client.post("/admin/drain")
+        assert drained.status_code == 200
+        assert drained.json()["draining"] is True
+        for path, body in (
+            ("/v1/chat/completions", CHAT),
+            ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 4}),
+        ):
+            refused = client.post(path, json=body)
+            assert_error(refused, 503, "draining", None, type_="server_error")
+            assert refused.headers["retry-after"] == "5"
+        anthropic = client.post(
+            "/v1/messages",
+            json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert anthropic.status_code == 503
+        assert anthropic.json()["type"] == "error"
+        # Everything that is not a generation keeps working.
+        assert client.get("/health").status_code == 200
+        assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+        assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+        service = client.get("/v1/metrics").json()["service"]
+        assert (service["succeeded"], service["shed"], service["failed"]) == (1, 3, 0)
+        undrained = client.post("/admin/undrain")
+        assert undrained.json()["draining"] is False
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_drain_reports_the_requests_left_and_keeps_its_start(tokenizer: Any) -> None:
+    with _client(BusyEngine(tokenizer, running=2, waiting=3)) as client:
+        assert client.get("/admin/drain").json()["draining"] is False
+        first = client.post("/admin/drain").json()
+        assert (first["running"], first["waiting"], first["state"]) == (2, 3, "serving")
+        second = client.post("/admin/drain").json()
+        assert second["since"] == first["since"]
+        assert client.get("/admin/drain").json()["draining"] is True
+
+
+def test_drain_while_starting_reports_no_requests() -> None:
+    app = create_app(None, ServerConfig(served_model_names=("m",), stats_log_interval_s=0))
+    with TestClient(app) as client:
+        body = client.post("/admin/drain").json()
+        assert (body["draining"], body["state"], body["running"], body["waiting"]) == (
+            True,
+            "starting",
+            0,
+            0,
+        )
+
+
+def test_admin_routes_need_the_api_key_when_one_is_set(tokenizer: Any) -> None:
+    with _client(BusyEngine(tokenizer), api_key="sekrit") as client:
+        for method, path in (("post", "/admin/drain"), ("post", "/admin/undrain")):
+            refused = getattr(client, method)(path)
+            assert_error(refused, 401, "invalid_api_key", None, type_="authentication_error")
+        assert client.get("/admin/drain").status_code == 401
+        auth = {"Authorization": "Bearer sekrit"}
+        assert client.post("/admin/drain", headers=auth).json()["draining"] is True
+        # Without the key a client learns nothing about the drain: the key check comes first.
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 401
+        refused = client.post("/v1/chat/completions", json=CHAT, headers=auth)
+        assert_error(refused, 503, "draining", None, type_="server_error")

@@ -1,0 +1,108 @@
+"""A console on a fake world: the control backend and the engine replaced, the rest real."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from dgpp.webui.app import create_app
+from dgpp.webui.config import ConsoleConfig, parse_console_config
+from dgpp.webui.deps import get_backend, get_engine_factory
+from dgpp.webui.security.credentials import write_credentials
+from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld
+
+USER, PASSWORD = "admin", "correct horse battery"
+DEPLOYMENT = {
+    "model": "/models/small",
+    "engine": {"kv_capacity": 2048, "max_model_len": 512},
+    "http": {"served_model_names": ["m"]},
+}
+
+
+def hidden(html: str, name: str) -> str:
+    """The value of the hidden input `name` in a page."""
+    match = re.search(rf'name="{re.escape(name)}" value="([^"]*)"', html)
+    assert match is not None, f"no hidden {name} in the page"
+    return match.group(1)
+
+
+@dataclass
+class Console:
+    client: TestClient
+    world: FakeWorld
+    config: ConsoleConfig
+    app: FastAPI
+
+    def login(self, username: str = USER, password: str = PASSWORD) -> Any:
+        page = self.client.get("/login")
+        token = hidden(page.text, "csrf_token")
+        return self.client.post(
+            "/login",
+            data={"username": username, "password": password, "csrf_token": token, "next": "/"},
+            follow_redirects=False,
+        )
+
+    def csrf(self) -> str:
+        page = self.client.get("/knobs")
+        assert page.status_code == 200, page.text
+        return hidden(page.text, "csrf_token")
+
+    def wait_for_switch(self, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = self.client.get("/api/switch").json()
+            if body["job"] is not None and body["job"]["final"]:
+                return body["job"]
+            time.sleep(0.05)
+        raise AssertionError(f"the switch did not finish: {body}")
+
+
+def console_config(tmp_path: Path, **overrides: Any) -> ConsoleConfig:
+    deployment = tmp_path / "deployment.json"
+    if not deployment.exists():
+        deployment.write_text(json.dumps(DEPLOYMENT))
+    credentials = tmp_path / "webui.credentials"
+    if not credentials.exists():
+        write_credentials(credentials, USER, PASSWORD)
+    settings = {
+        "backend": "local",
+        "deployment": str(deployment),
+        "state_dir": str(tmp_path / "state"),
+        "credentials": str(credentials),
+        "autostart": False,
+        "sample_interval_s": 0,
+        "drain_timeout_s": 0.5,
+        "ready_timeout_s": 2.0,
+        "poll_interval_s": 0.05,
+        **overrides,
+    }
+    return parse_console_config(settings)
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Console]:
+    config = console_config(tmp_path)
+    world = FakeWorld(config.deployment)
+    world.restart()
+    backend = FakeBackend(world)
+    app = create_app(config, backend=backend)
+    app.dependency_overrides[get_backend] = lambda: backend
+    app.dependency_overrides[get_engine_factory] = lambda: lambda d: FakeEngine(world, d)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        yield Console(client, world, config, app)
+
+
+@pytest.fixture
+def logged_in(console: Console) -> Console:
+    response = console.login()
+    assert response.status_code == 303, response.text
+    return console

@@ -1,0 +1,123 @@
+"""Stand-ins for the engine and the control backend: a fake world whose rank 0 "restarts" by
+reading the deployment file, and serves it unless its model is one the test marked broken."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgpp.appliance.control_backend import ActionResult, RankStatus
+from dgpp.appliance.deployment import Deployment
+from dgpp.webui.deployment_store import resolve_raw, served_names
+from dgpp.webui.engine_client import Health
+
+BROKEN_MODEL = "/models/cannot-load"
+
+METRICS = {
+    "scheduler": {
+        "running": 1,
+        "waiting": 0,
+        "kv_blocks_total": 64,
+        "kv_blocks_in_use": 4,
+        "tokens_generated": 100,
+        "prompt_tokens_total": 400,
+    },
+    "prefix_cache": {"hit_tokens": 100, "ttft_avg_hit_s": 0.05, "ttft_avg_miss_s": 0.4},
+    "spec_decode": {"drafted": 0, "accepted": 0, "per_position": []},
+}
+
+
+@dataclass
+class FakeWorld:
+    """Rank 0 as the console sees it through both the backend and the engine API."""
+
+    deployment_path: Path
+    broken_models: set[str] = field(default_factory=lambda: {BROKEN_MODEL})
+    state: str = "serving"  # serving, failed, starting, down
+    model: str = "m"
+    started_at: float = field(default_factory=time.time)
+    draining: bool = False
+    running: int = 0
+    actions: list[str] = field(default_factory=list)
+    fail_restart: bool = False
+
+    def restart(self) -> None:
+        deployment = resolve_raw(json.loads(self.deployment_path.read_text()))
+        self.draining = False
+        self.started_at = time.time()
+        self.model = served_names(deployment)[0]
+        self.state = "failed" if deployment.model in self.broken_models else "serving"
+
+
+class FakeBackend:
+    kind = "local"
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    @property
+    def deployment_path(self) -> Path:
+        return self.world.deployment_path
+
+    def start(self) -> ActionResult:
+        self.world.actions.append("start")
+        return ActionResult(True, "started")
+
+    def stop(self) -> ActionResult:
+        self.world.actions.append("stop")
+        return ActionResult(True, "stopped")
+
+    def restart(self) -> ActionResult:
+        self.world.actions.append("restart")
+        if self.world.fail_restart:
+            return ActionResult(False, "systemctl restart failed: access denied")
+        self.world.restart()
+        return ActionResult(True, "restarted")
+
+    def status(self) -> list[RankStatus]:
+        state = "failed" if self.world.state == "failed" else "running"
+        return [RankStatus(0, state, pid=4242, started_at=self.world.started_at, detail="fake")]
+
+    def log_tail(self, rank: int, lines: int) -> str:
+        if self.world.state == "failed":
+            return f"rank{rank} ERROR cannot load the model\nexit code 3"
+        return f"rank{rank} INFO serving"
+
+
+class FakeEngine:
+    def __init__(self, world: FakeWorld, deployment: Deployment) -> None:
+        self.world = world
+        self.deployment = deployment
+
+    async def health(self) -> Health:
+        world = self.world
+        if world.state == "down":
+            return Health(None, error="ConnectError: connection refused")
+        if world.state != "serving":
+            body: dict[str, Any] = {"state": world.state}
+            if world.state == "failed":
+                body["error"] = "the model cannot load"
+            return Health(503, body)
+        uptime = round(time.time() - world.started_at, 1)
+        return Health(200, {"state": "serving", "model": world.model, "uptime_s": uptime})
+
+    async def metrics(self) -> dict[str, Any] | None:
+        return METRICS if self.world.state == "serving" else None
+
+    async def models(self) -> list[str] | None:
+        return [self.world.model] if self.world.state == "serving" else None
+
+    async def drain(self) -> dict[str, Any] | None:
+        if self.world.state != "serving":
+            return None
+        self.world.actions.append("drain")
+        self.world.draining = True
+        return {"draining": True, "running": self.world.running, "waiting": 0}
+
+    async def undrain(self) -> dict[str, Any] | None:
+        self.world.actions.append("undrain")
+        self.world.draining = False
+        return {"draining": False, "running": 0, "waiting": 0}

@@ -1,0 +1,151 @@
+"""Login, sessions and their cookies, throttling, logout, and the credentials file."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from dgpp.engine.errors import ConfigError
+from dgpp.webui.security.credentials import load_credentials, write_credentials
+from dgpp.webui.security.login_limiter import LoginLimiter
+from dgpp.webui.security.sessions import SESSION_COOKIE, SessionStore
+from tests.webui.conftest import PASSWORD, USER, Console, hidden
+
+
+def test_pages_redirect_to_the_login_and_api_routes_answer_401(console: Console) -> None:
+    for path in ("/", "/models", "/knobs", "/logs", "/switch", "/logs?rank=1"):
+        response = console.client.get(path, follow_redirects=False)
+        assert response.status_code == 303, path
+        assert response.headers["location"].startswith("/login?next=%2F")
+    for path in ("/api/overview", "/api/history", "/api/switch", "/api/logs/0"):
+        response = console.client.get(path)
+        assert response.status_code == 401, path
+        assert response.json() == {"error": "login required"}
+
+
+def test_login_sets_a_strict_httponly_session_cookie(console: Console) -> None:
+    page = console.client.get("/login")
+    assert 'name="username"' in page.text and 'name="password"' in page.text
+    response = console.login()
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    cookie = next(
+        value
+        for name, value in response.headers.multi_items()
+        if name == "set-cookie" and value.startswith(f"{SESSION_COOKIE}=")
+    )
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    overview = console.client.get("/")
+    assert overview.status_code == 200 and USER in overview.text
+    assert PASSWORD not in overview.text
+
+
+def test_wrong_password_is_refused_without_saying_which_part_was_wrong(console: Console) -> None:
+    wrong_password = console.login(password="nope nope nope")
+    wrong_user = console.login(username="root")
+    for response in (wrong_password, wrong_user):
+        assert response.status_code == 401
+        assert "Wrong user name or password." in response.text
+    assert console.client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_login_needs_the_form_token_from_its_cookie(console: Console) -> None:
+    console.client.get("/login")
+    response = console.client.post(
+        "/login",
+        data={"username": USER, "password": PASSWORD, "csrf_token": "forged"},
+        follow_redirects=False,
+    )
+    assert response.status_code == 403
+    console.client.cookies.clear()
+    response = console.client.post(
+        "/login", data={"username": USER, "password": PASSWORD}, follow_redirects=False
+    )
+    assert response.status_code == 403
+    assert console.client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_login_attempts_are_throttled(console: Console) -> None:
+    for _ in range(console.config.login_max_failures):
+        assert console.login(password="guess guess").status_code == 401
+    blocked = console.login()  # even the right password waits now
+    assert blocked.status_code == 429
+    assert int(blocked.headers["retry-after"]) > 0
+    assert "Too many failed attempts" in blocked.text
+
+
+def test_login_redirects_only_within_the_console(console: Console) -> None:
+    for target, expected in (("/knobs", "/knobs"), ("//evil.example", "/"), ("https://x", "/")):
+        console.client.cookies.clear()
+        page = console.client.get("/login", params={"next": target})
+        response = console.client.post(
+            "/login",
+            data={
+                "username": USER,
+                "password": PASSWORD,
+                "csrf_token": hidden(page.text, "csrf_token"),
+                "next": target,
+            },
+            follow_redirects=False,
+        )
+        assert response.headers["location"] == expected
+
+
+def test_logout_ends_the_session(logged_in: Console) -> None:
+    token = logged_in.csrf()
+    response = logged_in.client.post("/logout", data={"csrf_token": token}, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/login"
+    assert logged_in.client.get("/api/overview").status_code == 401
+
+
+def test_pages_carry_a_strict_content_security_policy(logged_in: Console) -> None:
+    response = logged_in.client.get("/")
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "script-src 'self'" in policy
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["cache-control"] == "no-store"
+    assert "<script>" not in response.text  # no inline script: the policy forbids it
+
+
+def test_credentials_file_is_mode_0600_and_holds_only_a_hash(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "webui.credentials"
+    write_credentials(path, "admin", "a long password")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert "a long password" not in text and "DGPP_WEBUI_PASSWORD_HASH=scrypt$" in text
+    credentials = load_credentials(path)
+    assert credentials.verify("admin", "a long password")
+    assert not credentials.verify("admin", "a long passwor")
+    assert "scrypt" not in repr(credentials)
+    with pytest.raises(ConfigError, match="at least 8"):
+        write_credentials(path, "admin", "short")
+
+
+def test_a_plain_text_password_file_from_an_installer_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "webui.credentials"
+    path.write_text("DGPP_WEBUI_USER=admin\nDGPP_WEBUI_PASSWORD=Xy7generated\n")
+    path.chmod(0o600)
+    assert load_credentials(path).verify("admin", "Xy7generated")
+    with pytest.raises(ConfigError, match="set-password"):
+        load_credentials(tmp_path / "missing")
+
+
+def test_sessions_expire() -> None:
+    now = [1000.0]
+    store = SessionStore(ttl_s=60, clock=lambda: now[0])
+    token, session = store.create("admin")
+    assert store.get(token) == session
+    now[0] += 61
+    assert store.get(token) is None
+
+
+def test_the_limiter_forgets_old_failures() -> None:
+    now = [0.0]
+    limiter = LoginLimiter(max_failures=2, window_s=10, clock=lambda: now[0])
+    limiter.failed("a")
+    limiter.failed("a")
+    assert limiter.retry_after("a") == pytest.approx(10)
+    assert limiter.retry_after("b") == 0
+    now[0] = 10.5
+    assert limiter.retry_after("a") == 0

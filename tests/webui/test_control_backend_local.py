@@ -1,0 +1,99 @@
+"""The local control backend on a stand-in for `dgpp serve`: a small script that prints its
+arguments, starts one "worker" child, and stops on SIGTERM (or exits with a given code)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dgpp.appliance.control_backend_local import LocalBackend
+from dgpp.appliance.deployment_files import deployment_id, resolve
+from dgpp.appliance.paths import deployment_log_dir
+
+SERVE = """
+import signal, subprocess, sys, time
+print("serving", " ".join(sys.argv[1:]), flush=True)
+if "--exit" in sys.argv:
+    sys.exit(int(sys.argv[sys.argv.index("--exit") + 1]))
+idle = "import time; time.sleep(60)"
+worker = subprocess.Popen([sys.executable, "-c", idle, "rank", "--rank", "1"])
+def stop(*_):
+    worker.terminate(); worker.wait(); print("stopped", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Path:
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"model": "default"}))
+    return path
+
+
+def _backend(tmp_path: Path, deployment: Path, *extra: str) -> LocalBackend:
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    return LocalBackend(
+        deployment,
+        tmp_path / "state" / "engine.out",
+        command=(sys.executable, str(script), *extra),
+        stop_timeout_s=10,
+    )
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def test_start_status_restart_stop(tmp_path: Path, deployment: Path) -> None:
+    backend = _backend(tmp_path, deployment)
+    assert backend.status()[0].state == "stopped"
+    assert backend.start().ok
+    try:
+        _wait(lambda: len(backend.status()) == 2)
+        rank0, rank1 = backend.status()
+        assert (rank0.rank, rank0.state, rank0.pid) == (0, "running", backend.pid)
+        assert rank0.started_at is not None and rank1.rank == 1 and rank1.state == "running"
+        _wait(lambda: "serving" in backend.log_tail(0, 5))
+        assert f"--deployment {deployment}" in backend.log_tail(0, 5)
+        first = backend.pid
+        assert "already running" in backend.start().message
+        assert backend.restart().ok
+        assert backend.pid != first
+        previous = backend.output_path.with_name("engine.out.previous")
+        assert "stopped" in previous.read_text()  # the orderly stop of the first run
+        _wait(lambda: len(backend.status()) == 2)  # the new run's signal handler is in place
+    finally:
+        result = backend.stop()
+    assert result.ok and result.message == "rank 0 stopped (exit code 0)"
+    assert backend.status()[0].state == "stopped"
+
+
+def test_rank_0_that_exits_with_an_error_is_failed(tmp_path: Path, deployment: Path) -> None:
+    backend = _backend(tmp_path, deployment, "--exit", "3")
+    backend.start()
+    _wait(lambda: backend.exit_code() is not None)
+    (status,) = backend.status()
+    assert (status.state, status.detail) == ("failed", "exit code 3")
+    assert "serving" in backend.log_tail(0, 10)
+    assert backend.stop().message == "rank 0 is not running"
+
+
+def test_worker_logs_come_from_the_deployment_folder(tmp_path: Path, deployment: Path) -> None:
+    folder = deployment_log_dir(deployment_id(resolve(deployment)))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rank1.log").write_text("one\ntwo\nthree\n")
+    backend = _backend(tmp_path, deployment)
+    assert backend.log_tail(1, 2) == "two\nthree"
+    assert backend.log_tail(2, 2) == ""

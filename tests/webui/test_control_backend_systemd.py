@@ -1,0 +1,138 @@
+"""The systemd control backend, with the command runner replaced: what it would run, and how it
+reads `systemctl show` and `journalctl`. Nothing here calls systemctl on this host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from dgpp.appliance.control_backend import make_backend
+from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend, run_command
+
+SHOW = """Id=dgpp@rank0.service
+LoadState=loaded
+ActiveState=active
+SubState=running
+MainPID=4321
+ExecMainStartTimestamp=@1700000000
+ExecMainStatus=0
+
+Id=dgpp@rank1.service
+LoadState=loaded
+ActiveState=activating
+SubState=auto-restart
+MainPID=0
+ExecMainStartTimestamp=
+ExecMainStatus=3
+
+Id=dgpp@rank2.service
+LoadState=not-found
+ActiveState=inactive
+SubState=dead
+MainPID=0
+ExecMainStartTimestamp=
+ExecMainStatus=0
+
+Id=dgpp@rank3.service
+LoadState=not-found
+ActiveState=inactive
+SubState=dead
+MainPID=0
+ExecMainStartTimestamp=
+ExecMainStatus=0
+"""
+
+
+class Runner:
+    def __init__(self, answers: dict[str, CommandResult] | None = None) -> None:
+        self.calls: list[list[str]] = []
+        self.answers = answers or {}
+
+    def __call__(self, argv: Sequence[str]) -> CommandResult:
+        self.calls.append(list(argv))
+        for word, answer in self.answers.items():
+            if word in argv:
+                return answer
+        return CommandResult(0, "", "")
+
+
+def _backend(runner: Runner, **options: object) -> SystemdBackend:
+    return SystemdBackend(Path("/etc/dgpp/deployment.json"), runner=runner, **options)  # type: ignore[arg-type]
+
+
+def test_restart_start_and_stop_drive_rank_0_only() -> None:
+    runner = Runner()
+    backend = _backend(runner, systemctl=("sudo", "-n", "systemctl"))
+    assert backend.restart().ok and backend.start().ok and backend.stop().ok
+    assert runner.calls == [
+        ["sudo", "-n", "systemctl", "restart", "--no-block", "dgpp@rank0"],
+        ["sudo", "-n", "systemctl", "start", "--no-block", "dgpp@rank0"],
+        ["sudo", "-n", "systemctl", "stop", "dgpp@rank0"],
+    ]
+
+
+def test_a_refused_restart_says_why() -> None:
+    runner = Runner({"restart": CommandResult(1, "", "Access denied\n")})
+    result = _backend(runner).restart()
+    assert not result.ok
+    assert result.message == "systemctl restart --no-block dgpp@rank0 failed: Access denied"
+
+
+def test_status_reads_every_installed_rank_unit() -> None:
+    runner = Runner({"show": CommandResult(0, SHOW, "")})
+    ranks = _backend(runner).status()
+    assert runner.calls[0][:6] == [
+        "systemctl",
+        "show",
+        "dgpp@rank0",
+        "dgpp@rank1",
+        "dgpp@rank2",
+        "dgpp@rank3",
+    ]
+    assert "--timestamp=unix" in runner.calls[0]
+    assert [(r.rank, r.state, r.pid, r.started_at) for r in ranks] == [
+        (0, "running", 4321, 1700000000.0),
+        (1, "restarting", None, None),
+    ]
+    assert ranks[1].detail == "activating/auto-restart, last exit code 3"
+
+
+def test_status_when_systemctl_fails_or_the_unit_is_missing() -> None:
+    failing = Runner({"show": CommandResult(1, "", "Failed to connect to bus")})
+    (status,) = _backend(failing).status()
+    assert (status.state, status.detail) == (
+        "unknown",
+        "systemctl show failed: Failed to connect to bus",
+    )
+    missing = SHOW.replace("LoadState=loaded", "LoadState=not-found")
+    (status,) = _backend(Runner({"show": CommandResult(0, missing, "")})).status()
+    assert (status.rank, status.state) == (0, "unknown")
+    assert status.detail == "dgpp@rank0 is not installed"
+
+
+def test_failed_unit_is_failed() -> None:
+    failed = SHOW.replace("ActiveState=active", "ActiveState=failed").replace(
+        "SubState=running", "SubState=failed"
+    )
+    ranks = _backend(Runner({"show": CommandResult(0, failed, "")})).status()
+    assert ranks[0].state == "failed"
+
+
+def test_log_tail_reads_the_journal() -> None:
+    journal = "\n".join(f"line {n}" for n in range(10)) + "\n"
+    runner = Runner({"journalctl": CommandResult(0, journal, "")})
+    tail = _backend(runner).log_tail(2, 3)
+    assert runner.calls == [
+        ["journalctl", "-u", "dgpp@rank2", "-n", "3", "--no-pager", "-o", "short-iso"]
+    ]
+    assert tail == "line 7\nline 8\nline 9"
+
+
+def test_the_settings_choose_the_backend(tmp_path: Path) -> None:
+    assert make_backend("systemd", tmp_path / "d.json", tmp_path).kind == "systemd"
+    assert make_backend("local", tmp_path / "d.json", tmp_path).kind == "local"
+
+
+def test_a_missing_program_is_a_result_not_a_crash() -> None:
+    result = run_command(["dgpp-no-such-program-here"])
+    assert result.returncode == 127 and "not found" in result.stderr

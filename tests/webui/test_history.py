@@ -1,0 +1,96 @@
+"""The sampler's rates and the SQLite history behind the charts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from dgpp.webui.engine_client import Health
+from dgpp.webui.history import MAX_POINTS, HistoryStore, Sample
+from dgpp.webui.sampler import Sampler, sample_of
+
+
+def _metrics(tokens: int, prompt: int, hits: int, drafted: int = 0, accepted: int = 0) -> dict:
+    return {
+        "scheduler": {
+            "tokens_generated": tokens,
+            "prompt_tokens_total": prompt,
+            "running": 2,
+            "waiting": 1,
+            "kv_blocks_in_use": 5,
+            "kv_blocks_total": 80,
+        },
+        "prefix_cache": {"hit_tokens": hits, "ttft_avg_hit_s": 0.1, "ttft_avg_miss_s": None},
+        "spec_decode": {"drafted": drafted, "accepted": accepted},
+    }
+
+
+def test_rates_come_from_two_snapshots() -> None:
+    first, snapshot = sample_of(100.0, _metrics(10, 100, 0), True, None)
+    assert first.gen_tps is None and first.running == 2 and first.kv_total == 80
+    second, snapshot = sample_of(102.0, _metrics(50, 300, 150, 10, 7), True, snapshot)
+    assert second.gen_tps == pytest.approx(20.0)
+    assert second.prompt_tps == pytest.approx(100.0)
+    assert second.prefix_hit_rate == pytest.approx(0.75)
+    assert second.spec_acceptance == pytest.approx(0.7)
+    assert second.ttft_hit_s == 0.1 and second.ttft_miss_s is None
+    # A counter going down means the engine restarted: no rate for that interval.
+    third, _ = sample_of(104.0, _metrics(5, 20, 0), True, snapshot)
+    assert third.gen_tps is None and third.prefix_hit_rate is None and third.running == 2
+
+
+def test_an_engine_down_is_a_gap(tmp_path: Path) -> None:
+    sample, snapshot = sample_of(100.0, None, False, None)
+    assert sample == Sample(100.0, 0) and snapshot is None
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    async def health(self) -> Health:
+        return Health(200, {"state": "serving"})
+
+    async def metrics(self) -> dict:
+        self.tokens += 30
+        return _metrics(self.tokens, self.tokens * 2, 0)
+
+
+def test_the_sampler_stores_samples_that_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "history.sqlite"
+    store = HistoryStore(path, retention_s=3600, max_rows=1000)
+    times = iter([1000.0, 1001.0, 1002.0])
+    engine = _Engine()
+    sampler = Sampler(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
+    for _ in range(3):
+        asyncio.run(sampler.tick())
+    store.close()
+    reopened = HistoryStore(path, retention_s=3600, max_rows=1000)
+    series = reopened.series(window_s=60, now=1003.0)
+    assert series["ts"] == [1000.0, 1001.0, 1002.0]
+    assert series["gen_tps"] == [None, 30.0, 30.0]
+    assert series["serving"] == [1, 1, 1]
+    reopened.close()
+
+
+def test_retention_and_the_row_limit_bound_the_history(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite", retention_s=100, max_rows=100)
+    for second in range(300):
+        store.add(Sample(float(second), 1, running=second))
+    # Older than 100 s before the newest sample: gone.
+    series = store.series(window_s=1000, now=300.0)
+    assert series["ts"][0] >= 199.0 and series["ts"][-1] == 299.0
+    assert store.count() <= 101
+    store.close()
+
+
+def test_long_windows_are_averaged_to_a_bounded_number_of_points(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "h.sqlite", retention_s=10**6, max_rows=10**6)
+    for second in range(3 * MAX_POINTS):
+        store.add(Sample(float(second), 1, running=1, waiting=None))
+    series = store.series(window_s=3 * MAX_POINTS, now=3.0 * MAX_POINTS)
+    assert len(series["ts"]) <= MAX_POINTS + 1
+    assert set(series["running"]) == {1.0} and set(series["waiting"]) == {None}
+    store.close()

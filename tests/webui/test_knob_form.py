@@ -1,0 +1,62 @@
+"""The knobs form is generated from the deployment schema and validated on the server."""
+
+from __future__ import annotations
+
+from dgpp.appliance.deployment import parse_deployment
+from dgpp.webui.knob_form import apply_form, knob_fields, set_path, validation_errors
+
+
+def test_fields_follow_the_schema() -> None:
+    fields = {field.path: field for field in knob_fields()}
+    kv = fields["engine.kv_capacity"]
+    assert (kv.kind, kv.default, kv.minimum, kv.optional) == ("int", 16384, 1, False)
+    assert fields["engine.max_model_len"].optional
+    assert fields["engine.prefill_precision"].choices == ("fp32", "model")
+    assert fields["engine.prefix_cache"].kind == "bool"
+    assert fields["http.served_model_names"].kind == "names"
+    assert fields["http.default_chat_template_kwargs"].kind == "json"
+    heartbeat = fields["timeouts.heartbeat_s"]
+    assert (heartbeat.kind, heartbeat.minimum, heartbeat.exclusive_minimum) == ("float", 0, True)
+
+
+def test_only_changed_knobs_are_written_and_objects_replace() -> None:
+    raw = {
+        "template": "smollm2-135m_float32_w1",
+        "http": {"default_chat_template_kwargs": {"a": 1, "b": 2}},
+    }
+    current = parse_deployment(
+        {"model": "default", "http": {"default_chat_template_kwargs": {"a": 1, "b": 2}}}
+    )
+    result = apply_form(
+        {
+            "engine.max_model_len": "",
+            "http.default_chat_template_kwargs": '{"a": 1}',
+            "engine.kv_capacity": "16384",  # the default, unchanged: not written
+        },
+        raw,
+        current,
+    )
+    assert result.errors == {}
+    assert result.raw == {
+        "template": "smollm2-135m_float32_w1",
+        "http": {"default_chat_template_kwargs": {"a": 1}},
+    }
+
+
+def test_errors_name_their_field() -> None:
+    current = parse_deployment({"model": "default"})
+    result = apply_form({"http.queue_limit": "-1", "engine.prefix_cache": "maybe"}, {}, current)
+    assert result.errors == {"engine.prefix_cache": "must be on or off"}
+    result = apply_form({"http.queue_limit": "-1"}, {"model": "default"}, current)
+    assert result.errors == {"http.queue_limit": "Input should be greater than or equal to 0"}
+    assert result.raw == {"model": "default"}  # nothing of a refused form is kept
+    assert validation_errors({"model": "default", "bogus": 1}) == {"bogus": "unknown key"}
+    assert "no template named" in validation_errors({"template": "nope"})[""]
+
+
+def test_set_path_copies() -> None:
+    raw = {"engine": {"kv_capacity": 1}}
+    assert set_path(raw, "engine.block_size", 32) == {
+        "engine": {"kv_capacity": 1, "block_size": 32}
+    }
+    assert raw == {"engine": {"kv_capacity": 1}}

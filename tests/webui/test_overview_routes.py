@@ -1,0 +1,82 @@
+"""Overview, history and logs through the routes, on the fake world."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from dgpp.appliance.deployment_files import deployment_id
+from dgpp.appliance.paths import deployment_log_dir
+from dgpp.webui.app import create_app
+from dgpp.webui.deployment_store import resolve_raw
+from dgpp.webui.deps import get_backend, get_engine_factory
+from tests.webui.conftest import Console, console_config
+from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld
+
+
+def test_overview_reports_deployment_health_ranks_and_node(logged_in: Console) -> None:
+    body = logged_in.client.get("/api/overview").json()
+    assert body["deployment"]["model"] == "/models/small"
+    assert body["deployment"]["served_names"] == ["m"]
+    assert body["health"]["state"] == "serving" and body["health"]["serving"]
+    assert body["ranks"][0]["state"] == "running" and body["ranks"][0]["uptime_s"] >= 0
+    assert set(body["node"]) == {"gpu", "cpu", "warnings"}
+    logged_in.world.state = "down"
+    body = logged_in.client.get("/api/overview").json()
+    assert body["health"]["state"] == "unreachable"
+    assert "connection refused" in body["health"]["reason"]
+    page = logged_in.client.get("/")
+    assert "unreachable" in page.text and 'id="chart-throughput"' in page.text
+
+
+def test_the_sampler_fills_the_history_from_the_engine(tmp_path: Path) -> None:
+    config = console_config(tmp_path, sample_interval_s=0.05)
+    world = FakeWorld(config.deployment)
+    world.restart()
+    backend = FakeBackend(world)
+    app = create_app(config, backend=backend)
+    app.dependency_overrides[get_backend] = lambda: backend
+    app.dependency_overrides[get_engine_factory] = lambda: lambda d: FakeEngine(world, d)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        console = Console(client, world, config, app)
+        assert console.login().status_code == 303
+        deadline = time.monotonic() + 10
+        series: dict = {}
+        while time.monotonic() < deadline:
+            series = client.get("/api/history", params={"window_s": 60}).json()["series"]
+            if len(series["ts"]) >= 3:
+                break
+            time.sleep(0.05)
+    assert len(series["ts"]) >= 3
+    assert series["kv_total"][-1] == 64 and series["running"][-1] == 1
+    assert series["ttft_hit_s"][-1] == 0.05
+    assert series["gen_tps"][-1] == 0.0  # the fake's counters stand still
+
+
+def test_logs_show_a_rank_tail(logged_in: Console) -> None:
+    page = logged_in.client.get("/logs", params={"rank": 0, "lines": 50})
+    assert page.status_code == 200 and "rank0 INFO serving" in page.text
+    body = logged_in.client.get("/api/logs/1", params={"lines": 5}).json()
+    assert body == {"rank": 1, "lines": 5, "text": "rank1 INFO serving"}
+    assert logged_in.client.get("/api/logs/0", params={"lines": 0}).status_code == 422
+
+
+def test_support_bundle_download(logged_in: Console) -> None:
+    deployment = resolve_raw(json.loads(logged_in.config.deployment.read_text()))
+    folder = deployment_log_dir(deployment_id(deployment))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "rank0.log").write_text("Authorization: Bearer sk-abcdefghijkl\nready\n")
+    response = logged_in.client.post("/logs/bundle", data={"csrf_token": logged_in.csrf()})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
+        names = tar.getnames()
+        log = next(name for name in names if name.endswith("rank0.log"))
+        text = tar.extractfile(log).read().decode()  # type: ignore[union-attr]
+    assert "sk-abcdefghijkl" not in text and "ready" in text
+    assert not list(logged_in.config.state_dir.glob("dgpp-bundle-*"))  # removed after sending

@@ -1,0 +1,125 @@
+"""`create_app(config)`: the console's FastAPI application.
+
+Every page and API route needs a logged-in session (only `/login` and the static files do not);
+every state-changing request needs the session's CSRF token. Responses carry a strict Content
+Security Policy: scripts and styles come from `/static` only, nothing leaves the host."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from urllib.parse import quote
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from dgpp.appliance.control_backend import ControlBackend
+from dgpp.webui.config import ConsoleConfig
+from dgpp.webui.console import Console, build_console
+from dgpp.webui.deps import CsrfRefusedError, LoginRequiredError, get_engine_factory, resolved
+from dgpp.webui.pages import STATIC_DIR
+from dgpp.webui.routes import (
+    auth_routes,
+    knob_routes,
+    log_routes,
+    model_routes,
+    overview_routes,
+    switch_routes,
+)
+from dgpp.webui.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _is_api(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> FastAPI:
+    """The console. `backend` replaces the one the settings name (tests pass fakes)."""
+    console = build_console(config, backend)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = []
+        if config.autostart and console.backend.kind == "local":
+            result = await asyncio.to_thread(console.backend.start)
+            log.info("%s", result.message)
+        if config.sample_interval_s > 0:
+            sampler = Sampler(
+                console.history,
+                lambda: resolved(app, get_engine_factory, console.engine_for)(
+                    console.store.current()
+                ),
+                config.sample_interval_s,
+            )
+            tasks.append(asyncio.create_task(sampler.run(), name="dgpp-webui-sampler"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if config.autostart and console.backend.kind == "local":
+                result = await asyncio.to_thread(console.backend.stop)
+                log.info("%s", result.message)
+            console.history.close()
+
+    app = FastAPI(
+        title="dgpp console", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.console = console
+    app.mount("/static", StaticFiles(directory=str(STATIC_DIR)), name="static")
+    for module in (
+        auth_routes,
+        overview_routes,
+        model_routes,
+        knob_routes,
+        switch_routes,
+        log_routes,
+    ):
+        app.include_router(module.router)
+
+    @app.exception_handler(LoginRequiredError)
+    async def _login_required(request: Request, _: LoginRequiredError) -> Response:
+        if _is_api(request) or request.method != "GET":
+            return JSONResponse({"error": "login required"}, status_code=401)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+
+    @app.exception_handler(CsrfRefusedError)
+    async def _csrf_refused(request: Request, _: CsrfRefusedError) -> Response:
+        message = "missing or wrong CSRF token; reload the page and try again"
+        if _is_api(request):
+            return JSONResponse({"error": message}, status_code=403)
+        return PlainTextResponse(message, status_code=403)
+
+    @app.middleware("http")
+    async def _headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    return app
+
+
+def console_of(app: FastAPI) -> Console:
+    return app.state.console

@@ -1,0 +1,62 @@
+"""Everything one running console holds, built once from its settings by `create_app`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dgpp.appliance.control_backend import ControlBackend, make_backend
+from dgpp.appliance.deployment import Deployment
+from dgpp.webui.config import ConsoleConfig
+from dgpp.webui.deployment_store import DeploymentStore, engine_target
+from dgpp.webui.engine_client import EngineApi, EngineClient
+from dgpp.webui.history import HistoryStore
+from dgpp.webui.node_probe import NvmlProbe
+from dgpp.webui.security.credentials import Credentials, load_credentials
+from dgpp.webui.security.login_limiter import LoginLimiter
+from dgpp.webui.security.sessions import SessionStore
+from dgpp.webui.switch import Switcher, SwitchTimeouts
+
+
+@dataclass
+class Console:
+    config: ConsoleConfig
+    store: DeploymentStore
+    backend: ControlBackend
+    history: HistoryStore
+    switcher: Switcher
+    sessions: SessionStore
+    limiter: LoginLimiter
+    gpus: NvmlProbe
+    credentials_path: Path
+
+    def credentials(self) -> Credentials:
+        """Read at every login, so `dgpp webui set-password` needs no console restart."""
+        return load_credentials(self.credentials_path)
+
+    def engine_for(self, deployment: Deployment) -> EngineApi:
+        target = engine_target(deployment, self.config.engine_url)
+        return EngineClient(target, self.config.engine_timeout_s)
+
+
+def build_console(config: ConsoleConfig, backend: ControlBackend | None = None) -> Console:
+    state_dir = config.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = DeploymentStore(config.deployment, state_dir / "deployments")
+    return Console(
+        config=config,
+        store=store,
+        backend=backend
+        or make_backend(config.backend, config.deployment, state_dir, tuple(config.systemctl)),
+        history=HistoryStore(
+            state_dir / "history.sqlite", config.history_retention_s, config.history_max_rows
+        ),
+        switcher=Switcher(
+            store,
+            SwitchTimeouts(config.drain_timeout_s, config.ready_timeout_s, config.poll_interval_s),
+        ),
+        sessions=SessionStore(config.session_ttl_s),
+        limiter=LoginLimiter(config.login_max_failures, config.login_window_s),
+        gpus=NvmlProbe(),
+        credentials_path=config.credentials,
+    )

@@ -1,0 +1,98 @@
+"""The deployment file the console manages: read it, resolve it the way rank 0 will, and replace
+it atomically, keeping earlier versions beside the console's state for the operator."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dgpp.appliance.deployment import Deployment, default_served_name, parse_deployment
+from dgpp.appliance.deployment_files import expand_template
+from dgpp.engine.errors import ConfigError
+
+_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """Where rank 0's HTTP server answers, and the API key it wants (None: no key)."""
+
+    url: str
+    api_key: str | None
+
+    def __repr__(self) -> str:  # the key stays out of logs
+        return f"EngineTarget(url={self.url!r}, api_key={'set' if self.api_key else None})"
+
+
+def resolve_raw(raw: dict[str, Any], source: str = "the deployment") -> Deployment:
+    """The deployment rank 0 will run for this file content (its template filled in)."""
+    return parse_deployment(expand_template(raw), source)
+
+
+def served_names(deployment: Deployment) -> tuple[str, ...]:
+    names = tuple(deployment.http.served_model_names)
+    return names or (default_served_name(deployment.model),)
+
+
+def engine_target(deployment: Deployment, url: str | None = None) -> EngineTarget:
+    http = deployment.http
+    if url is None:
+        host = "127.0.0.1" if http.host in _ANY_ADDRESS else http.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        url = f"http://{host}:{http.port}"
+    api_key = None
+    if http.api_key_file:
+        try:
+            api_key = Path(http.api_key_file).read_text().strip() or None
+        except OSError:
+            api_key = None  # the engine will answer 401, which the console shows
+    return EngineTarget(url.rstrip("/"), api_key)
+
+
+class DeploymentStore:
+    def __init__(self, path: Path, backups_dir: Path, keep: int = 20) -> None:
+        self.path = path
+        self.backups_dir = backups_dir
+        self.keep = keep
+
+    def read_raw(self) -> dict[str, Any]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except OSError as err:
+            raise ConfigError(f"cannot read the deployment {self.path}: {err.strerror}") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{self.path} is not valid JSON: {err}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{self.path}: a deployment is a JSON object")
+        return raw
+
+    def current(self) -> Deployment:
+        return resolve_raw(self.read_raw(), str(self.path))
+
+    def write(self, raw: dict[str, Any]) -> None:
+        """Replace the file with `raw` (after keeping the present one under `backups_dir`)."""
+        text = json.dumps(raw, indent=2) + "\n"
+        if self.path.exists():
+            self._back_up()
+        mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+
+    def _back_up(self) -> None:
+        self.backups_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.backups_dir / f"deployment-{stamp}-{time.time_ns() % 10**9:09d}.json"
+        target.write_bytes(self.path.read_bytes())
+        backups = sorted(self.backups_dir.glob("deployment-*.json"))
+        for old in backups[: max(0, len(backups) - self.keep)]:
+            old.unlink(missing_ok=True)

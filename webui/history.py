@@ -1,0 +1,99 @@
+"""The metric history behind the console's charts: one row per sample in SQLite, so charts
+survive a console restart and a model switch. Rows older than the retention, and the oldest rows
+beyond `max_rows`, are deleted as new ones arrive."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+MAX_POINTS = 720  # a chart never gets more points than this; longer windows are averaged
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampling instant. None: not known then (engine down, or nothing to divide by)."""
+
+    ts: float  # wall clock, seconds since the epoch
+    serving: int  # 1 when /health said serving
+    gen_tps: float | None = None  # generated tokens per second since the previous sample
+    prompt_tps: float | None = None  # prompt tokens admitted per second
+    ttft_hit_s: float | None = None  # engine's mean TTFT of requests with a prefix-cache hit
+    ttft_miss_s: float | None = None
+    prefix_hit_rate: float | None = None  # hit tokens / prompt tokens since the previous sample
+    kv_in_use: int | None = None  # KV blocks held by requests
+    kv_total: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    spec_acceptance: float | None = None  # accepted / drafted tokens since the previous sample
+
+
+COLUMNS = tuple(f.name for f in fields(Sample))
+
+
+class HistoryStore:
+    def __init__(self, path: Path, retention_s: float, max_rows: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.retention_s = retention_s
+        self.max_rows = max_rows
+        self._lock = threading.Lock()
+        self._inserts = 0
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        columns = ", ".join(
+            f"{name} REAL" if name != "ts" else "ts REAL NOT NULL" for name in COLUMNS
+        )
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS samples ({columns})")
+        self._db.execute("CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def add(self, sample: Sample) -> None:
+        marks = ", ".join("?" for _ in COLUMNS)
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO samples ({', '.join(COLUMNS)}) VALUES ({marks})", astuple(sample)
+            )
+            self._db.execute("DELETE FROM samples WHERE ts < ?", (sample.ts - self.retention_s,))
+            self._inserts += 1
+            if self._inserts % 100 == 1:
+                self._db.execute(
+                    "DELETE FROM samples WHERE ts < (SELECT ts FROM samples ORDER BY ts DESC "
+                    "LIMIT 1 OFFSET ?)",
+                    (self.max_rows - 1,),
+                )
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
+
+    def series(self, window_s: float, now: float | None = None) -> dict[str, list[Any]]:
+        """Columns (uPlot's data layout) of the last `window_s` seconds, at most `MAX_POINTS`
+        rows: longer windows are averaged over equal time buckets."""
+        now = time.time() if now is None else now
+        since = now - window_s
+        bucket = window_s / MAX_POINTS
+        with self._lock:
+            count = self._db.execute(
+                "SELECT COUNT(*) FROM samples WHERE ts >= ?", (since,)
+            ).fetchone()[0]
+            if count <= MAX_POINTS:
+                rows = self._db.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM samples WHERE ts >= ? ORDER BY ts",
+                    (since,),
+                ).fetchall()
+            else:
+                averages = ", ".join(f"AVG({name})" for name in COLUMNS)
+                rows = self._db.execute(
+                    f"SELECT {averages} FROM samples WHERE ts >= ? "
+                    "GROUP BY CAST((ts - ?) / ? AS INTEGER) ORDER BY 1",
+                    (since, since, bucket),
+                ).fetchall()
+        return {name: [row[index] for row in rows] for index, name in enumerate(COLUMNS)}

@@ -1,0 +1,247 @@
+"""The knobs form, generated from the deployment schema: each knob's input kind, bounds, choices
+and default come from the pydantic field; the values posted are converted and validated on the
+server, and every problem is reported against the field it belongs to."""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.deployment_files import expand_template
+
+# (key path, label, help); the order is the form's.
+KNOBS: tuple[tuple[str, str, str], ...] = (
+    ("engine.kv_capacity", "KV capacity", "tokens the KV-cache pool holds, on every rank"),
+    ("engine.max_model_len", "Max context", "tokens per request; empty: the model's own limit"),
+    ("engine.prefill_precision", "Prefill precision", "fp32 is exact; model is faster"),
+    ("engine.prefill_chunk_tokens", "Prefill chunk", "prompt tokens computed per step"),
+    ("engine.max_concurrency", "Max concurrency", "requests in the running batch"),
+    ("http.queue_limit", "Queue limit", "waiting requests before 503 overloaded"),
+    ("engine.prefix_cache", "Prefix cache", "reuse the KV of shared prompt prefixes"),
+    ("engine.prefix_min_tokens", "Prefix cache floor", "shorter prompts are not cached"),
+    ("http.served_model_names", "Served names", "names clients use, comma-separated"),
+    (
+        "http.default_chat_template_kwargs",
+        "Chat-template kwargs",
+        'JSON object, e.g. {"enable_thinking": false, "reasoning_effort": "low"}',
+    ),
+    ("timeouts.rendezvous_s", "Rendezvous timeout (s)", "every rank must join within this"),
+    ("timeouts.collective_s", "Collective timeout (s)", "one tensor collective"),
+    ("timeouts.control_deadline_s", "Control deadline (s)", "a worker waits for rank 0"),
+    ("timeouts.heartbeat_s", "Heartbeat (s)", "idle heartbeat; at most half the deadline"),
+    ("timeouts.step_watchdog_s", "Step watchdog (s)", "one whole engine step"),
+    ("timeouts.load_s", "Load timeout (s)", "every rank loads its weights within this"),
+    ("timeouts.shutdown_s", "Shutdown timeout (s)", "an orderly stop"),
+)
+
+Kind = Literal["int", "float", "bool", "choice", "names", "json"]
+
+
+@dataclass(frozen=True)
+class KnobField:
+    path: str
+    label: str
+    help: str
+    kind: Kind
+    optional: bool  # an empty input means null
+    default: Any
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+
+    @property
+    def name(self) -> str:  # the form input's name
+        return self.path
+
+    def text(self, value: Any) -> str:
+        """How a value shows in the input."""
+        if value is None:
+            return ""
+        if self.kind == "bool":
+            return "on" if value else "off"
+        if self.kind == "names":
+            return ", ".join(value)
+        if self.kind == "json":
+            return json.dumps(value)
+        return str(value)
+
+
+def _field_info(path: str) -> FieldInfo:
+    section, name = path.split(".")
+    section_model = Deployment.model_fields[section].annotation
+    assert isinstance(section_model, type) and issubclass(section_model, BaseModel)
+    return section_model.model_fields[name]
+
+
+def _kind(annotation: Any) -> tuple[Kind, bool, tuple[str, ...]]:
+    args = get_args(annotation)
+    optional = get_origin(annotation) in (Union, types.UnionType) and type(None) in args
+    if optional:
+        annotation = next(arg for arg in args if arg is not type(None))
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return "choice", optional, tuple(str(arg) for arg in get_args(annotation))
+    if annotation is bool:
+        return "bool", optional, ("on", "off")
+    if annotation is int:
+        return "int", optional, ()
+    if annotation is float:
+        return "float", optional, ()
+    if origin is list:
+        return "names", optional, ()
+    if origin is dict:
+        return "json", optional, ()
+    raise AssertionError(f"no form input for {annotation!r}")
+
+
+def knob_fields() -> list[KnobField]:
+    fields = []
+    for path, label, help_text in KNOBS:
+        info = _field_info(path)
+        kind, optional, choices = _kind(info.annotation)
+        bounds: dict[str, Any] = {}
+        for item in info.metadata:
+            if isinstance(item, annotated_types.Ge):
+                bounds["minimum"] = item.ge
+            elif isinstance(item, annotated_types.Gt):
+                bounds.update(minimum=item.gt, exclusive_minimum=True)
+            elif isinstance(item, annotated_types.Le):
+                bounds["maximum"] = item.le
+        default = info.get_default(call_default_factory=True)
+        fields.append(KnobField(path, label, help_text, kind, optional, default, choices, **bounds))
+    return fields
+
+
+def current_values(deployment: Deployment) -> dict[str, Any]:
+    dumped = deployment.model_dump(mode="json")
+    return {field.path: _get(dumped, field.path) for field in knob_fields()}
+
+
+def _get(data: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        data = data[key]
+    return data
+
+
+def set_path(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of `raw` with `path` set to `value` (a whole object replaces, never merges)."""
+    result = copy.deepcopy(raw)
+    target = result
+    keys = path.split(".")
+    for key in keys[:-1]:
+        if not isinstance(target.get(key), dict):
+            target[key] = {}
+        target = target[key]
+    target[keys[-1]] = value
+    return result
+
+
+def _convert(field: KnobField, text: str) -> Any:
+    """The posted text as the field's type; ValueError with a message for the operator."""
+    text = text.strip()
+    if text == "" and field.optional:
+        return None
+    if field.kind == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError("must be a whole number") from None
+    if field.kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError("must be a number") from None
+    if field.kind == "bool":
+        if text not in ("on", "off"):
+            raise ValueError("must be on or off")
+        return text == "on"
+    if field.kind == "choice":
+        if text not in field.choices:
+            raise ValueError(f"must be one of {', '.join(field.choices)}")
+        return text
+    if field.kind == "names":
+        return [name.strip() for name in text.split(",") if name.strip()]
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON: {err.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
+@dataclass(frozen=True)
+class KnobResult:
+    raw: dict[str, Any]  # the new deployment file content (the old one when there are errors)
+    values: dict[str, str]  # what the operator typed, to show the form again
+    errors: dict[str, str]  # field path -> problem; "" for problems of no one field
+
+
+def apply_form(form: dict[str, str], raw: dict[str, Any], current: Deployment) -> KnobResult:
+    """The posted form applied to the file `raw`. Only knobs whose value differs from the
+    effective deployment are written, so the file keeps its shape (and its template)."""
+    fields = knob_fields()
+    effective = current_values(current)
+    typed = {
+        field.path: form.get(field.path, field.text(effective[field.path])) for field in fields
+    }
+    errors: dict[str, str] = {}
+    new_raw = copy.deepcopy(raw)
+    for field in fields:
+        try:
+            value = _convert(field, typed[field.path])
+        except ValueError as err:
+            errors[field.path] = str(err)
+            continue
+        if value != effective[field.path]:
+            new_raw = set_path(new_raw, field.path, value)
+    if not errors:
+        errors = validation_errors(new_raw)
+    return KnobResult(raw if errors else new_raw, typed, errors)
+
+
+def validation_errors(raw: dict[str, Any]) -> dict[str, str]:
+    """What the schema, and the engine's and runtime's own checks, refuse in `raw`, by key path
+    (`""` for what belongs to no one knob); `{}` when rank 0 would accept it."""
+    from dgpp.appliance.deployment import engine_config, world_timeouts
+    from dgpp.engine.errors import ConfigError
+
+    try:
+        deployment = Deployment.model_validate(expand_template(raw))
+    except ConfigError as err:
+        return {"": err.message}
+    except ValidationError as err:
+        errors: dict[str, str] = {}
+        for error in err.errors():
+            path = ".".join(str(part) for part in error["loc"][:2])
+            message = error["msg"]
+            if error["type"] == "literal_error":
+                message = f"must be one of {error['ctx']['expected']}"
+            elif error["type"] == "extra_forbidden":
+                message = "unknown key"
+            errors.setdefault(path, message)
+        return errors
+    try:
+        engine_config(deployment)
+        world_timeouts(deployment)
+    except ConfigError as err:
+        return {_owner(err.message): err.message}
+    return {}
+
+
+def _owner(message: str) -> str:
+    """The knob a runtime check's message is about (it starts with the key's name), or ""."""
+    first = message.split(" ", 1)[0].rstrip(":")
+    for path, _, _ in KNOBS:
+        if first in (path, path.split(".")[1]):
+            return path
+    return ""

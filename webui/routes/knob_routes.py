@@ -1,0 +1,77 @@
+"""GET /knobs (the form generated from the deployment schema) and POST /knobs/preview (server-side
+validation with an error per field; when valid, what would change; applying is POST /switch)."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from dgpp.engine.errors import ConfigError
+from dgpp.webui.deployment_edit import diff
+from dgpp.webui.deployment_store import resolve_raw
+from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
+from dgpp.webui.knob_form import apply_form, current_values, knob_fields
+from dgpp.webui.pages import render
+
+router = APIRouter(dependencies=LOGGED_IN)
+
+
+def _form_page(
+    request: Request,
+    session: CurrentSession,
+    values: dict[str, str],
+    errors: dict[str, str],
+    status_code: int = 200,
+) -> HTMLResponse:
+    context = {
+        "page": "knobs",
+        "fields": knob_fields(),
+        "values": values,
+        "errors": errors,
+        "general_error": errors.get(""),
+    }
+    return render(request, "knobs.html", context, session, status_code=status_code)
+
+
+@router.get("/knobs", response_class=HTMLResponse)
+async def knobs_page(
+    request: Request, console: ConsoleDep, session: CurrentSession
+) -> HTMLResponse:
+    try:
+        current = current_values(console.store.current())
+    except ConfigError as err:
+        return _form_page(request, session, {}, {"": err.message}, status_code=500)
+    values = {field.path: field.text(current[field.path]) for field in knob_fields()}
+    return _form_page(request, session, values, {})
+
+
+@router.post("/knobs/preview", response_class=HTMLResponse, dependencies=CSRF_CHECKED)
+async def preview_knobs(
+    request: Request, console: ConsoleDep, session: CurrentSession
+) -> HTMLResponse:
+    form = await request.form()
+    posted = {key: value for key, value in form.items() if isinstance(value, str)}
+    try:
+        raw = console.store.read_raw()
+        current = console.store.current()
+    except ConfigError as err:
+        return _form_page(request, session, posted, {"": err.message}, status_code=500)
+    result = apply_form(posted, raw, current)
+    if result.errors:
+        return _form_page(request, session, result.values, result.errors, status_code=400)
+    new = resolve_raw(result.raw, "the new deployment")
+    return render(
+        request,
+        "preview.html",
+        {
+            "page": "knobs",
+            "title": "Apply knobs",
+            "changes": diff(current, new),
+            "deployment_json": json.dumps(result.raw),
+            "back": "/knobs",
+            "busy": console.switcher.is_busy,
+        },
+        session,
+    )

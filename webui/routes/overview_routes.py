@@ -1,0 +1,96 @@
+"""GET / (the overview page), GET /api/overview (what it refreshes from) and GET /api/history
+(the chart series)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from dgpp.appliance.deployment_files import deployment_id
+from dgpp.engine.errors import ConfigError
+from dgpp.webui.console import Console
+from dgpp.webui.deployment_store import served_names
+from dgpp.webui.deps import LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor
+from dgpp.webui.node_probe import read_node
+from dgpp.webui.pages import render
+from dgpp.webui.switch import EngineFactory
+
+router = APIRouter(dependencies=LOGGED_IN)
+
+
+async def overview(console: Console, backend: Backend, engine_for: EngineFactory) -> dict[str, Any]:
+    """Deployment, health, ranks, this node's GPUs and CPU, and the latest switch."""
+    body: dict[str, Any] = {"time": time.time(), "backend": backend.kind}
+    try:
+        deployment = console.store.current()
+    except ConfigError as err:
+        body["deployment"] = {"error": err.message, "file": str(console.store.path)}
+        deployment = None
+    if deployment is not None:
+        body["deployment"] = {
+            "id": deployment_id(deployment),
+            "file": str(console.store.path),
+            "model": deployment.model,
+            "served_names": list(served_names(deployment)),
+            "world_size": deployment.world_size,
+            "device": deployment.engine.device,
+            "kv_capacity": deployment.engine.kv_capacity,
+        }
+        health = await engine_for(deployment).health()
+        body["health"] = {
+            "status": health.status,
+            "state": health.state,
+            "serving": health.is_serving,
+            "reason": health.reason,
+            "details": health.body,
+        }
+    else:
+        body["health"] = {"status": None, "state": "unknown", "serving": False, "reason": ""}
+    ranks = await asyncio.to_thread(backend.status)
+    now = time.time()
+    body["ranks"] = [
+        {**asdict(rank), "uptime_s": now - rank.started_at if rank.started_at else None}
+        for rank in ranks
+    ]
+    node = await asyncio.to_thread(read_node, console.gpus, console.config.clock_warning_fraction)
+    body["node"] = asdict(node)
+    latest = console.switcher.latest
+    body["switch"] = latest.as_json() if latest is not None else None
+    return body
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview_page(
+    request: Request,
+    console: ConsoleDep,
+    backend: Backend,
+    engine_for: EngineFor,
+    session: CurrentSession,
+) -> HTMLResponse:
+    data = await overview(console, backend, engine_for)
+    return render(
+        request,
+        "overview.html",
+        {"page": "overview", "data": data, "sample_interval_s": console.config.sample_interval_s},
+        session,
+    )
+
+
+@router.get("/api/overview")
+async def overview_json(
+    console: ConsoleDep, backend: Backend, engine_for: EngineFor
+) -> dict[str, Any]:
+    return await overview(console, backend, engine_for)
+
+
+@router.get("/api/history")
+async def history(
+    console: ConsoleDep, window_s: Annotated[float, Query(gt=0, le=30 * 86400)] = 3600.0
+) -> dict[str, Any]:
+    series = await asyncio.to_thread(console.history.series, window_s)
+    return {"window_s": window_s, "series": series}

@@ -1,0 +1,1 @@
+"""Who may use the console: the credentials file, sessions, CSRF tokens and login throttling."""

@@ -1,0 +1,130 @@
+// Overview: draws the history charts with uPlot and refreshes the summary, all from this console.
+(function () {
+  "use strict";
+  const colours = ["#2563eb", "#dc6803", "#067647", "#7a5af8"];
+  const chartsEl = document.getElementById("charts");
+  const intervalMs = Math.max(1, Number(chartsEl.dataset.interval) || 2) * 1000;
+  const windowSelect = document.getElementById("window");
+  const charts = Array.from(document.querySelectorAll(".chart")).map(function (el) {
+    return { el: el, keys: el.dataset.series.split(","), labels: el.dataset.labels.split(","),
+             percent: el.dataset.percent === "true", plot: null, caption: null };
+  });
+
+  function options(chart) {
+    const series = [{}].concat(chart.keys.map(function (key, i) {
+      return { label: chart.labels[i] || key, stroke: colours[i % colours.length], width: 1.5,
+               spanGaps: false,
+               value: function (u, v) { return v == null ? "-" : chart.percent ? (v * 100).toFixed(1) + "%" : +v.toFixed(3); } };
+    }));
+    return { title: chart.el.dataset.title, width: Math.max(300, chart.el.clientWidth - 10), height: 200,
+             series: series,
+             scales: chart.percent ? { x: { time: true }, y: { range: [0, 1] } } : { x: { time: true } },
+             axes: [{}, { size: 56, values: function (u, ticks) { return ticks.map(function (v) { return chart.percent ? (v * 100).toFixed(0) + "%" : v; }); } }] };
+  }
+
+  function caption(chart, text) {
+    if (!chart.caption) {
+      chart.caption = document.createElement("p");
+      chart.caption.className = "caption";
+      chart.el.appendChild(chart.caption);
+    }
+    chart.caption.textContent = text;
+  }
+
+  function draw(series) {
+    const xs = series.ts || [];
+    charts.forEach(function (chart) {
+      const data = [xs].concat(chart.keys.map(function (key) { return series[key] || []; }));
+      if (chart.plot === null) {
+        chart.plot = new uPlot(options(chart), data, chart.el);
+      } else {
+        chart.plot.setData(data);
+      }
+      const points = chart.keys.reduce(function (n, key) {
+        return n + (series[key] || []).filter(function (v) { return v != null; }).length;
+      }, 0);
+      chart.el.dataset.points = String(points);
+      if (points === 0) {
+        caption(chart, chart.el.dataset.empty || "no samples in this window yet");
+      } else if (chart.caption) {
+        chart.caption.textContent = "";
+      }
+    });
+  }
+
+  async function refreshHistory() {
+    try {
+      const response = await fetch("/api/history?window_s=" + windowSelect.value, { credentials: "same-origin" });
+      if (response.status === 401) { window.location.assign("/login?next=%2F"); return; }
+      if (response.ok) { draw((await response.json()).series); }
+    } catch (err) { /* the next refresh tries again */ }
+  }
+
+  function field(data, path) {
+    return path.split(".").reduce(function (value, key) { return value == null ? null : value[key]; }, data);
+  }
+
+  function text(value) {
+    if (value == null) return "unavailable";
+    if (Array.isArray(value)) return value.map(function (v) { return typeof v === "number" ? v.toFixed(2) : v; }).join(" ");
+    if (typeof value === "number" && !Number.isInteger(value)) return value.toFixed(0);
+    return String(value);
+  }
+
+  function duration(seconds) {
+    if (seconds == null) return "-";
+    seconds = Math.floor(seconds);
+    const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = seconds % 60;
+    return h ? h + "h " + m + "m" : m ? m + "m " + s + "s" : s + "s";
+  }
+
+  function cell(row, value, className) {
+    const td = document.createElement("td");
+    td.textContent = value;
+    if (className) td.className = className;
+    row.appendChild(td);
+  }
+
+  function render(data) {
+    document.querySelectorAll("[data-field]").forEach(function (el) {
+      const value = field(data, el.dataset.field);
+      el.textContent = value == null ? (el.dataset.empty || "unavailable") : text(value);
+    });
+    const state = document.getElementById("health-state");
+    state.className = "state state-" + data.health.state;
+    document.getElementById("health-reason").textContent = data.health.serving ? "" : data.health.reason;
+    const body = document.querySelector("#ranks tbody");
+    body.replaceChildren();
+    data.ranks.forEach(function (rank) {
+      const row = document.createElement("tr");
+      cell(row, rank.rank); cell(row, rank.state, "state state-" + rank.state);
+      cell(row, rank.pid || "-"); cell(row, duration(rank.uptime_s)); cell(row, rank.detail);
+      body.appendChild(row);
+    });
+    const warnings = document.getElementById("warnings");
+    warnings.replaceChildren();
+    data.node.warnings.forEach(function (message) {
+      const p = document.createElement("p");
+      p.className = "warning";
+      p.textContent = message;
+      warnings.appendChild(p);
+    });
+  }
+
+  async function refreshOverview() {
+    try {
+      const response = await fetch("/api/overview", { credentials: "same-origin" });
+      if (response.ok) { render(await response.json()); }
+    } catch (err) { /* the next refresh tries again */ }
+  }
+
+  windowSelect.addEventListener("change", refreshHistory);
+  window.addEventListener("resize", function () {
+    charts.forEach(function (chart) {
+      if (chart.plot) chart.plot.setSize({ width: Math.max(300, chart.el.clientWidth - 10), height: 200 });
+    });
+  });
+  refreshHistory();
+  setInterval(refreshHistory, intervalMs);
+  setInterval(refreshOverview, Math.max(intervalMs, 3000));
+})();

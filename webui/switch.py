@@ -1,0 +1,274 @@
+"""The safe switch: every change the console makes (another model, other knobs) goes through it.
+
+validate -> drain (stop admitting; running requests finish, up to `drain_s`) -> write the new
+deployment file -> restart rank 0 -> follow `/health` until the new server serves. When it does
+not within `ready_s` (or rank 0 exits, or reports `failed`), the previous file is written back
+and rank 0 restarted with it; the job then says why, with rank 0's log tail.
+
+One job at a time; jobs run as asyncio tasks and are read as snapshots while they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dgpp.appliance.control_backend import ControlBackend
+from dgpp.appliance.deployment import Deployment
+from dgpp.webui.deployment_edit import Change, diff
+from dgpp.webui.deployment_store import DeploymentStore, resolve_raw, served_names
+from dgpp.webui.engine_client import EngineApi
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[Deployment], EngineApi]
+UPTIME_SLACK_S = 2.0  # a serving rank 0 older than the restart (plus this) is the old one
+LOG_TAIL_LINES = 80
+
+
+class Phase(enum.StrEnum):
+    DRAINING = "draining"
+    WRITING = "writing"
+    RESTARTING = "restarting"
+    WAITING = "waiting"
+    READY = "ready"
+    ROLLING_BACK = "rolling back"
+    ROLLED_BACK = "rolled back"
+    FAILED = "failed"
+
+
+FINAL = frozenset({Phase.READY, Phase.ROLLED_BACK, Phase.FAILED})
+
+
+class SwitchBusyError(Exception):
+    """Another switch is still running."""
+
+
+@dataclass(frozen=True)
+class SwitchTimeouts:
+    drain_s: float = 60.0
+    ready_s: float = 900.0
+    poll_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float  # wall clock
+    phase: Phase
+    message: str
+
+
+@dataclass(frozen=True)
+class SwitchJob:
+    ident: int
+    title: str
+    changes: tuple[Change, ...]
+    started_at: float
+    phase: Phase = Phase.DRAINING
+    steps: tuple[Step, ...] = ()
+    reason: str | None = None  # why the new deployment was not kept
+    log_tail: str = ""  # rank 0's log when it failed
+    finished_at: float | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.phase in FINAL
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.ident,
+            "title": self.title,
+            "phase": str(self.phase),
+            "final": self.is_final,
+            "changes": [
+                {"path": c.path, "old": c.old_text, "new": c.new_text} for c in self.changes
+            ],
+            "steps": [
+                {"at": s.at, "phase": str(s.phase), "message": s.message} for s in self.steps
+            ],
+            "reason": self.reason,
+            "log_tail": self.log_tail,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    reason: str = ""
+
+
+@dataclass
+class Switcher:
+    store: DeploymentStore
+    timeouts: SwitchTimeouts = field(default_factory=SwitchTimeouts)
+    history: deque[SwitchJob] = field(default_factory=lambda: deque(maxlen=20))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _task: asyncio.Task[None] | None = None
+
+    @property
+    def latest(self) -> SwitchJob | None:
+        return self.history[-1] if self.history else None
+
+    def job(self, ident: int) -> SwitchJob | None:
+        return next((job for job in self.history if job.ident == ident), None)
+
+    @property
+    def is_busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def begin(
+        self,
+        title: str,
+        new_raw: dict[str, Any],
+        backend: ControlBackend,
+        engine_for: EngineFactory,
+    ) -> SwitchJob:
+        """Start switching to `new_raw` (already validated by the caller; checked again here).
+        `SwitchBusyError` while another switch runs; `ConfigError` for an invalid deployment."""
+        if self.is_busy:
+            raise SwitchBusyError("another switch is still running")
+        old_raw = self.store.read_raw()
+        old, new = resolve_raw(old_raw), resolve_raw(new_raw, "the new deployment")
+        job = SwitchJob(next(self._ids), title, tuple(diff(old, new)), time.time())
+        self.history.append(job)
+        self._task = asyncio.create_task(
+            self._run(job.ident, old_raw, old, new_raw, new, backend, engine_for)
+        )
+        return job
+
+    async def wait(self) -> SwitchJob | None:
+        """The latest job, once it has finished."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        return self.latest
+
+    def _update(self, ident: int, **changes: Any) -> None:
+        for index, job in enumerate(self.history):
+            if job.ident == ident:
+                self.history[index] = replace(job, **changes)
+
+    def _step(self, ident: int, phase: Phase, message: str) -> None:
+        job = self.job(ident)
+        assert job is not None
+        step = Step(time.time(), phase, message)
+        self._update(ident, phase=phase, steps=(*job.steps, step))
+
+    def _finish(self, ident: int, phase: Phase, message: str, **changes: Any) -> None:
+        self._step(ident, phase, message)
+        self._update(ident, finished_at=time.time(), **changes)
+
+    async def _run(self, ident: int, *args: Any) -> None:
+        try:
+            await self._switch(ident, *args)
+        except Exception as err:  # the job must end, whatever broke
+            log.exception("switch %d failed", ident)
+            self._finish(ident, Phase.FAILED, f"internal error: {type(err).__name__}: {err}")
+
+    async def _switch(
+        self,
+        ident: int,
+        old_raw: dict[str, Any],
+        old: Deployment,
+        new_raw: dict[str, Any],
+        new: Deployment,
+        backend: ControlBackend,
+        engine_for: EngineFactory,
+    ) -> None:
+        old_engine = engine_for(old)
+        await self._drain(ident, old_engine)
+        self._step(ident, Phase.WRITING, f"writing {self.store.path}")
+        try:
+            await asyncio.to_thread(self.store.write, new_raw)
+        except OSError as err:
+            await old_engine.undrain()
+            self._finish(ident, Phase.FAILED, f"cannot write {self.store.path}: {err}")
+            return
+        outcome = await self._start(ident, backend, engine_for(new), new)
+        if outcome.ok:
+            names = ", ".join(served_names(new))
+            self._finish(ident, Phase.READY, f"serving {new.model} as {names}")
+            return
+        tail = await asyncio.to_thread(backend.log_tail, 0, LOG_TAIL_LINES)
+        self._update(ident, reason=outcome.reason, log_tail=tail)
+        self._step(
+            ident, Phase.ROLLING_BACK, f"{outcome.reason}; restoring the previous deployment"
+        )
+        await asyncio.to_thread(self.store.write, old_raw)
+        restored = await self._start(ident, backend, engine_for(old), old)
+        if restored.ok:
+            self._finish(ident, Phase.ROLLED_BACK, f"back on {old.model}: {outcome.reason}")
+        else:
+            self._finish(
+                ident,
+                Phase.FAILED,
+                f"the previous deployment did not come back either: {restored.reason}",
+            )
+
+    async def _drain(self, ident: int, engine: EngineApi) -> None:
+        self._step(ident, Phase.DRAINING, "stopping admission on the running engine")
+        report = await engine.drain()
+        if report is None:
+            self._step(ident, Phase.DRAINING, "the engine took no drain request; restarting as is")
+            return
+        deadline = time.monotonic() + self.timeouts.drain_s
+        left = _requests_left(report)
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(self.timeouts.poll_s)
+            report = await engine.drain()
+            left = _requests_left(report) if report is not None else 0
+        if left:
+            self._step(
+                ident,
+                Phase.DRAINING,
+                f"{left} requests still running after {self.timeouts.drain_s:g} s; "
+                "restarting anyway",
+            )
+        else:
+            self._step(ident, Phase.DRAINING, "drained: no request running or waiting")
+
+    async def _start(
+        self, ident: int, backend: ControlBackend, engine: EngineApi, deployment: Deployment
+    ) -> _Outcome:
+        """Restart rank 0 and follow it until `deployment` serves, fails, or time runs out."""
+        self._step(ident, Phase.RESTARTING, f"restarting rank 0 ({backend.kind})")
+        started = time.monotonic()
+        result = await asyncio.to_thread(backend.restart)
+        if not result.ok:
+            return _Outcome(False, result.message)
+        expected = served_names(deployment)[0]
+        timeout = self.timeouts.ready_s
+        self._step(ident, Phase.WAITING, f"waiting up to {timeout:g} s for /health")
+        seen = ""
+        while True:
+            health = await engine.health()
+            elapsed = time.monotonic() - started
+            uptime = health.body.get("uptime_s")
+            fresh = isinstance(uptime, int | float) and uptime <= elapsed + UPTIME_SLACK_S
+            if health.is_serving and health.body.get("model") == expected and fresh:
+                self._step(ident, Phase.WAITING, f"/health 200 after {elapsed:.1f} s")
+                return _Outcome(True)
+            if health.state != seen:
+                seen = health.state
+                self._step(ident, Phase.WAITING, f"{elapsed:.1f} s: {health.reason}")
+            statuses = await asyncio.to_thread(backend.status)
+            rank0 = next((status for status in statuses if status.rank == 0), None)
+            if rank0 is not None and rank0.state == "failed":
+                return _Outcome(False, f"rank 0 failed ({rank0.detail})")
+            if health.status is not None and health.state == "failed":
+                return _Outcome(False, f"rank 0 reports {health.reason}")
+            if elapsed >= timeout:
+                return _Outcome(False, f"not ready within {timeout:g} s ({health.reason})")
+            await asyncio.sleep(self.timeouts.poll_s)
+
+
+def _requests_left(report: dict[str, Any]) -> int:
+    return int(report.get("running", 0)) + int(report.get("waiting", 0))
