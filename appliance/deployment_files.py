@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dgpp.appliance.deployment import Deployment, parse_deployment
+from dgpp.appliance.json_file import read_object
 from dgpp.engine.errors import ConfigError
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
@@ -179,12 +180,4 @@ def deployment_id(deployment: Deployment) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read the deployment {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a deployment is a JSON object")
-    return raw
+    return read_object(path, "the deployment")

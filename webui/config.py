@@ -4,12 +4,12 @@ Unknown keys and wrong types are refused with the key's name, like the deploymen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dgpp.appliance.json_file import read_object
 from dgpp.engine.errors import ConfigError
 
 SYSTEM_DEPLOYMENT = Path("/etc/dgpp/deployment.json")
@@ -48,14 +48,7 @@ def load_console_config(path: Path | None, overrides: dict[str, Any]) -> Console
     """The file's settings (if any) with `overrides` (command-line flags) on top."""
     raw: dict[str, Any] = {}
     if path is not None:
-        try:
-            raw = json.loads(path.read_text())
-        except OSError as err:
-            raise ConfigError(f"cannot read the console settings {path}: {err.strerror}") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path} is not valid JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the console settings are a JSON object")
+        raw = read_object(path, "the console settings")
     raw.update({key: value for key, value in overrides.items() if value is not None})
     return parse_console_config(raw, str(path) if path is not None else "the command line")
 

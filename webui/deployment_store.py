@@ -12,7 +12,7 @@ from typing import Any
 
 from dgpp.appliance.deployment import Deployment, default_served_name, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
-from dgpp.engine.errors import ConfigError
+from dgpp.appliance.json_file import read_object
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
 
@@ -60,15 +60,7 @@ class DeploymentStore:
         self.keep = keep
 
     def read_raw(self) -> dict[str, Any]:
-        try:
-            raw = json.loads(self.path.read_text())
-        except OSError as err:
-            raise ConfigError(f"cannot read the deployment {self.path}: {err.strerror}") from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{self.path} is not valid JSON: {err}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{self.path}: a deployment is a JSON object")
-        return raw
+        return read_object(self.path, "the deployment")
 
     def current(self) -> Deployment:
         return resolve_raw(self.read_raw(), str(self.path))
