@@ -23,7 +23,7 @@ from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world import WorldSpec
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.errors import DgppError
+from dgpp.engine.errors import DgppError, one_line
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.deps import Startup
@@ -115,7 +115,7 @@ class HeadRuntime:
                 self._fatal(EXIT_CONFIG, f"{type(err).__name__}: {err}")
                 return
             except Exception as err:  # a rank refused, failed to load, or was lost meanwhile
-                log.warning("forming the world failed: %s", _first_line(err))
+                log.warning("forming the world failed: %s", one_line(err))
                 self._unavailable("re-forming" if self._lost_at else "starting", err)
                 self.head.dissolve(orderly=False)
                 self._stop.wait(retry_s)
@@ -127,7 +127,7 @@ class HeadRuntime:
                 return
             failure = self._async_engine.failure if self._async_engine else None
             self._lost_at = time.monotonic()
-            log.error("the world broke (%s); re-forming", _first_line(failure))
+            log.error("the world broke (%s); re-forming", one_line(failure))
             self._unavailable("re-forming", failure)
             assert self._async_engine is not None
             self._async_engine.stop(self.options.spec.timeouts.shutdown_s)
@@ -213,11 +213,11 @@ class HeadRuntime:
         return details
 
     def _unavailable(self, phase: str, error: BaseException | None) -> None:
-        self._phase, self._reason = phase, _first_line(error) if error else None
+        self._phase, self._reason = phase, one_line(error) if error else None
         details = self._details()
         if self.head.missing_ranks:
             details["missing_ranks"] = list(self.head.missing_ranks)
-        detach_state(self.app, Startup(phase, _first_line(error) if error else None, details))
+        detach_state(self.app, Startup(phase, one_line(error) if error else None, details))
 
     def _fatal(self, code: int, message: str) -> None:
         log.error("cannot serve: %s", message)
@@ -237,10 +237,3 @@ class HeadRuntime:
             self._async_engine.stop(self.options.spec.timeouts.shutdown_s)
             self._async_engine = None
         self.head.dissolve(orderly=True)
-
-
-def _first_line(err: BaseException | None) -> str:
-    if err is None:
-        return "unknown error"
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"

@@ -5,6 +5,8 @@ where one input is at fault, the `param` that names it. The HTTP layer maps thes
 error bodies in one handler; nothing else needs to inspect messages.
 """
 
+import re
+
 
 class DgppError(Exception):
     """Base of every error dgpp raises on purpose."""
@@ -45,3 +47,14 @@ class ConfigError(DgppError, ValueError):
     """An engine knob has a value the engine cannot run with."""
 
     code = "config_error"
+
+
+def one_line(err: BaseException | None, limit: int = 160) -> str:
+    """An exception as one short line for logs and status: its type and first line, without the
+    C++ source location that torch.distributed puts in front ("[/path/pair.cc:553] ...")."""
+    if err is None:
+        return "unknown error"
+    lines = str(err).strip().splitlines()
+    text = re.sub(r"^\[[^\]]*:\d+\]\s*", "", lines[0] if lines else "")
+    text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -16,7 +16,7 @@ from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.distributed.control import ControlChannel, serve_commands
 from dgpp.engine.distributed.handshake import receive_config, report_loaded
 from dgpp.engine.distributed.world import World, WorldSpec, join_world
-from dgpp.engine.errors import ConfigError, DgppError
+from dgpp.engine.errors import ConfigError, DgppError, one_line
 from dgpp.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Worker:
             except ConfigError:
                 raise
             except Exception as err:
-                self.ended = f"lost generation {world.generation}: {_first_line(err)}"
+                self.ended = f"lost generation {world.generation}: {one_line(err)}"
                 log.warning("%s", self.ended)
             finally:
                 self.generation, self.is_serving = None, False
@@ -124,8 +124,3 @@ def _build_runner(pushed: dict[str, Any], world: World) -> ModelRunner:
     model_config = ModelConfig.from_checkpoint(checkpoint)
     assert config.max_model_len is not None, "rank 0 pushes the resolved context limit"
     return ModelRunner(config, model_config, checkpoint, config.max_model_len, world.parallel)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"

@@ -50,3 +50,17 @@ def test_differences_name_each_key_path() -> None:
     ]
     refusal = check(WorldConfig.of(CONFIG), expected)
     assert refusal is not None and refusal.startswith("configuration differs: world_size")
+
+
+def test_one_line_drops_the_source_location_and_stays_short() -> None:
+    from dgpp.engine.errors import one_line
+
+    gloo = RuntimeError(
+        "[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+        "peer [127.0.0.1]:29585. " + "x" * 300 + "\nsecond line"
+    )
+    line = one_line(gloo)
+    assert line.startswith("RuntimeError: Connection closed by peer [127.0.0.1]:29585.")
+    assert len(line) == 160 and line.endswith("…")
+    assert one_line(ValueError("")) == "ValueError: "
+    assert one_line(None) == "unknown error"
