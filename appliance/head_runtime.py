@@ -17,6 +17,14 @@ from fastapi import FastAPI
 
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.local_backend import LocalWorkers
+from dgpp.appliance.node_probe import (
+    NodeBoard,
+    NodeProbe,
+    NodePublisher,
+    StoreLink,
+    publish_interval_s,
+    tcp_store_client,
+)
 from dgpp.appliance.sd_notify import Notifier
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.config import EngineConfig
@@ -24,6 +32,7 @@ from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world import WorldSpec
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import DgppError, one_line
+from dgpp.engine.server.admin_routes import set_nodes_reader
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.deps import Startup
@@ -61,7 +70,7 @@ def run_head(options: HeadOptions) -> int:
             app, host=options.server.host, port=options.server.port, log_level=options.log_level
         )
     )
-    runtime = HeadRuntime(options, app, server, import_s)
+    runtime = HeadRuntime(options, app, server, import_s, publish_interval_s(os.environ))
     workers = None
     if options.local_workers and options.spec.world_size and options.spec.world_size > 1:
         timeouts = options.spec.timeouts
@@ -84,11 +93,25 @@ def run_head(options: HeadOptions) -> int:
     return runtime.exit_code
 
 
+def node_board(spec: WorldSpec, publish_s: float) -> NodeBoard:
+    """Rank 0's node snapshots: its own (published into its store like every rank's, through a
+    client connection of its own so that a store call made for HTTP never waits behind the
+    rendezvous), and every rank's read back for GET /admin/nodes."""
+    world_size = spec.world_size or 1
+    link = StoreLink(tcp_store_client(spec.head, spec.port)) if world_size > 1 else None
+    return NodeBoard(world_size, NodePublisher(NodeProbe(0), link, publish_s), link)
+
+
 class HeadRuntime:
     """Runs the head's generations on its own thread; the HTTP server runs on the main thread."""
 
     def __init__(
-        self, options: HeadOptions, app: FastAPI, server: uvicorn.Server, import_s: float
+        self,
+        options: HeadOptions,
+        app: FastAPI,
+        server: uvicorn.Server,
+        import_s: float,
+        node_publish_s: float,
     ) -> None:
         self.options = options
         self.app = app
@@ -104,9 +127,12 @@ class HeadRuntime:
         self.notifier = Notifier.from_environment()
         self._phase = "starting"  # starting, re-forming, serving, stopping, failed
         self._reason: str | None = None  # why the world is not serving, one line
+        self.nodes = node_board(options.spec, node_publish_s)
+        set_nodes_reader(app, self.nodes.read)
 
     def run(self) -> None:
         self.notifier.watch(self.status_line, self._stop)
+        self.nodes.own.start(self._stop)
         retry_s = 1.0
         while not self._stop.is_set():
             try:

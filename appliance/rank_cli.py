@@ -126,6 +126,21 @@ def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: st
     return run_head(options)
 
 
+def _publish_node(spec: WorldSpec, stop: threading.Event) -> None:
+    """This node's readings into rank 0's store, every `DGPP_NODE_PUBLISH_S` seconds, on a thread
+    of their own: connecting to a rank 0 that is away must not hold up this rank's main loop."""
+    from dgpp.appliance.node_probe import (
+        NodeProbe,
+        NodePublisher,
+        StoreLink,
+        publish_interval_s,
+        tcp_store_client,
+    )
+
+    link = StoreLink(tcp_store_client(spec.head, spec.port))
+    NodePublisher(NodeProbe(spec.rank), link, publish_interval_s(os.environ)).start(stop)
+
+
 def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     """Serve worlds until SIGTERM/SIGINT (exit 0), a refused configuration (3) or an
     unexpected failure (4). The rank runs on a helper thread so that a signal is handled even
@@ -153,6 +168,7 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    _publish_node(spec, stop)
     threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
     logged_to, handler = None, None
     while not stop.wait(0.5):

@@ -1,61 +1,30 @@
-"""This node's GPUs (through NVML, `nvidia-ml-py`) and CPU (through `psutil` and sysfs).
+"""The overview's nodes: every rank's snapshot from rank 0's `GET /admin/nodes`, or this node's own
+readings when the engine does not answer, each with the console's clock warnings.
 
-A machine without an NVIDIA driver reports its GPUs as unavailable, with the reason; that is a
-normal state, not an error. A busy GPU whose SM clock sits far below its target (clocks drop
-silently after a power fault) gets a warning, with the throttle reasons NVML gives."""
+The probing itself lives in `dgpp.appliance.node_probe` (every rank runs it). A busy GPU whose SM
+clock sits far below its target (clocks drop silently after a power fault) gets a warning, with
+the throttle reasons NVML gives."""
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
-import psutil
+import httpx
+
+from dgpp.appliance.node_probe import (
+    CpuReading,
+    GpuReading,
+    GpuReport,
+    NvmlProbe,
+    gpu_report_of,
+    read_cpu,
+)
+from dgpp.webui.deployment_store import EngineTarget
 
 BUSY_PERCENT = 50  # a GPU below this utilisation may clock down on purpose
-_GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-# NVML clock-event (throttle) reason bits, by the names nvidia-smi prints.
-_REASONS = (
-    ("nvmlClocksEventReasonSwPowerCap", "software power cap"),
-    ("nvmlClocksEventReasonHwSlowdown", "hardware slowdown"),
-    ("nvmlClocksEventReasonHwThermalSlowdown", "hardware thermal slowdown"),
-    ("nvmlClocksEventReasonHwPowerBrakeSlowdown", "power brake"),
-    ("nvmlClocksEventReasonSwThermalSlowdown", "software thermal slowdown"),
-    ("nvmlClocksEventReasonSyncBoost", "sync boost"),
-)
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    index: int
-    name: str
-    sm_clock_mhz: int | None = None
-    target_clock_mhz: int | None = None  # the applications / locked clock target, else the max
-    temperature_c: int | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    utilisation_pct: int | None = None
-    throttle_reasons: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class GpuReport:
-    available: bool
-    reason: str = ""  # why GPUs are unavailable
-    gpus: tuple[GpuReading, ...] = ()
-
-
-@dataclass(frozen=True)
-class CpuReading:
-    count: int
-    freq_mhz: float | None
-    max_freq_mhz: float | None
-    governor: str | None
-    load: tuple[float, float, float]
-    utilisation_pct: float
 
 
 @dataclass(frozen=True)
@@ -80,108 +49,107 @@ def clock_warnings(report: GpuReport, fraction: float) -> list[str]:
     return warnings
 
 
-class NvmlProbe:
-    """Reads every GPU through NVML; initialises the library once, on first use."""
-
-    def __init__(self, loader: Callable[[], Any] | None = None) -> None:
-        self._loader = loader or _import_pynvml
-        self._nvml: Any = None
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    def _library(self) -> Any:
-        with self._lock:
-            if self._nvml is None and self._failure is None:
-                try:
-                    nvml = self._loader()
-                    nvml.nvmlInit()
-                    self._nvml = nvml
-                except Exception as err:  # no package, no driver, no device: all "unavailable"
-                    self._failure = _first_line(err) or type(err).__name__
-            return self._nvml
-
-    def read(self) -> GpuReport:
-        nvml = self._library()
-        if nvml is None:
-            return GpuReport(False, f"unavailable: {self._failure}")
-        try:
-            count = nvml.nvmlDeviceGetCount()
-        except Exception as err:
-            return GpuReport(False, f"unavailable: {_first_line(err)}")
-        if count == 0:
-            return GpuReport(False, "unavailable: no GPU on this node")
-        return GpuReport(True, gpus=tuple(_read_gpu(nvml, index) for index in range(count)))
-
-
-def _import_pynvml() -> Any:
-    import pynvml
-
-    return pynvml
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
-
-
-def _try(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except Exception:  # NVML answers NotSupported for much of what some boards lack
-        return None
-
-
-def _read_gpu(nvml: Any, index: int) -> GpuReading:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    name = _try(lambda: nvml.nvmlDeviceGetName(handle)) or f"GPU {index}"
-    if isinstance(name, bytes):
-        name = name.decode()
-    sm = nvml.NVML_CLOCK_SM
-    target = _try(
-        lambda: nvml.nvmlDeviceGetClock(handle, sm, nvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)
-    ) or _try(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, sm))
-    power = _try(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-    limit = _try(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
-    utilisation = _try(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-    reasons_mask = _try(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
-    if reasons_mask is None:
-        reasons_mask = _try(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
-    reasons = tuple(
-        label
-        for attribute, label in _REASONS
-        if reasons_mask and hasattr(nvml, attribute) and reasons_mask & getattr(nvml, attribute)
-    )
-    return GpuReading(
-        index=index,
-        name=str(name),
-        sm_clock_mhz=_try(lambda: nvml.nvmlDeviceGetClockInfo(handle, sm)),
-        target_clock_mhz=target or None,
-        temperature_c=_try(
-            lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-        ),
-        power_w=power / 1000 if power is not None else None,
-        power_limit_w=limit / 1000 if limit is not None else None,
-        utilisation_pct=utilisation.gpu if utilisation is not None else None,
-        throttle_reasons=reasons,
-    )
-
-
-def read_cpu() -> CpuReading:
-    frequency = _try(psutil.cpu_freq)
-    try:
-        governor: str | None = _GOVERNOR.read_text().strip()
-    except OSError:
-        governor = None
-    return CpuReading(
-        count=os.cpu_count() or 1,
-        freq_mhz=frequency.current if frequency else None,
-        max_freq_mhz=frequency.max if frequency and frequency.max else None,
-        governor=governor,
-        load=os.getloadavg(),
-        utilisation_pct=psutil.cpu_percent(None),
-    )
-
-
 def read_node(gpus: NvmlProbe, clock_warning_fraction: float) -> NodeReport:
     report = gpus.read()
     return NodeReport(report, read_cpu(), tuple(clock_warnings(report, clock_warning_fraction)))
+
+
+def node_view(snapshot: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """One row of the overview's node table: a rank's snapshot (as `/admin/nodes` gives it) with
+    its clock warnings, each naming the node, and the row's cells as text (`summary`)."""
+    gpu, cpu = snapshot.get("gpu"), snapshot.get("cpu")
+    try:
+        report = gpu_report_of(gpu) if isinstance(gpu, dict) else None
+    except (TypeError, ValueError):  # a snapshot this console cannot read
+        report = None
+    rank, host = snapshot.get("rank"), snapshot.get("hostname") or "unknown host"
+    where = f"rank {rank} ({host})" if rank is not None else host
+    warnings = clock_warnings(report, fraction) if report is not None else []
+    if report is None:
+        lines = [str(snapshot.get("error") or "no reading")]
+    elif not report.available:
+        lines = [report.reason or "unavailable"]
+    else:
+        lines = [_gpu_line(reading) for reading in report.gpus]
+    cpu = cpu if isinstance(cpu, dict) else {}
+    freq, most = cpu.get("freq_mhz"), cpu.get("max_freq_mhz")
+    load = cpu.get("load")
+    loads = " ".join(f"{value:.2f}" for value in load) if isinstance(load, list | tuple) else "-"
+    summary = {
+        "gpus": lines,
+        "cpu_freq": (f"{freq:.0f} MHz" + (f" of {most:.0f}" if most else "")) if freq else "-",
+        "governor": str(cpu.get("governor") or "-"),
+        "load": loads,
+        "busy": _unit(cpu.get("utilisation_pct"), "%"),
+    }
+    return {
+        **snapshot,
+        "warnings": [f"{where}: {warning}" for warning in warnings],
+        "summary": summary,
+    }
+
+
+def _unit(value: Any, unit: str, digits: int = 0) -> str:
+    return f"{value:.{digits}f} {unit}" if isinstance(value, int | float) else "-"
+
+
+def _gpu_line(gpu: GpuReading) -> str:
+    clock = gpu.sm_clock_mhz if gpu.sm_clock_mhz is not None else "-"
+    target = gpu.target_clock_mhz or "-"
+    graphics, most = _unit(gpu.graphics_clock_mhz, "MHz"), _unit(gpu.max_clock_mhz, "MHz")
+    return (
+        f"{gpu.index} {gpu.name}: SM {clock} of {target} MHz (graphics {graphics}, max {most}), "
+        f"{_unit(gpu.temperature_c, '°C')}, {_unit(gpu.power_w, 'W', 1)}, "
+        f"{_unit(gpu.utilisation_pct, '% busy')}"
+    )
+
+
+def local_node(gpus: NvmlProbe, fraction: float) -> dict[str, Any]:
+    """This node's readings in the same shape, for when the engine does not answer (the console
+    runs on the head, but without rank 0 it cannot say which rank this is)."""
+    report = gpus.read()
+    snapshot = {
+        "rank": None,
+        "hostname": socket.gethostname(),
+        "time": time.time(),
+        "age_s": 0.0,
+        "gpu": asdict(report),
+        "cpu": asdict(read_cpu()),
+    }
+    return node_view(snapshot, fraction)
+
+
+class NodesApi(Protocol):
+    """Every rank's snapshot from rank 0; None when the engine does not answer usefully."""
+
+    async def nodes(self) -> list[dict[str, Any]] | None: ...
+
+
+class NodesClient:
+    """`GET /admin/nodes` on rank 0, with the API key the deployment names."""
+
+    def __init__(
+        self,
+        target: EngineTarget,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,  # tests answer in place of rank 0
+    ) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self.transport = transport
+
+    async def nodes(self) -> list[dict[str, Any]] | None:
+        key = self.target.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            async with httpx.AsyncClient(
+                timeout=self.timeout_s, trust_env=False, transport=self.transport
+            ) as client:
+                response = await client.get(f"{self.target.url}/admin/nodes", headers=headers)
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        nodes = body.get("nodes") if isinstance(body, dict) else None
+        if not isinstance(nodes, list) or not nodes:
+            return None
+        return [node for node in nodes if isinstance(node, dict)]

@@ -1,5 +1,6 @@
 """POST /admin/drain, POST /admin/undrain and GET /admin/drain: stop admitting generation requests
-before a planned restart, let the running ones finish, and say how many are left.
+before a planned restart, let the running ones finish, and say how many are left. GET /admin/nodes:
+every rank's latest node snapshot (GPUs, CPU), through a reader rank 0's runtime provides.
 
 While draining, every new generation request (chat, completions, messages) is answered
 `503 draining` with Retry-After and counted as shed; everything else (health, models, metrics,
@@ -10,10 +11,12 @@ The routes sit behind the API key like every non-open route (see `app.py`'s guar
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dgpp.engine.server.deps import Startup, state_of
@@ -23,6 +26,10 @@ from dgpp.engine.server.metrics import GENERATION_PATHS, Outcome, request_tracke
 router = APIRouter(prefix="/admin", tags=["admin"])
 
 DRAIN_KEY = "dgpp_drain"
+NODES_KEY = "dgpp_nodes"
+# Every rank's latest snapshot, JSON-able dicts with at least `rank` and `time` (the wall clock
+# when it was taken, None when the rank has published nothing). It may block on the network.
+NodesReader = Callable[[], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -36,9 +43,15 @@ def drain_of(app: FastAPI) -> Drain | None:
     return getattr(app.state, DRAIN_KEY, None)
 
 
+def set_nodes_reader(app: FastAPI, reader: NodesReader | None) -> None:
+    """What GET /admin/nodes answers from (set by rank 0's runtime; None: an empty list)."""
+    setattr(app.state, NODES_KEY, reader)
+
+
 def install(app: FastAPI) -> None:
     """The admin routes and the guard that refuses generation requests while draining."""
     setattr(app.state, DRAIN_KEY, None)
+    setattr(app.state, NODES_KEY, None)
     app.include_router(router)
     app.add_middleware(DrainGuard)
 
@@ -103,3 +116,20 @@ async def undrain(request: Request) -> dict[str, Any]:
 @router.get("/drain")
 async def drain_status(request: Request) -> dict[str, Any]:
     return _report(request.app)
+
+
+@router.get("/nodes")
+async def nodes(request: Request) -> dict[str, Any]:
+    """Every rank's node snapshot with its age in seconds (None for a rank not heard from)."""
+    reader: NodesReader | None = getattr(request.app.state, NODES_KEY, None)
+    snapshots = await run_in_threadpool(reader) if reader is not None else []
+    now = time.time()
+    return {"nodes": [_aged(snapshot, now) for snapshot in snapshots]}
+
+
+def _aged(snapshot: dict[str, Any], now: float) -> dict[str, Any]:
+    """Ages come from the publishing node's clock: a skewed clock shows as a wrong age, never a
+    negative one."""
+    taken = snapshot.get("time")
+    fresh = isinstance(taken, int | float)
+    return {**snapshot, "age_s": round(max(0.0, now - taken), 3) if fresh else None}

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from dgpp.webui.app import create_app
 from dgpp.webui.config import ConsoleConfig, parse_console_config
 from dgpp.webui.deps import get_backend, get_engine_factory
+from dgpp.webui.routes.overview_routes import get_nodes_factory
 from dgpp.webui.security.credentials import write_credentials
 from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld
 
@@ -97,6 +98,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     app = create_app(config, backend=backend)
     app.dependency_overrides[get_backend] = lambda: backend
     app.dependency_overrides[get_engine_factory] = lambda: lambda d: FakeEngine(world, d)
+    app.dependency_overrides[get_nodes_factory] = lambda: lambda d: FakeEngine(world, d)
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield Console(client, world, config, app)
 

@@ -30,6 +30,23 @@ METRICS = {
 }
 
 
+def node_snapshot(rank: int, hostname: str, **gpu: Any) -> dict[str, Any]:
+    """One rank's entry of rank 0's `/admin/nodes`; with `gpu` fields, one GPU that has them."""
+    report: dict[str, Any] = {"available": False, "reason": "unavailable: no driver", "gpus": []}
+    if gpu:
+        report = {"available": True, "reason": "", "gpus": [{"index": 0, "name": "GB10", **gpu}]}
+    cpu = {"count": 20, "freq_mhz": 2800.0, "max_freq_mhz": 3900.0, "governor": "performance"}
+    cpu |= {"load": [1.5, 1.25, 1.0], "utilisation_pct": 12.5}
+    return {
+        "rank": rank,
+        "hostname": hostname,
+        "time": time.time() - 2,
+        "age_s": 2.0,
+        "gpu": report,
+        "cpu": cpu,
+    }
+
+
 @dataclass
 class FakeWorld:
     """Rank 0 as the console sees it through both the backend and the engine API."""
@@ -43,6 +60,9 @@ class FakeWorld:
     running: int = 0
     actions: list[str] = field(default_factory=list)
     fail_restart: bool = False
+    nodes: list[dict[str, Any]] = field(
+        default_factory=lambda: [node_snapshot(0, "spark-1"), node_snapshot(1, "spark-2")]
+    )
 
     def restart(self) -> None:
         deployment = resolve_raw(json.loads(self.deployment_path.read_text()))
@@ -121,3 +141,6 @@ class FakeEngine:
         self.world.actions.append("undrain")
         self.world.draining = False
         return {"draining": False, "running": 0, "waiting": 0}
+
+    async def nodes(self) -> list[dict[str, Any]] | None:
+        return self.world.nodes if self.world.state != "down" else None

@@ -16,7 +16,7 @@ from dgpp.webui.app import create_app
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import get_backend, get_engine_factory
 from tests.webui.conftest import Console, console_config
-from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld
+from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld, node_snapshot
 
 
 def test_overview_reports_deployment_health_ranks_and_node(logged_in: Console) -> None:
@@ -25,13 +25,39 @@ def test_overview_reports_deployment_health_ranks_and_node(logged_in: Console) -
     assert body["deployment"]["served_names"] == ["m"]
     assert body["health"]["state"] == "serving" and body["health"]["serving"]
     assert body["ranks"][0]["state"] == "running" and body["ranks"][0]["uptime_s"] >= 0
-    assert set(body["node"]) == {"gpu", "cpu", "warnings"}
+    assert body["nodes_source"] == "engine"
+    assert [(node["rank"], node["hostname"]) for node in body["nodes"]] == [
+        (0, "spark-1"),
+        (1, "spark-2"),
+    ]
     logged_in.world.state = "down"
     body = logged_in.client.get("/api/overview").json()
     assert body["health"]["state"] == "unreachable"
     assert "connection refused" in body["health"]["reason"]
+    # Without rank 0 the console shows what it can read itself: this node, rank unknown.
+    assert body["nodes_source"] == "local"
+    (node,) = body["nodes"]
+    assert node["rank"] is None and set(node["summary"]) >= {"gpus", "cpu_freq", "governor"}
     page = logged_in.client.get("/")
     assert "unreachable" in page.text and 'id="chart-throughput"' in page.text
+    assert "This node only: the engine does not answer." in page.text
+
+
+def test_overview_shows_one_row_per_node_and_warns_per_node(logged_in: Console) -> None:
+    slow = node_snapshot(1, "spark-2", sm_clock_mhz=900, target_clock_mhz=2400, utilisation_pct=97)
+    silent = {"rank": 2, "hostname": None, "time": None, "age_s": None, "error": "no reading yet"}
+    logged_in.world.nodes = [node_snapshot(0, "spark-1"), slow, silent]
+    body = logged_in.client.get("/api/overview").json()
+    assert body["warnings"] == [
+        "rank 1 (spark-2): GPU 0 runs at 900 MHz, 38% of its 2400 MHz target, while 97% busy"
+    ]
+    assert [node["warnings"] != [] for node in body["nodes"]] == [False, True, False]
+    page = logged_in.client.get("/").text
+    rows = page.split('id="nodes"', 1)[1].split("</table>", 1)[0].count("<tr><td>")
+    assert rows == 3
+    for text in ("spark-2", "SM 900 of 2400 MHz", "unavailable: no driver", "no reading yet"):
+        assert text in page
+    assert "performance" in page and "1.50 1.25 1.00" in page and 'class="warning"' in page
 
 
 def test_the_sampler_fills_the_history_from_the_engine(tmp_path: Path) -> None:

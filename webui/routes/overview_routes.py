@@ -5,27 +5,45 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
+from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.deployment_files import deployment_id
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.console import Console
-from dgpp.webui.deployment_store import served_names
-from dgpp.webui.deps import LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor
-from dgpp.webui.node_probe import read_node
+from dgpp.webui.deployment_store import engine_target, served_names
+from dgpp.webui.deps import LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor, get_console
+from dgpp.webui.node_probe import NodesApi, NodesClient, local_node, node_view
 from dgpp.webui.pages import render
 from dgpp.webui.switch import EngineFactory
 
 router = APIRouter(dependencies=LOGGED_IN)
 
+NodesFactory = Callable[[Deployment], NodesApi]
 
-async def overview(console: Console, backend: Backend, engine_for: EngineFactory) -> dict[str, Any]:
-    """Deployment, health, ranks, this node's GPUs and CPU, and the latest switch."""
+
+def get_nodes_factory(request: Request) -> NodesFactory:
+    """Rank 0's `GET /admin/nodes`; tests replace it through `dependency_overrides`."""
+    config = get_console(request).config
+    return lambda deployment: NodesClient(
+        engine_target(deployment, config.engine_url), config.engine_timeout_s
+    )
+
+
+NodesFor = Annotated[NodesFactory, Depends(get_nodes_factory)]
+
+
+async def overview(
+    console: Console, backend: Backend, engine_for: EngineFactory, nodes_for: NodesFactory
+) -> dict[str, Any]:
+    """Deployment, health, ranks, every node's GPUs and CPU, and the latest switch."""
     body: dict[str, Any] = {"time": time.time(), "backend": backend.kind}
+    nodes = None
     try:
         deployment = console.store.current()
     except ConfigError as err:
@@ -49,6 +67,8 @@ async def overview(console: Console, backend: Backend, engine_for: EngineFactory
             "reason": health.reason,
             "details": health.body,
         }
+        if health.status is not None:
+            nodes = await nodes_for(deployment).nodes()
     else:
         body["health"] = {"status": None, "state": "unknown", "serving": False, "reason": ""}
     ranks = await asyncio.to_thread(backend.status)
@@ -57,8 +77,14 @@ async def overview(console: Console, backend: Backend, engine_for: EngineFactory
         {**asdict(rank), "uptime_s": now - rank.started_at if rank.started_at else None}
         for rank in ranks
     ]
-    node = await asyncio.to_thread(read_node, console.gpus, console.config.clock_warning_fraction)
-    body["node"] = asdict(node)
+    fraction = console.config.clock_warning_fraction
+    if nodes is not None:
+        body["nodes"] = [node_view(node, fraction) for node in nodes]
+        body["nodes_source"] = "engine"
+    else:  # the engine is down: this node only (the console runs on the head)
+        body["nodes"] = [await asyncio.to_thread(local_node, console.gpus, fraction)]
+        body["nodes_source"] = "local"
+    body["warnings"] = [warning for node in body["nodes"] for warning in node["warnings"]]
     latest = console.switcher.latest
     body["switch"] = latest.as_json() if latest is not None else None
     return body
@@ -70,9 +96,10 @@ async def overview_page(
     console: ConsoleDep,
     backend: Backend,
     engine_for: EngineFor,
+    nodes_for: NodesFor,
     session: CurrentSession,
 ) -> HTMLResponse:
-    data = await overview(console, backend, engine_for)
+    data = await overview(console, backend, engine_for, nodes_for)
     return render(
         request,
         "overview.html",
@@ -83,9 +110,9 @@ async def overview_page(
 
 @router.get("/api/overview")
 async def overview_json(
-    console: ConsoleDep, backend: Backend, engine_for: EngineFor
+    console: ConsoleDep, backend: Backend, engine_for: EngineFor, nodes_for: NodesFor
 ) -> dict[str, Any]:
-    return await overview(console, backend, engine_for)
+    return await overview(console, backend, engine_for, nodes_for)
 
 
 @router.get("/api/history")

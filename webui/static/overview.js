@@ -85,6 +85,30 @@
     row.appendChild(td);
   }
 
+  // One row per node, from the summary the console computed (`node_view`).
+  function renderNodes(data) {
+    document.getElementById("nodes-source").textContent =
+      data.nodes_source === "local" ? "This node only: the engine does not answer." : "";
+    const body = document.querySelector("#nodes tbody");
+    body.replaceChildren();
+    data.nodes.forEach(function (node) {
+      const s = node.summary, row = document.createElement("tr");
+      cell(row, node.rank == null ? "-" : node.rank); cell(row, node.hostname || "-");
+      const gpus = document.createElement("td");
+      gpus.className = "gpus";
+      s.gpus.forEach(function (line) {
+        const div = document.createElement("div");
+        div.textContent = line;
+        if (!(node.gpu && node.gpu.available)) div.className = "unavailable";
+        gpus.appendChild(div);
+      });
+      row.appendChild(gpus);
+      cell(row, s.cpu_freq); cell(row, s.governor); cell(row, s.load); cell(row, s.busy);
+      cell(row, duration(node.age_s));
+      body.appendChild(row);
+    });
+  }
+
   function render(data) {
     document.querySelectorAll("[data-field]").forEach(function (el) {
       const value = field(data, el.dataset.field);
@@ -101,9 +125,10 @@
       cell(row, rank.pid || "-"); cell(row, duration(rank.uptime_s)); cell(row, rank.detail);
       body.appendChild(row);
     });
+    renderNodes(data);
     const warnings = document.getElementById("warnings");
     warnings.replaceChildren();
-    data.node.warnings.forEach(function (message) {
+    data.warnings.forEach(function (message) {
       const p = document.createElement("p");
       p.className = "warning";
       p.textContent = message;

@@ -1,13 +1,16 @@
 """POST /admin/drain and /admin/undrain through a scripted engine: new generation requests are
-refused with `503 draining` while the rest of the API keeps answering; the API key guards them."""
+refused with `503 draining` while the rest of the API keeps answering; the API key guards them.
+GET /admin/nodes answers from the reader rank 0's runtime sets, with each snapshot's age."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
 from fastapi.testclient import TestClient
 
+from dgpp.engine.server.admin_routes import set_nodes_reader
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
@@ -99,3 +102,23 @@ def test_admin_routes_need_the_api_key_when_one_is_set(tokenizer: Any) -> None:
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 401
         refused = client.post("/v1/chat/completions", json=CHAT, headers=auth)
         assert_error(refused, 503, "draining", None, type_="server_error")
+
+
+def test_nodes_lists_every_rank_with_its_age_behind_the_api_key(tokenizer: Any) -> None:
+    now = time.time()
+    snapshots = [
+        {"rank": 0, "hostname": "spark-1", "time": now - 3, "gpu": {"available": False}},
+        {"rank": 1, "hostname": "spark-2", "time": now + 60, "cpu": {"count": 20}},  # skewed
+        {"rank": 2, "hostname": None, "time": None, "error": "no reading from this rank yet"},
+    ]
+    with _client(BusyEngine(tokenizer), api_key="sekrit") as client:
+        refused = client.get("/admin/nodes")
+        assert_error(refused, 401, "invalid_api_key", None, type_="authentication_error")
+        auth = {"Authorization": "Bearer sekrit"}
+        assert client.get("/admin/nodes", headers=auth).json() == {"nodes": []}  # no reader
+        set_nodes_reader(client.app, lambda: snapshots)  # type: ignore[arg-type]
+        nodes = client.get("/admin/nodes", headers=auth).json()["nodes"]
+    assert [node["rank"] for node in nodes] == [0, 1, 2]
+    assert 3 <= nodes[0]["age_s"] < 30 and nodes[0]["gpu"] == {"available": False}
+    assert nodes[1]["age_s"] == 0.0  # a clock ahead of rank 0's never gives a negative age
+    assert nodes[2]["age_s"] is None and nodes[2]["error"] == "no reading from this rank yet"
