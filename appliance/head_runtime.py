@@ -40,6 +40,8 @@ from dgpp.engine.server.state import ServerState
 
 log = logging.getLogger("dgpp.head")
 
+INSTANCE = f"{os.getpid()}-{time.time_ns()}"  # this rank 0 process, as /health names it
+
 
 def process_age_s() -> float:
     """Seconds since this process started (interpreter start and imports included)."""
@@ -233,7 +235,11 @@ class HeadRuntime:
         return f"{self._phase}{reason}: {step}"
 
     def _details(self) -> dict[str, object]:
-        details: dict[str, object] = {"world_size": self.head.world_size}
+        # `instance` changes with every rank 0 process: a console that restarted rank 0 waits
+        # for a new one instead of guessing from uptimes.
+        details: dict[str, object] = {"world_size": self.head.world_size, "instance": INSTANCE}
+        if self.options.deployment_id is not None:
+            details["deployment_id"] = self.options.deployment_id
         if self.head.world is not None:
             details["generation"] = self.head.world.generation
         return details

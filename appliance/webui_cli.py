@@ -70,6 +70,8 @@ def run_webui(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One INFO line per engine poll (every 2 s) would flood the journal.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     config = _settings(args)
     from dgpp.webui.security.credentials import load_credentials
 

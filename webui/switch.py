@@ -240,6 +240,7 @@ class Switcher:
     ) -> _Outcome:
         """Restart rank 0 and follow it until `deployment` serves, fails, or time runs out."""
         self._step(ident, Phase.RESTARTING, f"restarting rank 0 ({backend.kind})")
+        before = (await engine.health()).body.get("instance")
         started = time.monotonic()
         result = await asyncio.to_thread(backend.restart)
         if not result.ok:
@@ -251,8 +252,7 @@ class Switcher:
         while True:
             health = await engine.health()
             elapsed = time.monotonic() - started
-            uptime = health.body.get("uptime_s")
-            fresh = isinstance(uptime, int | float) and uptime <= elapsed + UPTIME_SLACK_S
+            fresh = _is_new_process(health.body, before, elapsed)
             if health.is_serving and health.body.get("model") == expected and fresh:
                 self._step(ident, Phase.WAITING, f"/health 200 after {elapsed:.1f} s")
                 return _Outcome(True)
@@ -268,6 +268,16 @@ class Switcher:
             if elapsed >= timeout:
                 return _Outcome(False, f"not ready within {timeout:g} s ({health.reason})")
             await asyncio.sleep(self.timeouts.poll_s)
+
+
+def _is_new_process(body: dict[str, Any], before: object, elapsed: float) -> bool:
+    """Whether /health comes from the rank 0 started by this restart: its `instance` differs
+    from the one seen before (engines that do not report one: by uptime, with some slack)."""
+    instance = body.get("instance")
+    if instance is not None and before is not None:
+        return bool(instance != before)
+    uptime = body.get("uptime_s")
+    return isinstance(uptime, int | float) and uptime <= elapsed + UPTIME_SLACK_S
 
 
 def _requests_left(report: dict[str, Any]) -> int:

@@ -121,12 +121,15 @@ def test_rank0_restart_alone_heals(qwen3: Path, tmp_path: Path) -> None:
     worker = start(worker_args, tmp_path / "rank1.log", FAST_TIMEOUTS)
     head = start(["rank", "--rank", "0", "--deployment", str(deployment)], tmp_path / "r0.log")
     try:
-        wait_healthy(url, head)
+        first = wait_healthy(url, head)
         expected = greedy_texts(url)
         head.stop(signal.SIGKILL)
         head = start(["rank", "--rank", "0", "--deployment", str(deployment)], tmp_path / "r0b.log")
         health = wait_healthy(url, head, timeout=120)
         assert health["world_size"] == 2
+        # /health names the process (a console waiting for a restart) and the deployment.
+        assert health["instance"] != first["instance"]
+        assert health["deployment_id"] == first["deployment_id"]
         assert greedy_texts(url) == expected
         assert worker.process.poll() is None  # the same worker process rejoined
         # An orderly stop of rank 0 (systemctl stop / restart) leaves the worker waiting too.

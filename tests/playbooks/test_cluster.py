@@ -5,6 +5,8 @@ No systemd, packages, users or mounts are touched; nvidia-smi is a stand-in (no 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
 import stat
 from dataclasses import dataclass
@@ -85,6 +87,10 @@ def staged_hosts(tmp: Path) -> tuple[StagedHost, list[StagedHost]]:
     ]
     for host in (head, *workers):
         stage(host)
+    # The head has polkit (an empty stand-in polkitd), so the console's restart path is a rule.
+    head.path("/usr/lib/polkit-1/polkitd").parent.mkdir(parents=True)
+    head.path("/usr/lib/polkit-1/polkitd").touch()
+    head.path("/etc/polkit-1/rules.d").mkdir(parents=True)
     return head, workers
 
 
@@ -256,6 +262,8 @@ def test_an_invalid_deployment_is_refused_and_the_old_one_kept(cluster: Cluster)
 
 
 def test_units_and_console_credentials(cluster: Cluster):
+    from dgpp.webui.security.credentials import load_credentials
+
     for host in cluster.hosts:
         units = host.path("/etc/systemd/system")
         assert (units / "dgpp@.service").is_file() and (units / "dgpp.target").is_file()
@@ -264,9 +272,38 @@ def test_units_and_console_credentials(cluster: Cluster):
     assert stat.S_IMODE(credentials.stat().st_mode) == 0o600
     text = credentials.read_text()
     assert text == cluster.credentials_after_first  # created once, never rewritten
-    password = dict(line.split("=", 1) for line in text.splitlines())["DGPP_WEBUI_PASSWORD"]
+    values = dict(line.split("=", 1) for line in text.splitlines())
+    assert set(values) == {"DGPP_WEBUI_USER", "DGPP_WEBUI_PASSWORD_HASH"}  # no plain text
+    assert values["DGPP_WEBUI_PASSWORD_HASH"].startswith("scrypt$")
+    # The generated password, for root alone, is the one the hash accepts.
+    password_file = cluster.head.path("/etc/dgpp/webui.initial-password")
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+    password = password_file.read_text().strip()
     assert len(password) == 24 and password.isalnum()
-    assert password not in cluster.first.output  # no_log
+    assert load_credentials(credentials).verify("admin", password)
+    assert password not in cluster.first.output and password not in cluster.second.output
+    assert not cluster.workers[0].path("/etc/dgpp/webui.credentials").exists()
+
+
+def test_console_settings_select_systemd_and_polkit(cluster: Cluster):
+    from dgpp.webui.config import load_console_config
+
+    head = cluster.head
+    env = head.path("/etc/dgpp/webui.env").read_text().splitlines()
+    assert "DGPP_WEBUI_CONFIG=/etc/dgpp/webui.json" in env
+    config = load_console_config(head.path("/etc/dgpp/webui.json"), {})
+    assert (config.backend, config.host, config.port) == ("systemd", "127.0.0.1", 18090)
+    assert str(config.deployment) == "/etc/dgpp/deployment.json"
+    assert str(config.credentials) == "/etc/dgpp/webui.credentials"
+    assert str(config.state_dir) == "/var/lib/dgpp/webui"
+    assert config.systemctl == ("systemctl",)  # polkit: no sudo in front
+    assert head.path("/var/lib/dgpp/webui").is_dir()
+    rule = head.path("/etc/polkit-1/rules.d/50-dgpp-webui.rules").read_text()
+    assert 'action.lookup("unit") === "dgpp@rank0.service"' in rule
+    assert f'subject.user === "{pwd.getpwuid(os.getuid()).pw_name}"' in rule  # dgpp_user
+    assert not head.path("/etc/sudoers.d/dgpp-webui").exists()
+    # A staged /etc/dgpp belongs to the test's user, who is dgpp_user here: no warning.
+    assert "cannot replace /etc/dgpp/deployment.json" not in cluster.first.output
 
 
 def test_check_mode_on_fresh_hosts_writes_nothing(tmp_path: Path):

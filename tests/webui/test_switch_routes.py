@@ -268,3 +268,15 @@ def test_an_unexpected_error_still_ends_the_switch(logged_in: Console, monkeypat
     assert job["phase"] == "failed"
     assert job["steps"][-1]["message"] == "internal error: RuntimeError: supervisor went away"
     assert logged_in.client.get("/api/switch").json()["busy"] is False
+
+
+def test_a_restarted_rank_zero_is_recognised_by_its_instance() -> None:
+    from dgpp.webui.switch import _is_new_process
+
+    # The old process, just started (uptime 0.5 s), is not mistaken for the new one...
+    assert not _is_new_process({"instance": "41-1", "uptime_s": 0.5}, "41-1", elapsed=3.0)
+    # ...and a new process counts whatever its uptime.
+    assert _is_new_process({"instance": "42-2", "uptime_s": 9.0}, "41-1", elapsed=3.0)
+    # Engines without an instance: by uptime since the restart, with slack.
+    assert _is_new_process({"uptime_s": 1.0}, None, elapsed=3.0)
+    assert not _is_new_process({"uptime_s": 60.0}, None, elapsed=3.0)
