@@ -66,10 +66,7 @@ class Head:
     ) -> None:
         assert spec.rank == 0 and spec.world_size is not None
         self.spec = spec
-        # A world of one sizes itself (LLMEngine); a larger one runs what rank 0 resolved.
-        self.config = config
-        if spec.world_size > 1:
-            self.config = resolve_config(config, checkpoint, spec.world_size)
+        self.config = resolve_config(config, checkpoint, spec.world_size)
         self.checkpoint = checkpoint
         self.deployment_id = deployment_id
         self.world_size = spec.world_size

@@ -262,26 +262,18 @@ def test_a_warm_start_serves_at_once_and_packs_on_the_side(
 ) -> None:
     """Warm weights are memory-mapped: the runner is ready before its linears are packed, serves
     on the dense weights meanwhile, and every layer ends up packed with the same tokens."""
-    from dgpp.engine.config import EngineConfig
-    from dgpp.engine.engine import LLMEngine
     from dgpp.engine.layers.linear import PackableLinear
     from dgpp.kernels.linear import select_packer
 
     cache = tmp_path / "cache"
     cold = _tokens(checkpoint, cache)
-    config = EngineConfig(model=str(checkpoint), resident_cache_dir=str(cache), **KNOBS)
-    engine = LLMEngine(config, checkpoint)
-    runner = engine.runner
+    llm = LLM(str(checkpoint), resident_cache_dir=str(cache), **KNOBS)
+    runner = llm.engine.runner
     if select_packer(runner.device, runner.dtype) is None:
         pytest.skip("no packed kernel on this CPU")
     assert runner.packing is not None
     runner.packing.join(60)
     linears = [m for m in runner.model.modules() if isinstance(m, PackableLinear)]
     assert linears and all(m.packed is not None and m.weight is not None for m in linears)
-    ids = [engine.add_request(prompt, GREEDY).request_id for prompt in PROMPTS]
-    done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for output in engine.step():
-            if output.finished:
-                done[output.request_id] = list(output.outputs[0].token_ids)
-    assert [done[i] for i in ids] == cold
+    warm = [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, GREEDY)]
+    assert warm == cold

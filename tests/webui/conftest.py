@@ -6,6 +6,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,14 @@ def console_config(tmp_path: Path, **overrides: Any) -> ConsoleConfig:
 
 @pytest.fixture
 def console(tmp_path: Path) -> Iterator[Console]:
-    config = console_config(tmp_path)
+    with running_console(tmp_path) as running:
+        yield running
+
+
+@contextmanager
+def running_console(tmp_path: Path, **settings: Any) -> Iterator[Console]:
+    """A console (its settings overridden by `settings`) on a fresh fake world."""
+    config = console_config(tmp_path, **settings)
     world = FakeWorld(config.deployment)
     world.restart()
     backend = FakeBackend(world)

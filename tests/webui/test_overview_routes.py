@@ -8,15 +8,11 @@ import tarfile
 import time
 from pathlib import Path
 
-from fastapi.testclient import TestClient
-
 from dgpp.appliance.deployment_files import deployment_id
 from dgpp.appliance.paths import deployment_log_dir
-from dgpp.webui.app import create_app
 from dgpp.webui.deployment_store import resolve_raw
-from dgpp.webui.deps import get_backend, get_engine_factory
-from tests.webui.conftest import Console, console_config
-from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld, node_snapshot
+from tests.webui.conftest import Console, running_console
+from tests.webui.fakes import node_snapshot
 
 
 def test_overview_reports_deployment_health_ranks_and_node(logged_in: Console) -> None:
@@ -61,15 +57,8 @@ def test_overview_shows_one_row_per_node_and_warns_per_node(logged_in: Console) 
 
 
 def test_the_sampler_fills_the_history_from_the_engine(tmp_path: Path) -> None:
-    config = console_config(tmp_path, sample_interval_s=0.05)
-    world = FakeWorld(config.deployment)
-    world.restart()
-    backend = FakeBackend(world)
-    app = create_app(config, backend=backend)
-    app.dependency_overrides[get_backend] = lambda: backend
-    app.dependency_overrides[get_engine_factory] = lambda: lambda d: FakeEngine(world, d)
-    with TestClient(app, base_url="http://127.0.0.1") as client:
-        console = Console(client, world, config, app)
+    with running_console(tmp_path, sample_interval_s=0.05) as console:
+        client = console.client
         assert console.login().status_code == 303
         deadline = time.monotonic() + 10
         series: dict = {}
