@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
@@ -87,6 +87,26 @@ class ResidentCacheSection(_Section):
     dir: str | None = None
 
 
+class SpeculativeSection(_Section):
+    """Speculative decoding. `ngram` drafts up to `depth` tokens per step by looking the last
+    `ngram_max` .. `ngram_min` tokens up in the request's own history (prompt lookup: strong for
+    agents and edits that repeat their context) and verifies them in one forward; the output is
+    the same as without it."""
+
+    method: Literal["off", "ngram"] = "off"
+    depth: int = Field(4, ge=1, le=16)
+    ngram_max: int = Field(4, ge=1, le=16)
+    ngram_min: int = Field(2, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> SpeculativeSection:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})"
+            )
+        return self
+
+
 class Deployment(_Section):
     model: str = Field(min_length=1)  # checkpoint dir, HF repo id, or "default"
     world_size: int = Field(1, ge=1)
@@ -96,6 +116,7 @@ class Deployment(_Section):
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     resident_cache: ResidentCacheSection = Field(default_factory=ResidentCacheSection)
     paths: PathsSection = Field(default_factory=PathsSection)
+    speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
 
 
 def parse_deployment(raw: Any, source: str = "deployment") -> Deployment:
@@ -120,10 +141,15 @@ def _describe(error: Any) -> str:
 
 
 def engine_config(deployment: Deployment) -> EngineConfig:
+    spec = deployment.speculative
     return EngineConfig(
         model=deployment.model,
         resident_cache=deployment.resident_cache.enabled,
         resident_cache_dir=deployment.resident_cache.dir,
+        speculative=spec.method,
+        spec_depth=spec.depth,
+        spec_ngram_max=spec.ngram_max,
+        spec_ngram_min=spec.ngram_min,
         **deployment.engine.model_dump(),
     )
 

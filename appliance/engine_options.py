@@ -32,6 +32,30 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prompts shorter than this may hit the prefix cache but add nothing to it (1024)",
     )
+    group.add_argument(
+        "--spec",
+        choices=["off", "ngram"],
+        default=None,
+        dest="speculative",
+        help="speculative decoding: 'ngram' drafts from the request's own history (prompt "
+        "lookup) and verifies the drafts in one forward; output is unchanged",
+    )
+    group.add_argument(
+        "--no-spec",
+        dest="speculative",
+        action="store_const",
+        const="off",
+        help="turn speculative decoding off, whatever the deployment says",
+    )
+    group.add_argument(
+        "--spec-depth", type=int, default=None, help="draft tokens per step at most (4)"
+    )
+    group.add_argument(
+        "--spec-ngram-max", type=int, default=None, help="longest n-gram looked up (4)"
+    )
+    group.add_argument(
+        "--spec-ngram-min", type=int, default=None, help="shortest n-gram looked up (2)"
+    )
     group.add_argument("--seed", type=int, default=None)
     group.add_argument("--threads", type=int, default=None, dest="num_threads")
     group.add_argument(
@@ -73,6 +97,10 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "num_threads",
         "memory_fraction",
         "mlock",
+        "speculative",
+        "spec_depth",
+        "spec_ngram_max",
+        "spec_ngram_min",
     )
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 

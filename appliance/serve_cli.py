@@ -81,6 +81,14 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rendezvous-port", type=int, default=None, dest="rendezvous_port")
 
 
+SPEC_FLAGS = {
+    "speculative": "method",
+    "spec_depth": "depth",
+    "spec_ngram_max": "ngram_max",
+    "spec_ngram_min": "ngram_min",
+}
+
+
 def serve_deployment(args: argparse.Namespace) -> Deployment:
     """The deployment file (or an empty one) with the command line's settings applied."""
     raw: dict[str, Any] = {}
@@ -107,9 +115,13 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
         http["served_model_names"] = args.served_model_names
     if args.rendezvous_port is not None:
         raw.setdefault("rendezvous", {})["port"] = args.rendezvous_port
-    resident = raw.get("engine", {})
-    if "resident_cache" in resident:  # the CLI's switch lives in the deployment's own section
-        raw.setdefault("resident_cache", {})["enabled"] = resident.pop("resident_cache")
+    knobs = raw["engine"]
+    # Flags whose settings live in their own sections of the deployment.
+    if "resident_cache" in knobs:
+        raw.setdefault("resident_cache", {})["enabled"] = knobs.pop("resident_cache")
+    for flag, key in SPEC_FLAGS.items():
+        if flag in knobs:
+            raw.setdefault("speculative", {})[key] = knobs.pop(flag)
     return parse_deployment(raw, "the command line")
 
 

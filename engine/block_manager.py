@@ -129,6 +129,14 @@ class BlockManager:
         request.num_hashed_blocks = full
         return added
 
+    def trim(self, request: Request) -> None:
+        """Return the blocks past those the request's known tokens occupy (a rejected draft's).
+        None of them is cached: they hold no computed token."""
+        keep = -(-request.num_tokens // self.block_size)
+        if len(request.block_table) > keep:
+            self.pool.release(request.block_table[keep:])
+            del request.block_table[keep:]
+
     def free(self, request: Request) -> None:
         self.pool.release(request.block_table)
         request.block_table = []

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from dgpp.engine.errors import ConfigError, ModelLoadError
 
 PrefillPrecision = Literal["fp32", "model"]
+Speculative = Literal["off", "ngram"]
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -153,6 +154,10 @@ class EngineConfig:
     workspace leave of it instead of from `kv_capacity`. `mlock` pins the process's memory.
     `resident_cache` keeps each rank's final weight tensors as one image under
     `resident_cache_dir` (default `~/.cache/dgpp/resident`), so a restart skips the checkpoint.
+
+    `speculative="ngram"` drafts up to `spec_depth` tokens per decode step by looking the last
+    `spec_ngram_max` .. `spec_ngram_min` tokens up in the request's own history, and verifies them
+    in one forward; what is generated does not change (`dgpp.engine.speculative`).
     """
 
     model: str
@@ -173,6 +178,10 @@ class EngineConfig:
     mlock: bool = False
     resident_cache: bool = True
     resident_cache_dir: str | None = None
+    speculative: Speculative = "off"
+    spec_depth: int = 4
+    spec_ngram_max: int = 4
+    spec_ngram_min: int = 2
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -197,6 +206,17 @@ class EngineConfig:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
             raise ConfigError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.speculative not in ("off", "ngram"):
+            raise ConfigError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
+        for name in ("spec_depth", "spec_ngram_max", "spec_ngram_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.spec_ngram_min > self.spec_ngram_max:
+            raise ConfigError(
+                f"spec_ngram_min ({self.spec_ngram_min}) must not exceed "
+                f"spec_ngram_max ({self.spec_ngram_max})"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads must be positive, got {self.num_threads}")
 

@@ -30,8 +30,10 @@ from dgpp.engine.request import (
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
+from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
+from dgpp.engine.verify import sample_plan
 
 
 class LLMEngine:
@@ -77,8 +79,17 @@ class LLMEngine:
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
         salt = hash((str(self.checkpoint.resolve()), config.resolved_dtype))
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, cache, salt)
+        proposer = None
+        if config.speculative == "ngram":
+            proposer = NgramProposer(
+                config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
+            )
         self.scheduler = Scheduler(
-            self.block_manager, config.max_concurrency, config.prefill_chunk_tokens, self.counters
+            self.block_manager,
+            config.max_concurrency,
+            config.prefill_chunk_tokens,
+            self.counters,
+            proposer,
         )
         self._requests: dict[str, Request] = {}
         self._abort_requested: set[str] = set()
@@ -180,26 +191,45 @@ class LLMEngine:
         inputs = self.runner.prepare(plan)
         if self.control is not None:
             self.control.send(ControlMessage(Command.STEP, inputs))  # every rank, same forward
-        logits = self.runner.execute(inputs)  # [num_sampling, padded_vocab]
+        logits = self.runner.execute(inputs)  # [plan.num_sampled, padded_vocab]
         counters = self.counters
         counters.num_steps += 1
-        counters.num_decode_steps += plan.num_decodes > 0
+        counters.num_decode_steps += plan.num_decodes > 0 or any(c.draft for c in plan.chunks)
         for chunk in plan.chunks:
             request = chunk.request
+            if chunk.draft:
+                # The last known token's KV is computed; each draft token's counts once accepted.
+                request.num_computed_tokens += 1
+                continue
             prompt_end = min(chunk.start + chunk.num_tokens, request.num_prompt_tokens)
             counters.prompt_tokens_computed += max(0, prompt_end - chunk.start)
             request.num_computed_tokens += chunk.num_tokens
-            if self._fills_cache(request):
-                added = self.block_manager.cache_computed_blocks(request)
-                counters.prefix_cache.inserted_blocks += added
-        sampling = [chunk.request for chunk in plan.chunks if chunk.is_sampling]
-        counters.tokens_generated += len(sampling)
-        result = self.sampler(logits, [self._row(r) for r in sampling], self.generator)
-        for request, token_id, logprobs in zip(
-            sampling, result.token_ids, result.logprobs, strict=True
-        ):
-            outputs.append(self._append(request, token_id, logprobs))
+            self._cache_blocks(request)
+        sampled = sample_plan(
+            plan,
+            logits,
+            lambda part, requests: self.sampler(
+                part, [self._row(r) for r in requests], self.generator
+            ),
+            self._append,
+            self._accept_draft_token,
+            counters.spec_decode,
+        )
+        for request, num_new in sampled:
+            counters.tokens_generated += num_new
+            if not request.is_finished:
+                self.block_manager.trim(request)
+            outputs.append(self._output(request, num_new_tokens=num_new))
         return outputs
+
+    def _accept_draft_token(self, request: Request) -> None:
+        request.num_computed_tokens += 1
+        self._cache_blocks(request)
+
+    def _cache_blocks(self, request: Request) -> None:
+        if self._fills_cache(request):
+            added = self.block_manager.cache_computed_blocks(request)
+            self.counters.prefix_cache.inserted_blocks += added
 
     def _fills_cache(self, request: Request) -> bool:
         return (
@@ -234,6 +264,8 @@ class LLMEngine:
             prefix_cache_enabled=self.config.prefix_cache,
             prefix_min_tokens=self.config.prefix_min_tokens,
             counters=counters,
+            speculative=self.config.speculative,
+            spec_depth=self.config.spec_depth if self.config.speculative != "off" else 0,
         )
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
@@ -264,9 +296,7 @@ class LLMEngine:
             generator=request.generator,
         )
 
-    def _append(
-        self, request: Request, token_id: int, logprobs: TokenLogprobs | None
-    ) -> RequestOutput:
+    def _append(self, request: Request, token_id: int, logprobs: TokenLogprobs | None) -> None:
         request.token_ids.append(token_id)
         if logprobs is not None:
             request.logprobs.append(logprobs)
@@ -288,7 +318,6 @@ class LLMEngine:
                 or request.num_tokens >= self.max_model_len
             ):
                 self._finish(request, FinishReason.LENGTH, None)
-        return self._output(request, num_new_tokens=1)
 
     def _finish(
         self, request: Request, reason: FinishReason, stop_reason: str | int | None

@@ -34,7 +34,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     metadata: PagedAttentionMetadata
-    sample_index: torch.Tensor  # [num_sampling]: rows of the last token of sampling chunks
+    sample_index: torch.Tensor  # [num_sampled]: rows whose logits are sampled (see StepPlan)
     fp32_logits: bool
 
     def to(self, device: torch.device) -> StepInputs:
@@ -126,7 +126,7 @@ class ModelRunner:
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
 
     def run(self, plan: StepPlan) -> torch.Tensor:
-        """Forward the plan; float32 logits [num_sampling_chunks, padded_vocab], in plan order."""
+        """Forward the plan; float32 logits [plan.num_sampled, padded_vocab], in plan order."""
         return self.execute(self.prepare(plan))
 
     @torch.inference_mode()
@@ -157,15 +157,16 @@ class ModelRunner:
         for chunk in plan.chunks:
             request = chunk.request
             end = chunk.start + chunk.num_tokens
-            input_ids.extend(request.token_ids[chunk.start : end])
+            input_ids.extend(request.token_ids[chunk.start : end - len(chunk.draft)])
+            input_ids.extend(chunk.draft)
             span = range(chunk.start, end)
             positions.extend(span)
             table = request.block_table
             slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
             query_start.append(query_start[-1] + chunk.num_tokens)
             seq_lens.append(end)
-            if chunk.is_sampling:
-                sample_index.append(query_start[-1] - 1)
+            # Sampled: the last position, and for a verify row every position of the draft.
+            sample_index.extend(range(query_start[-1] - chunk.num_sampled, query_start[-1]))
         max_blocks = max(len(chunk.request.block_table) for chunk in plan.chunks)
         tables = [
             chunk.request.block_table + [0] * (max_blocks - len(chunk.request.block_table))

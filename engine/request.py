@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -53,6 +54,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
+    spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -1,8 +1,9 @@
 """Continuous batching with chunked prefill.
 
-Each step the scheduler plans decode rows for every running request that has finished its prompt,
-then spends a prompt-token budget (`prefill_chunk_tokens`) on prompts in arrival order, so a long
-prompt advances in chunks while decodes keep running. When the pool runs out of blocks, the newest
+Each step the scheduler plans decode rows for every running request that has finished its prompt
+(a verify row of its last token and a draft, when speculative decoding proposes one), then spends
+a prompt-token budget (`prefill_chunk_tokens`) on prompts in arrival order, so a long prompt
+advances in chunks while decodes keep running. When the pool runs out of blocks, the newest
 running request is preempted (its blocks freed, to be recomputed later): the oldest request can
 always progress, because admission refused any request that could not fit the pool alone.
 """
@@ -15,26 +16,36 @@ from dataclasses import dataclass
 
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
+from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.stats import EngineCounters
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """Compute `num_tokens` tokens of `request`, starting at position `start`."""
+    """Compute `num_tokens` tokens of `request`, starting at position `start`. A verify row ends
+    with the `draft` tokens proposed after the request's last known token; they count in
+    `num_tokens` and every one of the row's positions is sampled."""
 
     request: Request
     start: int
     num_tokens: int
+    draft: tuple[int, ...] = ()
 
     @property
     def is_sampling(self) -> bool:
         """The chunk reaches the end of the known tokens, so its last logits choose the next one."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
+
+    @property
+    def num_sampled(self) -> int:
+        """Positions of this chunk whose logits the sampler reads."""
+        return 1 + len(self.draft) if self.is_sampling else 0
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One engine step: decode rows first (one token each), then prefill chunks."""
+    """One engine step: decode rows first (one token each), then verify rows, then prefill
+    chunks."""
 
     chunks: tuple[ScheduledChunk, ...]
     num_decodes: int
@@ -50,7 +61,12 @@ class StepPlan:
 
     @property
     def has_prefill(self) -> bool:
-        return self.num_decodes < len(self.chunks)
+        """Some chunk computes prompt tokens (verify rows do not)."""
+        return any(not chunk.draft for chunk in self.chunks[self.num_decodes :])
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(chunk.num_sampled for chunk in self.chunks)
 
 
 class Scheduler:
@@ -60,8 +76,10 @@ class Scheduler:
         max_concurrency: int,
         prefill_chunk_tokens: int,
         counters: EngineCounters | None = None,
+        proposer: NgramProposer | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.proposer = proposer
         self.max_concurrency = max_concurrency
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.counters = counters if counters is not None else EngineCounters()
@@ -91,6 +109,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         decodes: list[ScheduledChunk] = []
+        verifies: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
         budget = self.prefill_chunk_tokens
@@ -102,6 +121,10 @@ class Scheduler:
             is_decode = pending == 1
             num_tokens = 1 if is_decode else min(pending, budget)
             if num_tokens == 0:
+                index += 1
+                continue
+            if is_decode and (verify := self._verify_row(request)) is not None:
+                verifies.append(verify)
                 index += 1
                 continue
             if not self._allocate_or_preempt(request, num_tokens, preempted):
@@ -136,7 +159,18 @@ class Scheduler:
             chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
             budget -= num_tokens
-        return StepPlan(tuple(decodes + prefills), len(decodes), tuple(preempted))
+        return StepPlan(tuple(decodes + verifies + prefills), len(decodes), tuple(preempted))
+
+    def _verify_row(self, request: Request) -> ScheduledChunk | None:
+        """The request's last token and a draft after it, when one is proposed and its slots
+        fit the pool without preempting anyone (a plain decode row is planned otherwise)."""
+        if self.proposer is None:
+            return None
+        # Every draft token could be accepted, and one more token follows the last of them.
+        draft = self.proposer.propose(request, request.max_tokens - request.num_output_tokens - 1)
+        if not draft or not self.block_manager.allocate_slots(request, 1 + len(draft)):
+            return None
+        return ScheduledChunk(request, request.num_computed_tokens, 1 + len(draft), draft)
 
     def _allocate_or_preempt(
         self, request: Request, num_tokens: int, preempted: list[Request]

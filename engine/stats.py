@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dgpp.engine.speculative import SpecCounters
+
 
 @dataclass
 class PrefixCacheCounters:
@@ -34,6 +36,7 @@ class EngineCounters:
     prompt_tokens_computed: int = 0  # prompt tokens actually run through the model
     num_preemptions: int = 0
     prefix_cache: PrefixCacheCounters = field(default_factory=PrefixCacheCounters)
+    spec_decode: SpecCounters = field(default_factory=SpecCounters)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class EngineStats:
     prefix_cache_enabled: bool
     prefix_min_tokens: int
     counters: EngineCounters
+    speculative: str = "off"  # the drafting method ("off" or "ngram")
+    spec_depth: int = 0  # draft tokens proposed per step at most; 0 when off
 
     @property
     def kv_usage(self) -> float:

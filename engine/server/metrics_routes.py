@@ -36,6 +36,7 @@ def _average(total: float, count: int) -> float | None:
 
 def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]:
     counters, cache = stats.counters, stats.counters.prefix_cache
+    spec = counters.spec_decode
     return {
         "scheduler": {
             "running": stats.running,
@@ -62,5 +63,14 @@ def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]
             "ttft_avg_hit_s": _average(cache.ttft_hit_sum_s, cache.ttft_hit_count),
             "ttft_avg_miss_s": _average(cache.ttft_miss_sum_s, cache.ttft_miss_count),
         },
-        "spec_decode": {"drafted": 0, "accepted": 0, "per_position": []},
+        "spec_decode": {
+            "method": stats.speculative,
+            "depth": stats.spec_depth,
+            "drafts": spec.drafts,
+            "drafted": spec.draft_tokens,
+            "accepted": spec.accepted_tokens,
+            "acceptance_rate": _average(spec.accepted_tokens, spec.draft_tokens),
+            "mean_accepted_length": _average(spec.accepted_tokens, spec.drafts),
+            "per_position": list(spec.accepted_per_position),
+        },
     }

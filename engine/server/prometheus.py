@@ -121,6 +121,35 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
         model,
         counters.tokens_generated,
     )
+    spec = counters.spec_decode
+    yield _counter(
+        "dgpp:spec_decode_num_drafts",
+        "Verify rows that carried at least one speculative draft token.",
+        model,
+        spec.drafts,
+    )
+    yield _counter(
+        "dgpp:spec_decode_num_draft_tokens",
+        "Speculative draft tokens proposed (tokens).",
+        model,
+        spec.draft_tokens,
+    )
+    yield _counter(
+        "dgpp:spec_decode_num_accepted_tokens",
+        "Speculative draft tokens accepted (tokens).",
+        model,
+        spec.accepted_tokens,
+    )
+    per_position = CounterMetricFamily(
+        "dgpp:spec_decode_num_accepted_tokens_per_pos",
+        "Speculative draft tokens accepted at each draft position (0 = first) (tokens).",
+        labels=[*LABELS, "position"],
+    )
+    accepted = spec.accepted_per_position
+    for position in range(max(stats.spec_depth, len(accepted))):  # 0 until a position accepts
+        count = accepted[position] if position < len(accepted) else 0
+        per_position.add_metric([model, str(position)], count)
+    yield per_position
     yield _counter(
         "dgpp:num_preemptions",
         "Requests preempted to free KV blocks.",

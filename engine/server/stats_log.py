@@ -53,11 +53,16 @@ class StatsLine:
             hit_rate = f"{hit / prompt:.1%}"
         else:
             hit_rate = "-"
+        spec = ""
+        drafted = now.spec_decode.draft_tokens - before.spec_decode.draft_tokens
+        if drafted:
+            accepted = now.spec_decode.accepted_tokens - before.spec_decode.accepted_tokens
+            spec = f", draft acceptance {accepted / drafted:.1%}"
         return (
             f"prompt {prompt / seconds:.1f} tok/s, generation {generated / seconds:.1f} tok/s, "
             f"running {sample.stats.running}, waiting {sample.stats.waiting}, "
-            f"KV cache {sample.stats.kv_usage:.1%} used, prefix cache hit rate {hit_rate}, "
-            f"{finished} requests done"
+            f"KV cache {sample.stats.kv_usage:.1%} used, prefix cache hit rate {hit_rate}"
+            f"{spec}, {finished} requests done"
         )
 
 

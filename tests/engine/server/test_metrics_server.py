@@ -55,7 +55,16 @@ JSON_KEYS = {
         "ttft_avg_hit_s",
         "ttft_avg_miss_s",
     },
-    "spec_decode": {"drafted", "accepted", "per_position"},
+    "spec_decode": {
+        "method",
+        "depth",
+        "drafts",
+        "drafted",
+        "accepted",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "per_position",
+    },
 }
 HISTOGRAMS = (
     "dgpp:e2e_request_latency_seconds",
@@ -68,7 +77,9 @@ STATS_LOGGER = "dgpp.engine.server.stats_log"
 @pytest.fixture(scope="module")
 def metered(default_checkpoint: Path) -> Iterator[RunningServer]:
     options = {"stats_log_interval_s": 0.2}
-    with running_server(default_checkpoint, ("metered",), DEFAULT_ENGINE, options) as server:
+    # Speculative decoding on, so its families are exposed (they are empty without it).
+    engine = {**DEFAULT_ENGINE, "speculative": "ngram"}
+    with running_server(default_checkpoint, ("metered",), engine, options) as server:
         yield server
 
 
@@ -239,7 +250,10 @@ def test_json_has_every_documented_key(metered: RunningServer) -> None:
     for fields in JSON_KEYS.values():
         for field in fields:
             assert f"`{field}`" in docs, field
-    assert body["spec_decode"] == {"drafted": 0, "accepted": 0, "per_position": []}
+    spec = body["spec_decode"]
+    assert (spec["method"], spec["depth"]) == ("ngram", 4)
+    assert 0 <= spec["accepted"] <= spec["drafted"]
+    assert sum(spec["per_position"]) == spec["accepted"]
     scheduler = body["scheduler"]
     assert scheduler["kv_blocks_total"] > 0
     assert 0 <= scheduler["kv_blocks_in_use"] <= scheduler["kv_blocks_total"]
