@@ -45,8 +45,9 @@ class NgramProposer:
 
 
 def lookup(tokens: np.ndarray, ngram_max: int, ngram_min: int, limit: int) -> tuple[int, ...]:
-    """The tokens after the latest earlier occurrence of the longest suffix n-gram of `tokens`
-    (n in [ngram_min, ngram_max]) that occurs earlier; at most `limit` of them."""
+    """The tokens after an earlier occurrence of the longest suffix n-gram of `tokens` (n in
+    [ngram_min, ngram_max]) that occurs earlier, at most `limit` of them: the latest occurrence
+    with `limit` tokens after it, else the latest."""
     length = len(tokens)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
         suffix = tokens[length - n :]
@@ -57,7 +58,10 @@ def lookup(tokens: np.ndarray, ngram_max: int, ngram_min: int, limit: int) -> tu
             hits &= tokens[offset : windows + offset] == suffix[offset]
         found = np.flatnonzero(hits)
         if found.size:
-            start = int(found[-1]) + n
+            # The latest occurrence followed by a whole draft; in a run such as "8 8 8 8" the
+            # latest of all is followed by one token only.
+            whole = found[found + n + limit <= length]
+            start = int(whole[-1] if whole.size else found[-1]) + n
             return tuple(int(t) for t in tokens[start : start + limit])
     return ()
 

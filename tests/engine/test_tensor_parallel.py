@@ -15,8 +15,9 @@ from dgpp.engine.config import EngineConfig
 from dgpp.engine.engine import LLMEngine
 from tests.conftest import build_tiny_checkpoint
 
-PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013))]
+PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]
 KNOBS = {"kv_capacity": 1024, "block_size": 4, "prefill_chunk_tokens": 16, "num_threads": 1}
+SPECULATIVE = {**KNOBS, "speculative": "ngram", "spec_ngram_min": 1}
 
 
 def _free_port() -> int:
@@ -26,7 +27,7 @@ def _free_port() -> int:
 
 
 def _generate(engine: LLMEngine) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     ids = [engine.add_request(prompt, params).request_id for prompt in PROMPTS]
     done: dict[str, list[int]] = {}
     while engine.has_unfinished():
@@ -36,7 +37,7 @@ def _generate(engine: LLMEngine) -> list[list[int]]:
     return [done[request_id] for request_id in ids]
 
 
-def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
+def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, Any]) -> None:
     """Entry point of each spawned rank."""
     import threading
 
@@ -58,23 +59,30 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any) -> None:
         os._exit(0)
     from dgpp.engine.distributed.head import Head
 
-    config = EngineConfig(model=checkpoint, **KNOBS)
+    config = EngineConfig(model=checkpoint, **knobs)
     spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=timeouts)
     head = Head(config, Path(checkpoint), spec)
     try:
-        results.put(_generate(head.form()))
+        engine = head.form()
+        results.put((_generate(engine), engine.counters.spec_decode.draft_tokens))
     finally:
         head.dissolve(orderly=True)
 
 
 @pytest.mark.parametrize(
-    ("num_heads", "kv_heads", "hidden"),
-    [(4, 2, 64), (4, 1, 64), (6, 3, 96)],
-    ids=["kv-split", "kv-replicated", "uneven-3-groups"],
+    ("num_heads", "kv_heads", "hidden", "knobs"),
+    [(4, 2, 64, KNOBS), (4, 1, 64, KNOBS), (6, 3, 96, KNOBS), (6, 3, 96, SPECULATIVE)],
+    ids=["kv-split", "kv-replicated", "uneven-3-groups", "uneven-speculative"],
 )
 def test_world_of_two_equals_world_of_one(
-    tmp_path: Path, tokenizer_dir: Path, kv_heads: int, num_heads: int, hidden: int
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    kv_heads: int,
+    num_heads: int,
+    hidden: int,
+    knobs: dict[str, Any],
 ) -> None:
+    """World 1 runs without speculation; the speculative world of two must still match it."""
     checkpoint = build_tiny_checkpoint(
         tmp_path,
         tokenizer_dir,
@@ -88,13 +96,13 @@ def test_world_of_two_equals_world_of_one(
     results = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=_rank, args=(rank, port, str(checkpoint), results))
+        context.Process(target=_rank, args=(rank, port, str(checkpoint), results, knobs))
         for rank in range(2)
     ]
     for process in ranks:
         process.start()
     try:
-        got = results.get(timeout=180)
+        got, drafted = results.get(timeout=180)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -102,3 +110,4 @@ def test_world_of_two_equals_world_of_one(
                 process.kill()
     assert [process.exitcode for process in ranks] == [0, 0]
     assert got == expected
+    assert (drafted > 0) == (knobs is SPECULATIVE)
