@@ -39,9 +39,12 @@ def test_every_section_reaches_its_configuration() -> None:
             "rendezvous": {"head": "10.0.0.1", "port": 4000},
             "timeouts": {"collective_s": 60, "heartbeat_s": 2},
             "resident_cache": {"enabled": False, "dir": "/var/cache/dgpp"},
+            "speculative": {"method": "ngram", "depth": 6, "ngram_min": 1},
         }
     )
     config = engine_config(deployment)
+    assert (config.speculative, config.spec_depth, config.spec_ngram_min) == ("ngram", 6, 1)
+    assert config.spec_ngram_max == 4
     assert (config.kv_capacity, config.device, config.prefill_precision) == (4096, "cuda", "model")
     assert (config.resident_cache, config.resident_cache_dir) == (False, "/var/cache/dgpp")
     server = server_config(deployment, api_key="k")
@@ -69,6 +72,16 @@ def test_every_section_reaches_its_configuration() -> None:
         ({"model": "m", "rendezvous": {"port": 70000}}, "rendezvous.port:"),
         ({"model": "m", "world_size": 0}, "world_size:"),
         ({"model": "m", "http": {"served_model_names": "x"}}, "http.served_model_names:"),
+        (
+            {"model": "m", "speculative": {"method": "eagle"}},
+            "speculative.method: must be one of 'off' or 'ngram' (got 'eagle')",
+        ),
+        ({"model": "m", "speculative": {"depth": 0}}, "speculative.depth: Input should be"),
+        ({"model": "m", "speculative": {"draft": 1}}, "speculative.draft: unknown key"),
+        (
+            {"model": "m", "speculative": {"ngram_min": 5, "ngram_max": 3}},
+            "speculative: Value error, ngram_min (5) must not exceed ngram_max (3)",
+        ),
     ],
 )
 def test_bad_deployments_name_the_key(raw: dict[str, object], message: str) -> None:
@@ -137,3 +150,22 @@ def test_models_dir_is_searched_first(tmp_path: Path, default_checkpoint: Path) 
     assert checkpoint_of(default) == default_checkpoint
     with pytest.raises(ModelLoadError):
         checkpoint_of(parse_deployment({"model": "nope/absent", "paths": {"models_dir": "/x"}}))
+
+
+def test_command_line_speculation_flags_override_the_deployment(tmp_path: Path) -> None:
+    from dgpp.appliance.cli import build_parser
+    from dgpp.appliance.serve_cli import serve_deployment
+
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"model": "default", "speculative": {"method": "ngram"}}))
+
+    def effective(*flags: str) -> tuple[str, int]:
+        args = build_parser().parse_args(["serve", "--deployment", str(path), *flags])
+        config = engine_config(serve_deployment(args))
+        return config.speculative, config.spec_depth
+
+    assert effective() == ("ngram", 4)
+    assert effective("--no-spec") == ("off", 4)  # clears what the file set
+    assert effective("--spec-depth", "7") == ("ngram", 7)
+    path.write_text(json.dumps({"model": "default"}))
+    assert effective("--spec", "ngram") == ("ngram", 4)

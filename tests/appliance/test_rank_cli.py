@@ -60,6 +60,7 @@ def test_a_bad_timeout_override_is_refused(tmp_path: Path) -> None:
         (["--world", "0"], "world_size: Input should be greater than or equal to 1"),
         (["--model", "/nonexistent/model"], "no such checkpoint directory"),
         (["--kv-capacity", "0"], "engine.kv_capacity: Input should be greater than or equal to 1"),
+        (["--spec-ngram-min", "9"], "speculative: Value error, ngram_min (9) must not exceed"),
     ],
 )
 def test_serve_refuses_bad_settings_before_binding(args: list[str], message: str) -> None:
