@@ -27,6 +27,14 @@ KNOBS: tuple[tuple[str, str, str], ...] = (
     ("http.queue_limit", "Queue limit", "waiting requests before 503 overloaded"),
     ("engine.prefix_cache", "Prefix cache", "reuse the KV of shared prompt prefixes"),
     ("engine.prefix_min_tokens", "Prefix cache floor", "shorter prompts are not cached"),
+    (
+        "speculative.method",
+        "Speculative decoding",
+        "ngram drafts tokens from the request's own history; output unchanged",
+    ),
+    ("speculative.depth", "Speculative depth", "draft tokens verified per step"),
+    ("speculative.ngram_max", "N-gram max", "longest suffix of the history looked up"),
+    ("speculative.ngram_min", "N-gram min", "shortest suffix looked up; at most n-gram max"),
     ("http.served_model_names", "Served names", "names clients use, comma-separated"),
     (
         "http.default_chat_template_kwargs",
@@ -228,6 +236,10 @@ def validation_errors(raw: dict[str, Any]) -> dict[str, str]:
                 message = f"must be one of {error['ctx']['expected']}"
             elif error["type"] == "extra_forbidden":
                 message = "unknown key"
+            elif error["type"] == "value_error":  # a section's own rule across its keys
+                message = message.removeprefix("Value error, ")
+                if len(error["loc"]) == 1:
+                    path = _owner(message, section=path) or path
             errors.setdefault(path, message)
         return errors
     try:
@@ -238,10 +250,13 @@ def validation_errors(raw: dict[str, Any]) -> dict[str, str]:
     return {}
 
 
-def _owner(message: str) -> str:
-    """The knob a runtime check's message is about (it starts with the key's name), or ""."""
+def _owner(message: str, section: str | None = None) -> str:
+    """The knob a check's message is about (it starts with the key's name), or "". With
+    `section`, only that section's knobs (its model validator names its keys bare)."""
     first = message.split(" ", 1)[0].rstrip(":")
     for path, _, _ in KNOBS:
+        if section is not None and not path.startswith(f"{section}."):
+            continue
         if first in (path, path.split(".")[1]):
             return path
     return ""

@@ -58,6 +58,20 @@ class Console:
         assert page.status_code == 200, page.text
         return hidden(page.text, "csrf_token")
 
+    def written(self) -> dict[str, Any]:
+        """The deployment file as it is now."""
+        return json.loads(self.config.deployment.read_text())
+
+    def apply(self, deployment: dict[str, Any], title: str = "test") -> None:
+        """POST /switch with `deployment`, as the preview page's Apply button does."""
+        response = self.client.post(
+            "/switch",
+            data={"deployment": json.dumps(deployment), "title": title, "csrf_token": self.csrf()},
+            follow_redirects=False,
+        )
+        assert response.status_code == 303, response.text
+        assert response.headers["location"] == "/switch"
+
     def wait_for_switch(self, timeout: float = 10.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

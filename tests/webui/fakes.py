@@ -26,7 +26,16 @@ METRICS = {
         "prompt_tokens_total": 400,
     },
     "prefix_cache": {"hit_tokens": 100, "ttft_avg_hit_s": 0.05, "ttft_avg_miss_s": 0.4},
-    "spec_decode": {"drafted": 0, "accepted": 0, "per_position": []},
+    "spec_decode": {
+        "method": "off",
+        "depth": 0,
+        "drafts": 0,
+        "drafted": 0,
+        "accepted": 0,
+        "acceptance_rate": None,
+        "mean_accepted_length": None,
+        "per_position": [],
+    },
 }
 
 
@@ -60,6 +69,7 @@ class FakeWorld:
     running: int = 0
     actions: list[str] = field(default_factory=list)
     fail_restart: bool = False
+    speculative: tuple[str, int] = ("off", 0)  # what /v1/metrics reports: method, depth
     nodes: list[dict[str, Any]] = field(
         default_factory=lambda: [node_snapshot(0, "spark-1"), node_snapshot(1, "spark-2")]
     )
@@ -69,6 +79,8 @@ class FakeWorld:
         self.draining = False
         self.started_at = time.time()
         self.model = served_names(deployment)[0]
+        spec = deployment.speculative
+        self.speculative = (spec.method, spec.depth if spec.method != "off" else 0)
         self.state = "failed" if deployment.model in self.broken_models else "serving"
 
 
@@ -125,7 +137,13 @@ class FakeEngine:
         return Health(200, {"state": "serving", "model": world.model, "uptime_s": uptime})
 
     async def metrics(self) -> dict[str, Any] | None:
-        return METRICS if self.world.state == "serving" else None
+        if self.world.state != "serving":
+            return None
+        method, depth = self.world.speculative
+        return {
+            **METRICS,
+            "spec_decode": {**METRICS["spec_decode"], "method": method, "depth": depth},
+        }
 
     async def models(self) -> list[str] | None:
         return [self.world.model] if self.world.state == "serving" else None

@@ -45,6 +45,7 @@ def test_a_template_replaces_the_model_and_keeps_the_site() -> None:
         "engine": {"kv_capacity": 99},
         "http": {"port": 9000, "served_model_names": ["x"], "api_key_file": "/etc/dgpp/key"},
         "timeouts": {"load_s": 60},
+        "speculative": {"method": "ngram"},  # the model's, like the engine knobs
     }
     new = with_template(raw, "smollm2-135m_float32_w1")
     assert new == {

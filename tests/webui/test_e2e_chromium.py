@@ -1,6 +1,7 @@
 """The console end to end in headless Chromium (Playwright, the system's /usr/bin/chromium): a real
-engine under the local backend, a login, the overview's charts drawing from it, a switch to a
-second model, an invalid knob refused without a restart, and a valid one applied.
+engine under the local backend, a login, the overview's charts drawing from it, invalid knobs
+refused without a restart, valid ones applied (n-gram speculative decoding among them, whose
+acceptance chart then draws), and a switch to a second model.
 
 Screenshots land in the test's tmp dir, and in $DGPP_TEST_ARTIFACTS when that is set."""
 
@@ -139,13 +140,36 @@ def browser() -> Iterator[Any]:
             launched.close()
 
 
-def _chat(appliance: Appliance, model: str, text: str) -> None:
+def _chat(appliance: Appliance, model: str, text: str, max_tokens: int = 8) -> None:
     response = httpx.post(
         f"{appliance.engine_url}/v1/chat/completions",
-        json={"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 8},
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
         timeout=120,
     )
     assert response.status_code == 200, response.text
+
+
+def _spec_decode(appliance: Appliance) -> dict[str, Any]:
+    metrics = httpx.get(f"{appliance.engine_url}/v1/metrics", timeout=5).json()
+    return metrics["spec_decode"]
+
+
+# Code to copy: the model's answer repeats the prompt, which n-gram lookup drafts from.
+SNIPPET = """def fibonacci(n):
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+for i in range(10):
+    print(i, fibonacci(i))
+"""
 
 
 def _wait_for_switch(page: Any, shots: Path, name: str) -> str:
@@ -191,36 +215,58 @@ def test_console_end_to_end(
     assert "unavailable" in page.inner_text("#nodes") or "MHz" in page.inner_text("#nodes")
     page.screenshot(path=str(shots / "02-overview.png"), full_page=True)
 
+    # Invalid knobs: each error is shown on its field, nothing restarts.
+    uptime_before = appliance.health()["uptime_s"]
+    page.goto(f"{appliance.console_url}/knobs")
+    page.fill("input[name='engine.kv_capacity']", "-5")
+    page.fill("input[name='speculative.ngram_min']", "6")
+    page.click("#preview-knobs")
+    error = page.inner_text("[id='error-engine.kv_capacity']")
+    assert "greater than or equal to 1" in error
+    error = page.inner_text("[id='error-speculative.ngram_min']")
+    assert error == "ngram_min (6) must not exceed ngram_max (4)"
+    page.screenshot(path=str(shots / "03-knob-invalid.png"), full_page=True)
+    assert json.loads(appliance.deployment.read_text())["engine"]["kv_capacity"] == 2048
+    assert appliance.health()["uptime_s"] >= uptime_before  # the same server, still up
+    assert _spec_decode(appliance)["method"] == "off"
+
+    # Valid knobs: the engine restarts with them, n-gram speculative decoding on.
+    page.fill("input[name='engine.kv_capacity']", "1024")
+    page.fill("input[name='speculative.ngram_min']", "2")
+    page.select_option("select[name='speculative.method']", "ngram")
+    page.click("#preview-knobs")
+    diff = page.inner_text("#diff")
+    assert "engine.kv_capacity" in diff and "speculative.method" in diff
+    assert "speculative.ngram_min" not in diff
+    page.click("#apply")
+    assert _wait_for_switch(page, shots, "04-knob-applied.png") == "ready"
+    written = json.loads(appliance.deployment.read_text())
+    assert written["engine"]["kv_capacity"] == 1024
+    assert written["speculative"] == {"method": "ngram"}
+    metrics = httpx.get(f"{appliance.engine_url}/v1/metrics", timeout=5).json()
+    assert metrics["scheduler"]["kv_blocks_total"] == 1024 // 16
+    assert (metrics["spec_decode"]["method"], metrics["spec_decode"]["depth"]) == ("ngram", 4)
+
+    # Text that repeats its prompt gets drafts, and the acceptance chart a point.
+    page.goto(appliance.console_url)
+    _wait("the overview naming the method", lambda: "ngram" in page.inner_text("#spec-state"), 30)
+    assert page.inner_text("#spec-state") == "ngram, depth 4"
+    _chat(appliance, "default", f"Repeat this code exactly, nothing else:\n\n{SNIPPET}", 64)
+    spec = _spec_decode(appliance)
+    assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"], spec
+    _wait("the acceptance chart drawing", lambda: points("spec") > 0, 60)
+    assert page.locator("#chart-spec canvas").count() == 1
+    page.screenshot(path=str(shots / "05-overview-speculative.png"), full_page=True)
+
     # Switch to a second model: preview the diff, apply, follow it until /health is 200.
     page.goto(f"{appliance.console_url}/models")
     page.fill("#model", str(tiny))
     page.fill("#served_name", "tiny")
     page.click("#preview-model")
     assert "http.served_model_names" in page.inner_text("#diff")
-    page.screenshot(path=str(shots / "03-switch-preview.png"), full_page=True)
+    page.screenshot(path=str(shots / "06-switch-preview.png"), full_page=True)
     page.click("#apply")
-    assert _wait_for_switch(page, shots, "04-switch-done.png") == "ready"
+    assert _wait_for_switch(page, shots, "07-switch-done.png") == "ready"
     assert appliance.served() == ["tiny"]
-
-    # An invalid knob: the error is shown on its field, nothing restarts.
-    uptime_before = appliance.health()["uptime_s"]
-    page.goto(f"{appliance.console_url}/knobs")
-    page.fill("input[name='engine.kv_capacity']", "-5")
-    page.click("#preview-knobs")
-    error = page.inner_text("[id='error-engine.kv_capacity']")
-    assert "greater than or equal to 1" in error
-    page.screenshot(path=str(shots / "05-knob-invalid.png"), full_page=True)
-    assert json.loads(appliance.deployment.read_text())["engine"]["kv_capacity"] == 2048
-    assert appliance.health()["uptime_s"] >= uptime_before  # the same server, still up
-
-    # A valid knob: the engine restarts with it.
-    page.fill("input[name='engine.kv_capacity']", "1024")
-    page.click("#preview-knobs")
-    assert "engine.kv_capacity" in page.inner_text("#diff")
-    page.click("#apply")
-    assert _wait_for_switch(page, shots, "06-knob-applied.png") == "ready"
-    assert json.loads(appliance.deployment.read_text())["engine"]["kv_capacity"] == 1024
-    metrics = httpx.get(f"{appliance.engine_url}/v1/metrics", timeout=5).json()
-    assert metrics["scheduler"]["kv_blocks_total"] == 1024 // 16
-    assert appliance.served() == ["tiny"]
+    assert _spec_decode(appliance)["method"] == "ngram"  # the knobs stay with a new model
     _chat(appliance, "tiny", "Hello")

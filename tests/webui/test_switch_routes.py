@@ -12,20 +12,6 @@ from tests.webui.conftest import DEPLOYMENT, Console, hidden
 from tests.webui.fakes import BROKEN_MODEL
 
 
-def _file(console: Console) -> dict:
-    return json.loads(console.config.deployment.read_text())
-
-
-def _apply(console: Console, deployment: dict, title: str = "test") -> None:
-    response = console.client.post(
-        "/switch",
-        data={"deployment": json.dumps(deployment), "title": title, "csrf_token": console.csrf()},
-        follow_redirects=False,
-    )
-    assert response.status_code == 303, response.text
-    assert response.headers["location"] == "/switch"
-
-
 def test_an_invalid_knob_shows_its_error_and_restarts_nothing(logged_in: Console) -> None:
     before = logged_in.config.deployment.read_text()
     response = logged_in.client.post(
@@ -101,11 +87,11 @@ def test_a_valid_knob_shows_the_diff_then_applies_through_the_switch(logged_in: 
         "engine": {**DEPLOYMENT["engine"], "kv_capacity": 4096, "prefix_cache": False},
         "http": {"served_model_names": ["m", "m-alias"]},
     }
-    _apply(logged_in, deployment, "Apply knobs")
+    logged_in.apply(deployment, "Apply knobs")
     job = logged_in.wait_for_switch()
     assert job["phase"] == "ready", job
     assert logged_in.world.actions == ["drain", "restart"]
-    assert _file(logged_in)["engine"]["kv_capacity"] == 4096
+    assert logged_in.written()["engine"]["kv_capacity"] == 4096
     messages = [step["message"] for step in job["steps"]]
     assert messages[0] == "stopping admission on the running engine"
     assert "drained: no request running or waiting" in messages
@@ -146,14 +132,14 @@ def test_a_model_preview_of_a_checkpoint_shows_the_diff(
 
 
 def test_switching_to_a_model_that_cannot_load_rolls_back(logged_in: Console) -> None:
-    before = _file(logged_in)
-    _apply(logged_in, {**DEPLOYMENT, "model": BROKEN_MODEL, "http": {}}, "Switch to broken")
+    before = logged_in.written()
+    logged_in.apply({**DEPLOYMENT, "model": BROKEN_MODEL, "http": {}}, "Switch to broken")
     job = logged_in.wait_for_switch()
     assert job["phase"] == "rolled back", job
     assert job["reason"] == "rank 0 failed (fake)"
     assert "cannot load the model" in job["log_tail"]
     assert logged_in.world.actions == ["drain", "restart", "restart"]
-    assert _file(logged_in) == before  # the previous deployment is back
+    assert logged_in.written() == before  # the previous deployment is back
     assert logged_in.world.state == "serving" and logged_in.world.model == "m"
     phases = [step["phase"] for step in job["steps"]]
     assert "rolling back" in phases and phases[-1] == "rolled back"
@@ -174,7 +160,7 @@ def test_a_deployment_that_never_gets_ready_rolls_back_after_the_timeout(
             world.state = "starting"
 
     world.restart = restart_starting  # type: ignore[method-assign]
-    _apply(logged_in, {**DEPLOYMENT, "http": {"served_model_names": ["slow"]}})
+    logged_in.apply({**DEPLOYMENT, "http": {"served_model_names": ["slow"]}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "rolled back"
     assert job["reason"] == "not ready within 2 s (starting)"
@@ -183,16 +169,16 @@ def test_a_deployment_that_never_gets_ready_rolls_back_after_the_timeout(
 
 def test_a_restart_the_supervisor_refuses_rolls_back(logged_in: Console) -> None:
     logged_in.world.fail_restart = True
-    _apply(logged_in, {**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
+    logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "failed"
     assert job["reason"] == "systemctl restart failed: access denied"
-    assert _file(logged_in) == DEPLOYMENT
+    assert logged_in.written() == DEPLOYMENT
 
 
 def test_drain_waits_for_running_requests_up_to_its_timeout(logged_in: Console) -> None:
     logged_in.world.running = 2
-    _apply(logged_in, {**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
+    logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "ready"
     messages = [step["message"] for step in job["steps"]]
@@ -221,7 +207,7 @@ def test_one_switch_at_a_time(logged_in: Console) -> None:
         world.state = "starting"
 
     world.restart = restart_slowly  # type: ignore[method-assign]
-    _apply(logged_in, {**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
+    logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     response = logged_in.client.post(
         "/switch",
         data={"deployment": json.dumps(DEPLOYMENT), "csrf_token": logged_in.csrf()},
@@ -240,7 +226,7 @@ def test_a_deployment_file_that_cannot_be_written_undrains_and_fails(
         raise OSError("Read-only file system")
 
     monkeypatch.setattr(console_of(logged_in.app).store, "write", refuse)
-    _apply(logged_in, {**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
+    logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "failed"
     assert "Read-only file system" in job["steps"][-1]["message"]
@@ -263,7 +249,7 @@ def test_an_unexpected_error_still_ends_the_switch(logged_in: Console, monkeypat
 
     backend = console_of(logged_in.app).backend
     monkeypatch.setattr(backend, "status", broken)
-    _apply(logged_in, {**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
+    logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "failed"
     assert job["steps"][-1]["message"] == "internal error: RuntimeError: supervisor went away"

@@ -25,12 +25,17 @@ def _form_page(
     errors: dict[str, str],
     status_code: int = 200,
 ) -> HTMLResponse:
+    fields = knob_fields()
+    paths = {field.path for field in fields}
+    # Problems of no field on the form (a key only the file has, a whole section) show on top.
+    general = [errors[""]] if "" in errors else []
+    general += [f"{path}: {text}" for path, text in errors.items() if path and path not in paths]
     context = {
         "page": "knobs",
-        "fields": knob_fields(),
+        "fields": fields,
         "values": values,
         "errors": errors,
-        "general_error": errors.get(""),
+        "general_error": "; ".join(general),
     }
     return render(request, "knobs.html", context, session, status_code=status_code)
 

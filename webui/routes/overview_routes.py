@@ -38,6 +38,23 @@ def get_nodes_factory(request: Request) -> NodesFactory:
 NodesFor = Annotated[NodesFactory, Depends(get_nodes_factory)]
 
 
+def speculative_view(metrics: dict[str, Any] | None, deployment: Deployment) -> dict[str, Any]:
+    """Whether speculative decoding is on: as the running engine reports it in `/v1/metrics`, or
+    as the deployment configures it when the engine does not say (down, or an older engine)."""
+    spec = (metrics or {}).get("spec_decode") or {}
+    if "method" in spec:
+        method, depth, source = str(spec["method"]), spec.get("depth"), "engine"
+    else:
+        configured = deployment.speculative
+        method, depth, source = configured.method, configured.depth, "deployment"
+    on = method != "off"
+    text = f"{method}, depth {depth}" if on else "off"
+    if source == "deployment":
+        text += " (configured; the engine does not say)"
+    empty = f"{text}: nothing drafted in this window" if on else "speculative decoding is off"
+    return {"method": method, "depth": depth, "source": source, "text": text, "empty": empty}
+
+
 async def overview(
     console: Console, backend: Backend, engine_for: EngineFactory, nodes_for: NodesFactory
 ) -> dict[str, Any]:
@@ -67,6 +84,8 @@ async def overview(
             "reason": health.reason,
             "details": health.body,
         }
+        metrics = await engine_for(deployment).metrics() if health.is_serving else None
+        body["speculative"] = speculative_view(metrics, deployment)
         if health.status is not None:
             nodes = await nodes_for(deployment).nodes()
     else:

@@ -114,6 +114,11 @@
       const value = field(data, el.dataset.field);
       el.textContent = value == null ? (el.dataset.empty || "unavailable") : text(value);
     });
+    // A chart's empty caption that depends on the engine (speculative decoding on or off).
+    charts.forEach(function (chart) {
+      const empty = chart.el.dataset.emptyField ? field(data, chart.el.dataset.emptyField) : null;
+      if (empty != null) chart.el.dataset.empty = empty;
+    });
     const state = document.getElementById("health-state");
     state.className = "state state-" + data.health.state;
     document.getElementById("health-reason").textContent = data.health.serving ? "" : data.health.reason;
