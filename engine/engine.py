@@ -194,7 +194,7 @@ class LLMEngine:
         logits = self.runner.execute(inputs)  # [plan.num_sampled, padded_vocab]
         counters = self.counters
         counters.num_steps += 1
-        counters.num_decode_steps += plan.num_decodes > 0 or any(c.draft for c in plan.chunks)
+        counters.num_decode_steps += plan.num_decodes > 0
         for chunk in plan.chunks:
             request = chunk.request
             if chunk.draft:

@@ -24,7 +24,7 @@ from dgpp.engine.scheduler import StepPlan
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.dispatch import attention_kernels
 from dgpp.kernels.linear import LinearPacker, select_packer
-from dgpp.kernels.paged_attention_torch import decode_gather_inputs
+from dgpp.kernels.paged_attention_torch import decode_gather_inputs, decode_query_index
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -178,14 +178,18 @@ class ModelRunner:
         def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        decode_slots, decode_mask = None, None
+        decode_slots, decode_mask, query_index = None, None, None
         if plan.num_decodes:
+            decodes = plan.chunks[: plan.num_decodes]
+            query_lens = [chunk.num_tokens for chunk in decodes]
             decode_slots, decode_mask = decode_gather_inputs(
-                [chunk.request.block_table for chunk in plan.chunks[: plan.num_decodes]],
+                [chunk.request.block_table for chunk in decodes],
                 seq_lens[: plan.num_decodes],
                 block_size,
                 device,
+                query_lens,
             )
+            query_index = decode_query_index(query_lens, device)
         metadata = PagedAttentionMetadata(
             slot_mapping=tensor(slots),
             block_tables=tensor(tables),
@@ -198,6 +202,8 @@ class ModelRunner:
             prefill_softmax_fp32=self.config.prefill_precision == "fp32",
             decode_slots=decode_slots,
             decode_mask=decode_mask,
+            decode_query_index=query_index[0] if query_index else None,
+            decode_output_index=query_index[1] if query_index else None,
         )
         return tensor(input_ids), tensor(positions), metadata, tensor(sample_index)
 

@@ -44,8 +44,8 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One engine step: decode rows first (one token each), then verify rows, then prefill
-    chunks."""
+    """One engine step: decode rows first (one token each, or a verify row's last token and
+    draft), then prefill chunks."""
 
     chunks: tuple[ScheduledChunk, ...]
     num_decodes: int
@@ -61,8 +61,7 @@ class StepPlan:
 
     @property
     def has_prefill(self) -> bool:
-        """Some chunk computes prompt tokens (verify rows do not)."""
-        return any(not chunk.draft for chunk in self.chunks[self.num_decodes :])
+        return self.num_decodes < len(self.chunks)
 
     @property
     def num_sampled(self) -> int:
@@ -108,8 +107,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
 
     def schedule(self) -> StepPlan:
-        decodes: list[ScheduledChunk] = []
-        verifies: list[ScheduledChunk] = []
+        decodes: list[ScheduledChunk] = []  # verify rows included
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
         budget = self.prefill_chunk_tokens
@@ -124,7 +122,7 @@ class Scheduler:
                 index += 1
                 continue
             if is_decode and (verify := self._verify_row(request)) is not None:
-                verifies.append(verify)
+                decodes.append(verify)
                 index += 1
                 continue
             if not self._allocate_or_preempt(request, num_tokens, preempted):
@@ -159,7 +157,7 @@ class Scheduler:
             chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
             budget -= num_tokens
-        return StepPlan(tuple(decodes + verifies + prefills), len(decodes), tuple(preempted))
+        return StepPlan(tuple(decodes + prefills), len(decodes), tuple(preempted))
 
     def _verify_row(self, request: Request) -> ScheduledChunk | None:
         """The request's last token and a draft after it, when one is proposed and its slots

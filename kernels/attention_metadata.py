@@ -11,10 +11,11 @@ import torch
 class PagedAttentionMetadata:
     """Describes a flattened batch of sequences for paged attention.
 
-    Rows `[0, num_decodes)` are decode rows with exactly one query token; the rest are prefill
-    chunks. Each sequence's queries are the *last* `query_len` positions of its `seq_len` tokens,
-    whose keys and values (the new ones included) live in the blocks of its block table.
-    Host-side lists mirror the tensors so CPU code never synchronises to read them.
+    Rows `[0, num_decodes)` are decode rows: one query token each, or a few for a speculative
+    verify row (the last token and its draft); the rest are prefill chunks. Each sequence's
+    queries are the *last* `query_len` positions of its `seq_len` tokens, whose keys and values
+    (the new ones included) live in the blocks of its block table. Host-side lists mirror the
+    tensors so CPU code never synchronises to read them.
     """
 
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
@@ -28,7 +29,10 @@ class PagedAttentionMetadata:
     prefill_softmax_fp32: bool  # compute prefill attention in float32 whatever the model dtype
     # Decode rows only, computed once per step rather than once per layer:
     decode_slots: torch.Tensor | None = None  # [B_dec, S_max] cache slot of every context token
-    decode_mask: torch.Tensor | None = None  # [B_dec, 1, 1, S_max] bool; None when no padding
+    decode_mask: torch.Tensor | None = None  # [B_dec, 1, Q_max, S_max] bool; None: no padding
+    # Verify rows only (some decode row has several queries), else None:
+    decode_query_index: torch.Tensor | None = None  # [B_dec, Q_max] int64 into decode queries
+    decode_output_index: torch.Tensor | None = None  # [T_dec] int64 into [B_dec * Q_max] outputs
 
     @property
     def num_seqs(self) -> int:
