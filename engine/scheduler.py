@@ -121,7 +121,8 @@ class Scheduler:
             if num_tokens == 0:
                 index += 1
                 continue
-            if is_decode and (verify := self._verify_row(request)) is not None:
+            reserve = len(self.running) - index - 1  # newer rows may each need a block
+            if is_decode and (verify := self._verify_row(request, reserve)) is not None:
                 decodes.append(verify)
                 index += 1
                 continue
@@ -159,14 +160,20 @@ class Scheduler:
             budget -= num_tokens
         return StepPlan(tuple(decodes + prefills), len(decodes), tuple(preempted))
 
-    def _verify_row(self, request: Request) -> ScheduledChunk | None:
+    def _verify_row(self, request: Request, reserve: int) -> ScheduledChunk | None:
         """The request's last token and a draft after it, when one is proposed and its slots
-        fit the pool without preempting anyone (a plain decode row is planned otherwise)."""
+        fit the pool with `reserve` blocks to spare, so a draft never makes a later row preempt
+        anyone (a plain decode row is planned otherwise)."""
         if self.proposer is None:
             return None
         # Every draft token could be accepted, and one more token follows the last of them.
         draft = self.proposer.propose(request, request.max_tokens - request.num_output_tokens - 1)
-        if not draft or not self.block_manager.allocate_slots(request, 1 + len(draft)):
+        if not draft:
+            return None
+        manager = self.block_manager
+        if manager.blocks_needed(request, 1 + len(draft)) + reserve > manager.num_free_blocks:
+            return None
+        if not manager.allocate_slots(request, 1 + len(draft)):
             return None
         return ScheduledChunk(request, request.num_computed_tokens, 1 + len(draft), draft)
 
