@@ -200,3 +200,57 @@ def test_speculation_can_be_turned_off_per_knob(tiny: Path) -> None:
     _tokens(llm, [[5, 6, 7, 5, 6, 7, 5, 6]], SamplingParams(temperature=0.0, max_tokens=8))
     assert llm.engine.counters.spec_decode.drafts == 0
     assert llm.engine.stats().spec_depth == 0
+
+
+def test_randomized_mixed_traffic_matches_plain(tiny: Path) -> None:
+    """Many requests with repetitive and random prompts, greedy and seeded sampling, penalties,
+    stop tokens and lengths, on a small pool, with requests arriving while others run and some
+    aborted: every request that was not aborted gets exactly plain decoding's tokens, and the
+    pool is empty at the end."""
+    import random
+
+    knobs = {"kv_capacity": 384, "block_size": 4, "prefill_chunk_tokens": 24, "num_threads": 1}
+    plain = LLM(str(tiny), **knobs).engine
+    spec = LLM(str(tiny), speculative="ngram", spec_depth=5, spec_ngram_min=1, **knobs).engine
+    rng = random.Random(3)
+    workload = []
+    for index in range(24):
+        unit = [rng.randrange(200, 2000) for _ in range(rng.randint(2, 6))]
+        prompt = unit * rng.randint(1, 5) + [rng.randrange(200, 2000) for _ in range(3)]
+        params = SamplingParams(
+            temperature=rng.choice([0.0, 0.0, 0.8]),
+            top_k=rng.choice([0, 20]),
+            seed=rng.randrange(1000),
+            max_tokens=rng.randint(1, 40),
+            repetition_penalty=rng.choice([1.0, 1.0, 1.2]),
+            stop_token_ids=tuple(rng.sample(unit, 1)) if index % 5 == 0 else (),
+            ignore_eos=True,
+        )
+        workload.append((f"r{index}", prompt, params, index % 7 == 3))
+
+    def serve(engine: Any) -> dict[str, list[int]]:
+        done: dict[str, list[int]] = {}
+        pending = list(workload)
+        steps = 0
+        while pending or engine.has_unfinished():
+            for _ in range(min(len(pending), 3)):  # arrivals while others run
+                request_id, prompt, params, _ = pending.pop(0)
+                engine.add_request(prompt, params, request_id)
+            steps += 1
+            if steps == 4:
+                for request_id, _, _, aborted in workload:
+                    if aborted:
+                        engine.abort(request_id)
+            for output in engine.step():
+                if output.finished:
+                    done[output.request_id] = list(output.outputs[0].token_ids)
+        assert engine.block_manager.num_used_blocks == 0
+        return done
+
+    expected, got = serve(plain), serve(spec)
+    assert set(got) == set(expected) == {request_id for request_id, *_ in workload}
+    for request_id, _, _, aborted in workload:
+        if not aborted:
+            assert got[request_id] == expected[request_id], request_id
+    assert spec.counters.spec_decode.accepted_tokens > 0
+    assert plain.counters.num_preemptions > 0 and spec.counters.num_preemptions > 0
