@@ -79,6 +79,7 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
                 result = await asyncio.to_thread(console.backend.stop)
                 log.info("%s", result.message)
             console.history.close()
+            console.sessions.close()
 
     app = FastAPI(
         title="dgpp console", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None

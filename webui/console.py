@@ -55,7 +55,7 @@ def build_console(config: ConsoleConfig, backend: ControlBackend | None = None) 
             store,
             SwitchTimeouts(config.drain_timeout_s, config.ready_timeout_s, config.poll_interval_s),
         ),
-        sessions=SessionStore(config.session_ttl_s),
+        sessions=SessionStore(config.session_ttl_s, path=state_dir / "sessions.sqlite"),
         limiter=LoginLimiter(config.login_max_failures, config.login_window_s),
         gpus=NvmlProbe(),
         credentials_path=config.credentials,

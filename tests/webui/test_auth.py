@@ -11,7 +11,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.webui.security.credentials import load_credentials, write_credentials
 from dgpp.webui.security.login_limiter import LoginLimiter
 from dgpp.webui.security.sessions import SESSION_COOKIE, SessionStore
-from tests.webui.conftest import PASSWORD, USER, Console, hidden
+from tests.webui.conftest import PASSWORD, USER, Console, hidden, running_console
 
 
 def test_pages_redirect_to_the_login_and_api_routes_answer_401(console: Console) -> None:
@@ -138,6 +138,51 @@ def test_sessions_expire() -> None:
     assert store.get(token) == session
     now[0] += 61
     assert store.get(token) is None
+
+
+def test_a_logged_in_browser_stays_logged_in_across_a_console_restart(tmp_path: Path) -> None:
+    with running_console(tmp_path) as first:
+        assert first.login().status_code == 303
+        cookie = first.client.cookies.get(SESSION_COOKIE)
+        csrf = first.csrf()
+    assert cookie
+    with running_console(tmp_path) as second:  # a new process on the same state directory
+        second.client.cookies.set(SESSION_COOKIE, cookie)
+        assert second.client.get("/api/overview").status_code == 200
+        assert second.csrf() == csrf  # its forms' token too
+        second.client.post("/logout", data={"csrf_token": csrf})
+    with running_console(tmp_path) as third:
+        third.client.cookies.set(SESSION_COOKIE, cookie)
+        assert third.client.get("/api/overview").status_code == 401  # logged out for good
+
+
+def test_sessions_survive_a_console_restart_in_a_private_file(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "sessions.sqlite"
+    now = [1000.0]
+    first = SessionStore(ttl_s=60, clock=lambda: now[0], path=path)
+    token, session = first.create("admin")
+    expiring, _ = first.create("admin")
+    gone, _ = first.create("admin")
+    first.delete(gone)
+    first.close()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert token not in path.read_bytes().decode("latin-1")  # only its digest is stored
+    second = SessionStore(ttl_s=60, clock=lambda: now[0], path=path)  # the restarted console
+    assert second.get(token) == session
+    assert second.get(gone) is None
+    now[0] += 61
+    assert second.get(expiring) is None
+    second.close()
+
+
+def test_an_unreadable_sessions_file_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.sqlite"
+    path.write_bytes(b"not a database at all" * 100)
+    store = SessionStore(ttl_s=60, path=path)
+    token, session = store.create("admin")
+    assert store.get(token) == session
+    assert (tmp_path / "sessions.sqlite.corrupt").read_bytes().startswith(b"not a database")
+    store.close()
 
 
 def test_the_limiter_forgets_old_failures() -> None:

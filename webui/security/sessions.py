@@ -1,15 +1,23 @@
-"""Logged-in sessions, kept in memory (a console restart logs everyone out), each with its own
-CSRF token. The browser holds only an opaque random token in an HttpOnly, SameSite=Strict cookie.
+"""Logged-in sessions, each with its own CSRF token, kept in a SQLite file (mode 0600) in the
+console's state directory so a console restart or upgrade logs nobody out (in memory when no file
+is given). The browser holds only an opaque random token in an HttpOnly, SameSite=Strict cookie;
+the table keeps its SHA-256 digest, never the token itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import secrets
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "dgpp_console"
 LOGIN_COOKIE = "dgpp_login"  # the login form's CSRF token, before any session exists
@@ -30,37 +38,73 @@ def _key(token: str) -> str:
 
 
 class SessionStore:
-    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, ttl_s: float, clock: Callable[[], float] = time.time, path: Path | None = None
+    ) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
-        self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._db = _open(path)
 
     def create(self, username: str) -> tuple[str, Session]:
         """A new session; (the cookie's token, the session)."""
         token = secrets.token_urlsafe(32)
         session = Session(username, secrets.token_urlsafe(32), self.clock() + self.ttl_s)
         with self._lock:
-            self._drop_expired()
-            self._sessions[_key(token)] = session
+            self._db.execute("DELETE FROM sessions WHERE expires_at <= ?", (self.clock(),))
+            self._db.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?)",
+                (_key(token), session.username, session.csrf_token, session.expires_at),
+            )
         return token, session
 
     def get(self, token: str | None) -> Session | None:
         if not token:
             return None
         with self._lock:
-            session = self._sessions.get(_key(token))
-            if session is not None and session.expires_at <= self.clock():
-                del self._sessions[_key(token)]
+            row = self._db.execute(
+                "SELECT username, csrf_token, expires_at FROM sessions WHERE key = ?",
+                (_key(token),),
+            ).fetchone()
+            if row is None:
+                return None
+            session = Session(*row)
+            if session.expires_at <= self.clock():
+                self._db.execute("DELETE FROM sessions WHERE key = ?", (_key(token),))
                 return None
             return session
 
     def delete(self, token: str | None) -> None:
         if token:
             with self._lock:
-                self._sessions.pop(_key(token), None)
+                self._db.execute("DELETE FROM sessions WHERE key = ?", (_key(token),))
 
-    def _drop_expired(self) -> None:
-        now = self.clock()
-        for key in [key for key, s in self._sessions.items() if s.expires_at <= now]:
-            del self._sessions[key]
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _open(path: Path | None) -> sqlite3.Connection:
+    """The sessions table in `path` (created 0600), or in memory; an unreadable file is moved
+    aside and started afresh (its users log in again)."""
+    if path is None:
+        return _connect(":memory:")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    path.chmod(0o600)
+    try:
+        return _connect(str(path))
+    except sqlite3.DatabaseError as err:
+        aside = path.with_name(path.name + ".corrupt")
+        log.warning("sessions file %s is unreadable (%s); moved to %s", path, err, aside)
+        path.replace(aside)
+        return _open(path)
+
+
+def _connect(target: str) -> sqlite3.Connection:
+    db = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, username TEXT NOT NULL, "
+        "csrf_token TEXT NOT NULL, expires_at REAL NOT NULL)"
+    )
+    return db
