@@ -249,6 +249,10 @@ class Switcher:
         timeout = self.timeouts.ready_s
         self._step(ident, Phase.WAITING, f"waiting up to {timeout:g} s for /health")
         seen = ""
+        # A supervisor that restarts rank 0 by itself (systemd's Restart=always) never shows it
+        # `failed`: once rank 0 was seen in another state after the restart, `restarting` means
+        # the new process exited. (Seen first, it can be the state from before the restart.)
+        left_restarting = False
         while True:
             health = await engine.health()
             elapsed = time.monotonic() - started
@@ -263,6 +267,9 @@ class Switcher:
             rank0 = next((status for status in statuses if status.rank == 0), None)
             if rank0 is not None and rank0.state == "failed":
                 return _Outcome(False, f"rank 0 failed ({rank0.detail})")
+            if rank0 is not None and rank0.state == "restarting" and left_restarting:
+                return _Outcome(False, f"rank 0 exited and is restarting ({rank0.detail})")
+            left_restarting = left_restarting or (rank0 is not None and rank0.state != "restarting")
             if health.status is not None and health.state == "failed":
                 return _Outcome(False, f"rank 0 reports {health.reason}")
             if elapsed >= timeout:

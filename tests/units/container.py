@@ -5,7 +5,7 @@ The root is built once and cached outside the repository, in two layers under
 
 * `nspawn-base-<hash>`: `debootstrap` of Debian bookworm (Python 3.11, which the local torch
   wheel needs) with systemd from bookworm-backports (>= 254: `RestartSteps=`), dbus, python3-venv,
-  iproute2, curl and ca-certificates (~2 min the first time);
+  iproute2, curl, ca-certificates and sudo (~2 min the first time);
 * `nspawn-venv-<hash>`: an overlay upper layer holding `/opt/dgpp/venv` with torch 2.13.0 (CPU)
   and dgpp's dependencies, installed offline from this host's wheel directory and file indexes
   (`/opt/wheels`, `/opt/pypi`), keyed on `pyproject.toml`'s dependency list.
@@ -39,6 +39,8 @@ SUITE = "bookworm"
 PACKAGES = ["systemd", "dbus", "python3", "python3-venv", "iproute2", "curl", "ca-certificates"]
 # ansible.builtin.pip imports `packaging` on the target's Python (for the playbook test).
 PACKAGES += ["python3-packaging"]
+# The console's restart path for the webui test: the role picks sudo (no polkitd here).
+PACKAGES += ["sudo"]
 BACKPORTS = ["systemd", "systemd-sysv", "libpam-systemd", "libsystemd-shared"]
 TORCH = "torch==2.13.0"
 WHEELS = Path("/opt/wheels")  # where this host's pip finds torch 2.13.0+cpu (pip config find-links)

@@ -5,23 +5,39 @@ container: the login form and its CSRF cookie, a login with the generated passwo
 page, the JSON overview (rank 0's unit seen through `systemctl show`) and the rank's journal, and
 the refusals of requests without a session.
 
-The container has neither polkit nor sudo (and no network to install them), so the role leaves
-the console without a way to restart rank 0 and says so; that path is not exercised here.
+The container has sudo but no polkitd, so the role (`dgpp_webui_restart_via: auto`) picks sudo:
+its drop-in passes `visudo`, and user dgpp may run exactly the systemctl command lines of the
+console's systemd backend with `sudo -n`, nothing else. Then the restart path end to end: the
+Knobs form sets `speculative.method` to ngram, the switch drains, rewrites the deployment file,
+restarts `dgpp@rank0` through sudo (a new MainPID and InvocationID, a new `instance` on `/health`)
+and rank 0's `/v1/metrics` reports ngram; and a deployment whose checkpoint does not exist is
+rolled back as soon as systemd restarts the rank that exited (the unit never becomes `failed`).
 
     DGPP_NSPAWN=1 /tmp/venv/bin/python -m pytest tests/units/test_nspawn_webui.py -s
 """
 
 from __future__ import annotations
 
+import html
 import json
+import re
+import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend
 from tests.units.container import Container, missing_tools, stage_checkout
-from tests.units.test_nspawn_playbook import ANSIBLE_PLAYBOOK, MODEL, _inventory, _playbook
+from tests.units.test_nspawn_playbook import (
+    ANSIBLE_PLAYBOOK,
+    MODEL,
+    _changed_tasks,
+    _inventory,
+    _playbook,
+)
 
 pytestmark = pytest.mark.nspawn
 
@@ -39,6 +55,14 @@ curl -s -b $jar -c $jar -o /dev/null -w '%{{http_code}} %{{redirect_url}}' \\
     --data-urlencode "csrf_token=$token" --data-urlencode next=/ {CONSOLE}/login
 """
 STATUS = "curl -s -o /dev/null -w '%{http_code}'"
+AUTHED = "curl -s -b /root/console.jar"
+AS_DGPP = "runuser -u dgpp -- sudo -n"  # what the console's `systemctl` setting runs
+SUDOERS = "/etc/sudoers.d/dgpp-webui"
+DEPLOYMENT_FILE = "/etc/dgpp/deployment.json"
+PREVIEW_ROW = (
+    r'<td class="key">([^<]+)</td><td class="old">([^<]*)</td><td class="new">([^<]*)</td>'
+)
+HIDDEN = r'<input type="hidden" name="([^"]+)" value="([^"]*)">'
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +84,12 @@ def console(
             result.stdout[-6000:] + result.stderr[-3000:] + _console_journal(box)
         )
         print(f"\nplaybook: {seconds:.1f} s")
-        assert (
-            "the console shows the ranks and their logs but cannot restart rank 0" in result.stdout
+        # sudo is there and polkitd is not: the role writes the sudoers drop-in.
+        assert "logs but cannot restart rank 0" not in result.stdout
+        sudo_task = (
+            "TASK [dgpp_webui : Ensure sudo lets the console run exactly its systemctl commands]"
         )
+        assert sudo_task in _changed_tasks(result.stdout), result.stdout[-6000:]
         yield box
     finally:
         box.stop()
@@ -140,3 +167,152 @@ def test_requests_without_a_session_are_refused(console: Container) -> None:
     wrong = LOGIN.replace(f"$(cat {PASSWORD_FILE})", "not-the-password")
     assert box.sh(wrong).stdout.startswith("401 ")
     assert "dgpp_console" not in box.sh("cat /root/console.jar").stdout  # no session cookie
+
+
+def _backend_commands(systemctl: Sequence[str]) -> list[list[str]]:
+    """Every command line the console's systemd backend runs (start, stop, restart, status)."""
+    recorded: list[list[str]] = []
+
+    def record(argv: Sequence[str]) -> CommandResult:
+        recorded.append(list(argv))
+        return CommandResult(0, "", "")
+
+    backend = SystemdBackend(Path(DEPLOYMENT_FILE), runner=record, systemctl=systemctl)
+    for action in (backend.start, backend.stop, backend.restart, backend.status):
+        action()
+    return recorded
+
+
+def test_sudo_lets_dgpp_run_the_backends_commands_and_nothing_else(console: Container) -> None:
+    box = console
+    settings = json.loads(box.sh("cat /etc/dgpp/webui.json").stdout)
+    assert settings["systemctl"] == ["sudo", "-n", "/usr/bin/systemctl"]
+    assert box.sh(f"stat -c '%U:%G %a' {SUDOERS}").stdout.strip() == "root:root 440"
+    assert box.sh(f"visudo -cf {SUDOERS}").stdout.strip() == f"{SUDOERS}: parsed OK"
+    box.sh("visudo -c")  # the whole policy, with the drop-in
+    commands = _backend_commands(settings["systemctl"][2:])
+    assert len(commands) == 4
+    for argv in commands:  # `sudo -l COMMAND`: whether it is allowed, without running it
+        listed = box.sh(f"{AS_DGPP} -l {shlex.join(argv)}", check=False)
+        assert (listed.returncode, listed.stdout.split()) == (0, argv), listed
+    show = box.sh(f"{AS_DGPP} {shlex.join(commands[-1])}").stdout  # status: read-only, run it
+    assert "Id=dgpp@rank0.service" in show and "ActiveState=active" in show, show
+    systemctl = settings["systemctl"][2]
+    refused = [
+        f"{systemctl} restart dgpp@rank0",  # the backend's has --no-block
+        f"{systemctl} restart --no-block dgpp@rank0 other.service",
+        f"{systemctl} stop dgpp@rank1",
+        f"{systemctl} edit dgpp@rank0",
+        f"-u root {systemctl} restart ssh",
+        "/bin/sh -c id",
+        "id",
+    ]
+    for command in refused:
+        listed = box.sh(f"{AS_DGPP} -l {command}", check=False)
+        assert listed.returncode == 1, (command, listed)
+    for command in ("id", f"-u root {systemctl} restart ssh"):
+        ran = box.sh(f"{AS_DGPP} {command}", check=False)
+        assert ran.returncode == 1 and "a password is required" in ran.stderr, (command, ran)
+
+
+def _login_and_token(box: Container) -> str:
+    """A fresh session; its CSRF token, from the Knobs page."""
+    _wait_for_login_page(box)
+    assert box.sh(LOGIN).stdout == f"303 {CONSOLE}/"
+    page = box.sh(f"{AUTHED} {CONSOLE}/knobs").stdout
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert match is not None, page[:2000]
+    return match.group(1)
+
+
+def _post(box: Container, path: str, fields: dict[str, str]) -> tuple[str, str]:
+    """POST a form with the session: ("<status> <redirect>", body)."""
+    data = " ".join("--data-urlencode " + shlex.quote(f"{k}={v}") for k, v in fields.items())
+    out = box.sh(f"{AUTHED} -w '\\n%{{http_code}} %{{redirect_url}}' {data} {CONSOLE}{path}")
+    body, _, status = out.stdout.rpartition("\n")
+    return status, body
+
+
+def _follow_switch(box: Container, timeout_s: float) -> dict[str, Any]:
+    started = time.monotonic()
+    while True:
+        body = json.loads(box.sh(f"{AUTHED} {CONSOLE}/api/switch").stdout)
+        if body["job"] is not None and body["job"]["final"]:
+            return body["job"]
+        assert time.monotonic() - started < timeout_s, json.dumps(body) + _console_journal(box)
+        time.sleep(0.5)
+
+
+def _engine(box: Container) -> tuple[str, str]:
+    """curl for rank 0's HTTP server (with the deployment's API key, if it has one), its URL."""
+    http = json.loads(box.sh(f"cat {DEPLOYMENT_FILE}").stdout)["http"]
+    curl = "curl -s"
+    if http.get("api_key_file"):
+        curl += f' -H "Authorization: Bearer $(cat {shlex.quote(http["api_key_file"])})"'
+    return curl, f"http://127.0.0.1:{http['port']}"
+
+
+def _rank0_unit(box: Container) -> dict[str, str]:
+    shown = box.sh("systemctl show -p MainPID -p InvocationID -p ActiveState dgpp@rank0").stdout
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def test_a_knobs_switch_restarts_rank_0_through_sudo(console: Container) -> None:
+    box = console
+    token = _login_and_token(box)
+    curl, engine = _engine(box)
+    unit_before = _rank0_unit(box)
+    instance_before = json.loads(box.sh(f"{curl} {engine}/health").stdout)["instance"]
+    metrics = json.loads(box.sh(f"{curl} {engine}/v1/metrics").stdout)
+    assert metrics["spec_decode"]["method"] == "off"
+    fields = {"csrf_token": token, "speculative.method": "ngram"}
+    status, preview = _post(box, "/knobs/preview", fields)
+    assert status == "200 ", preview[-3000:]
+    rows = [tuple(html.unescape(cell) for cell in row) for row in re.findall(PREVIEW_ROW, preview)]
+    assert rows == [("speculative.method", '"off"', '"ngram"')]
+    # The preview's Apply form: its hidden fields, posted as the button would.
+    apply = dict(re.findall(HIDDEN, preview.split('action="/switch"', 1)[1]))
+    apply = {name: html.unescape(value) for name, value in apply.items()}
+    assert set(apply) == {"csrf_token", "title", "deployment"}
+    started = time.monotonic()
+    assert _post(box, "/switch", apply)[0] == f"303 {CONSOLE}/switch"
+    job = _follow_switch(box, timeout_s=180.0)
+    seconds = time.monotonic() - started
+    assert job["phase"] == "ready", job
+    print(f"\nknobs switch (speculative.method ngram) through sudo: ready in {seconds:.1f} s")
+    assert json.loads(box.sh(f"cat {DEPLOYMENT_FILE}").stdout)["speculative"] == {"method": "ngram"}
+    unit_after = _rank0_unit(box)
+    assert unit_after["ActiveState"] == "active"
+    assert unit_after["MainPID"] != unit_before["MainPID"]
+    assert unit_after["InvocationID"] != unit_before["InvocationID"]
+    assert box.sh(f"{curl} -o /dev/null -w '%{{http_code}}' {engine}/health").stdout == "200"
+    health = json.loads(box.sh(f"{curl} {engine}/health").stdout)
+    assert health["state"] == "serving" and health["instance"] != instance_before, health
+    metrics = json.loads(box.sh(f"{curl} {engine}/v1/metrics").stdout)
+    assert metrics["spec_decode"]["method"] == "ngram", metrics["spec_decode"]
+    journal = box.sh("journalctl -t sudo --no-pager -o cat").stdout  # sudo logs what it ran
+    assert "COMMAND=/usr/bin/systemctl restart --no-block dgpp@rank0" in journal, journal[-2000:]
+
+
+def test_a_deployment_that_cannot_load_is_rolled_back(console: Container) -> None:
+    box = console
+    token = _login_and_token(box)
+    curl, engine = _engine(box)
+    kept = json.loads(box.sh(f"cat {DEPLOYMENT_FILE}").stdout)
+    # What the Apply button posts, with a checkpoint that does not exist: the schema accepts it,
+    # rank 0 exits 3, and systemd (Restart=always) starts it again: the unit is never `failed`.
+    broken = {**kept, "model": "/srv/models/missing"}
+    fields = {"csrf_token": token, "title": "Broken", "deployment": json.dumps(broken)}
+    started = time.monotonic()
+    assert _post(box, "/switch", fields)[0] == f"303 {CONSOLE}/switch"
+    job = _follow_switch(box, timeout_s=120.0)  # far below the console's ready_timeout_s, 900 s
+    seconds = time.monotonic() - started
+    assert job["phase"] == "rolled back", job
+    assert job["reason"].startswith("rank 0 exited and is restarting"), job["reason"]
+    assert "exit code 3" in job["reason"], job["reason"]
+    assert "no such checkpoint directory: /srv/models/missing" in job["log_tail"]
+    print(f"\nswitch to a missing checkpoint: rolled back in {seconds:.1f} s")
+    assert json.loads(box.sh(f"cat {DEPLOYMENT_FILE}").stdout) == kept
+    health = json.loads(box.sh(f"{curl} {engine}/health").stdout)
+    assert health["state"] == "serving" and health["model"] == "smollm2", health
+    assert _rank0_unit(box)["ActiveState"] == "active"
