@@ -79,3 +79,30 @@ def test_metrics_report_accepted_drafts(spec_server: RunningServer) -> None:
     prometheus = httpx.get(f"{spec_server.url}/metrics", timeout=10).text
     sample = f'dgpp:spec_decode_num_accepted_tokens_total{{model_name="{MODEL}"}}'
     assert f"{sample} {float(body['accepted'])}" in prometheus
+
+
+def test_anthropic_stream_equals_the_plain_server(
+    spec_server: RunningServer, server: RunningServer
+) -> None:
+    import anthropic
+
+    kwargs = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "messages": COPY,
+        "stop_sequences": ["height < 0"],
+        "extra_body": {"temperature": 0},
+    }
+    with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as plain:
+        expected = plain.messages.create(**kwargs)
+    fast = anthropic.Anthropic(base_url=spec_server.url, api_key="x", max_retries=0)
+    with fast, fast.messages.stream(**kwargs) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert expected.stop_reason == "stop_sequence"  # the copy reaches it
+    assert streamed == expected.content[0].text
+    assert (final.stop_reason, final.stop_sequence) == (
+        expected.stop_reason,
+        expected.stop_sequence,
+    )
+    assert final.usage.output_tokens == expected.usage.output_tokens
