@@ -50,6 +50,9 @@ class HttpSection(_Section):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     stats_log_interval_s: float = Field(10.0, ge=0.0)
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # "auto": sampling settings a request leaves out come from the checkpoint's
+    # generation_config.json (as vLLM does); "none": the OpenAI/Anthropic defaults.
+    generation_config: Literal["auto", "none"] = "auto"
 
 
 class RendezvousSection(_Section):
@@ -167,6 +170,7 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
         queue_limit=http.queue_limit,
         stats_log_interval_s=http.stats_log_interval_s,
         default_chat_template_kwargs=dict(http.default_chat_template_kwargs),
+        generation_config=http.generation_config,
     )
 
 

@@ -173,6 +173,7 @@ class HeadRuntime:
         async_engine.start()
         self._async_engine = async_engine
         state = ServerState(async_engine, options.server, options.server.served_model_names)
+        log.info("sampling defaults from the checkpoint: %s", state.sampling_defaults.describe())
         attach_state(self.app, state, self._details())
         self._log_ready()
         self._notify_serving()

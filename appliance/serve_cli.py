@@ -44,6 +44,13 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
         "request chat_template_kwargs win",
     )
+    group.add_argument(
+        "--generation-config",
+        choices=["auto", "none"],
+        default=None,
+        help="auto (default): sampling settings a request leaves out come from the "
+        "checkpoint's generation_config.json; none: the OpenAI defaults",
+    )
     group.add_argument("--queue-limit", type=int, default=None, help="(256)")
     group.add_argument(
         "--stats-log-interval",
@@ -108,6 +115,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
         ("queue_limit", args.queue_limit),
         ("stats_log_interval_s", args.stats_log_interval),
         ("default_chat_template_kwargs", args.default_chat_template_kwargs),
+        ("generation_config", args.generation_config),
     ):
         if value is not None:
             http[key] = value

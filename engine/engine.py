@@ -28,6 +28,7 @@ from dgpp.engine.request import (
     RequestTimings,
 )
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
+from dgpp.engine.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
 from dgpp.engine.speculative import NgramProposer
@@ -60,6 +61,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.tokenizer = load_tokenizer(checkpoint)
         self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
+        self.sampling_defaults = load_sampling_defaults(checkpoint)
         self.runner = ModelRunner(self.config, model_config, checkpoint, max_model_len, parallel)
         self.control = control
         self.counters = EngineCounters()

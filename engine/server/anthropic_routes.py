@@ -22,7 +22,7 @@ from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.parsing import ResponseParser
-from dgpp.engine.server.sampling import resolve_max_tokens
+from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.tool_choice import ForcedStart, anthropic_choice, forced_start
 
@@ -81,11 +81,14 @@ async def messages(
     max_tokens = resolve_max_tokens(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
+    defaults = state.sampling_defaults
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        top_k=request.top_k or 0,
+        temperature=pick(request.temperature, defaults.temperature, 1.0),
+        top_p=pick(request.top_p, defaults.top_p, 1.0),
+        top_k=int(pick(request.top_k, defaults.top_k, 0)),
+        min_p=defaults.min_p or 0.0,
+        repetition_penalty=defaults.repetition_penalty or 1.0,
         stop=tuple(request.stop_sequences or ()),
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"

@@ -71,7 +71,10 @@ async def chat_completions(
         prompt_param="messages",
     )
     logprobs = chat_logprobs(request)
-    params = [sampling_params(request, max_tokens, logprobs, i) for i in range(request.n)]
+    params = [
+        sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults)
+        for i in range(request.n)
+    ]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream:

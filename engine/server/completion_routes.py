@@ -63,7 +63,8 @@ async def completions(
     for number, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
         params = [
-            sampling_params(request, max_tokens, request.logprobs, i) for i in range(request.n)
+            sampling_params(request, max_tokens, request.logprobs, i, state.sampling_defaults)
+            for i in range(request.n)
         ]
         jobs.append(Job(prompt, params, f"{request_id}-{number}", request.prefix_cache))
     if request.stream:

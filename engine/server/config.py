@@ -20,3 +20,6 @@ class ServerConfig:
     keepalive_interval_s: float = 10.0
     stats_log_interval_s: float = 10.0  # the periodic stats log line; 0 turns it off
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # "auto": settings a request leaves out come from the checkpoint's generation_config.json
+    # (as vLLM's --generation-config auto); "none": the OpenAI/Anthropic defaults.
+    generation_config: str = "auto"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from dgpp.engine.server.state import ServerState
@@ -50,23 +51,36 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     return bias
 
 
+def pick(requested: float | None, model: float | None, api: float) -> float:
+    """The request's value, else the checkpoint's recommendation, else the API's default."""
+    if requested is not None:
+        return requested
+    return api if model is None else model
+
+
 def sampling_params(
-    request: SamplingFields, max_tokens: int, logprobs: int | None, seed_offset: int = 0
+    request: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    seed_offset: int = 0,
+    defaults: SamplingDefaults | None = None,
 ) -> SamplingParams:
-    """`seed_offset` gives each of `n` choices its own stream from one request seed."""
+    """`seed_offset` gives each of `n` choices its own stream from one request seed; settings
+    the request leaves out come from `defaults` (the checkpoint's), else the OpenAI defaults."""
+    model = defaults or SamplingDefaults()
     stop = (
         request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
     )
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        top_k=request.top_k or 0,
-        min_p=request.min_p or 0.0,
+        temperature=pick(request.temperature, model.temperature, 1.0),
+        top_p=pick(request.top_p, model.top_p, 1.0),
+        top_k=int(pick(request.top_k, model.top_k, 0)),
+        min_p=pick(request.min_p, model.min_p, 0.0),
         seed=None if request.seed is None else request.seed + seed_offset,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
-        repetition_penalty=request.repetition_penalty or 1.0,
+        repetition_penalty=pick(request.repetition_penalty, model.repetition_penalty, 1.0),
         logit_bias=_logit_bias(request.logit_bias),
         stop=tuple(stop),
         stop_token_ids=tuple(request.stop_token_ids or ()),

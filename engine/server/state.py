@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.server.chat_render import TemplateTraits, probe_template
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.errors import APIError
@@ -26,6 +27,13 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.engine.engine.tokenizer
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """What a request that leaves a sampling setting out gets (`generation_config`)."""
+        if self.config.generation_config != "auto":
+            return SamplingDefaults()
+        return getattr(self.engine.engine, "sampling_defaults", SamplingDefaults())
 
     @property
     def max_model_len(self) -> int:
