@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,16 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no params: the checkpoint's recommended
+        settings (generation_config.json) where it names them, else `SamplingParams()`'s."""
+        named = {
+            key: value
+            for key, value in vars(self.engine.sampling_defaults).items()
+            if value is not None
+        }
+        return SamplingParams(**named)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -48,7 +58,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order."""
         batch = _as_batch(prompts)
-        params = _params_for(batch, sampling_params)
+        params = _params_for(batch, sampling_params, self.get_default_sampling_params)
         # Validate every prompt before queueing any, so a bad one leaves no work behind.
         request_ids = [f"offline-{uuid.uuid4().hex}" for _ in batch]
         try:
@@ -131,10 +141,12 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 def _params_for(
-    batch: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
+    batch: list[Prompt],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    default: Callable[[], SamplingParams],
 ) -> list[SamplingParams]:
     if sampling_params is None:
-        return [SamplingParams()] * len(batch)
+        return [default()] * len(batch)
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * len(batch)
     params = list(sampling_params)

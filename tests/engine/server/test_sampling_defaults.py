@@ -80,3 +80,17 @@ def test_a_request_without_temperature_follows_the_checkpoint(
             assert complete() == greedy  # greedy by the checkpoint's word
         else:
             assert len(set(complete())) > 1  # temperature 1.0: four draws of a random model
+
+
+def test_the_offline_api_uses_the_checkpoint_defaults_when_given_no_params(
+    greedy_by_default: Path,
+) -> None:
+    from dgpp.engine import LLM, SamplingParams
+
+    llm = LLM(str(greedy_by_default), kv_capacity=256, block_size=16)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.0, 1.0, 0)
+    prompts = [[5, 6, 7]] * 3
+    texts = {o.outputs[0].text for o in llm.generate(prompts)}
+    greedy = llm.generate(prompts[:1], SamplingParams(temperature=0.0))[0].outputs[0].text
+    assert texts == {greedy}
