@@ -8,6 +8,7 @@ the effective context limit) produce new objects through `dataclasses.replace`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,20 @@ class ModelConfig:
         except json.JSONDecodeError as err:
             raise ModelLoadError(f"{config_file} is not valid JSON: {err}") from None
         return cls.from_dict(raw)
+
+
+def read_generation_config(checkpoint: Path) -> dict[str, Any]:
+    """`checkpoint/generation_config.json` as a dict: empty when it is absent, and when it is
+    unreadable (a warning; its settings are recommendations, never a reason not to serve)."""
+    path = checkpoint / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        logging.getLogger(__name__).warning("ignoring %s: %s", path, err)
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _parse_rope(raw: dict[str, Any]) -> RopeConfig:

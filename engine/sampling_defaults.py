@@ -4,12 +4,13 @@ for temperature 0.6, top_p 0.95 and top_k 20, Llama 3.1 for temperature 0.6 and 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dgpp.engine.config import read_generation_config
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,7 @@ _CHECKS: dict[str, tuple[type, Any]] = {
 def load_sampling_defaults(checkpoint: Path) -> SamplingDefaults:
     """The sampling keys of `checkpoint/generation_config.json`; none when it is absent or
     unreadable (serving never fails over a recommendation)."""
-    path = checkpoint / "generation_config.json"
-    if not path.is_file():
-        return SamplingDefaults()
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        log.warning("ignoring %s: %s", path, err)
-        return SamplingDefaults()
-    if not isinstance(raw, dict):
-        return SamplingDefaults()
+    raw = read_generation_config(checkpoint)
     values: dict[str, Any] = {}
     for key, (kind, check) in _CHECKS.items():
         value = raw.get(key)
@@ -63,5 +55,5 @@ def load_sampling_defaults(checkpoint: Path) -> SamplingDefaults:
         if ok and math.isfinite(value) and check(kind(value)):
             values[key] = kind(value)
         else:
-            log.warning("ignoring %s=%r in %s", key, value, path)
+            log.warning("ignoring %s=%r in %s/generation_config.json", key, value, checkpoint)
     return SamplingDefaults(**values)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.config import ModelConfig, read_generation_config
 from dgpp.engine.errors import InvalidRequestError, ModelLoadError
 
 
@@ -58,10 +58,8 @@ def eos_token_ids(
 ) -> frozenset[int]:
     """EOS ids from generation_config.json, config.json and the tokenizer, as HF generate."""
     ids: set[int] = set(model_config.eos_token_ids)
-    generation_config = path / "generation_config.json"
-    if generation_config.is_file():
-        eos = json.loads(generation_config.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos = read_generation_config(path).get("eos_token_id")
+    ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(int(token) for token in ids)

@@ -33,7 +33,7 @@ class ServerState:
         """What a request that leaves a sampling setting out gets (`generation_config`)."""
         if self.config.generation_config != "auto":
             return SamplingDefaults()
-        return getattr(self.engine.engine, "sampling_defaults", SamplingDefaults())
+        return self.engine.engine.sampling_defaults
 
     @property
     def max_model_len(self) -> int:

@@ -58,6 +58,10 @@ class Console:
         assert page.status_code == 200, page.text
         return hidden(page.text, "csrf_token")
 
+    def preview_knobs(self, fields: dict[str, str]) -> Any:
+        """POST the Knobs form with `fields` (key path -> text) and this session's token."""
+        return self.client.post("/knobs/preview", data={"csrf_token": self.csrf(), **fields})
+
     def written(self) -> dict[str, Any]:
         """The deployment file as it is now."""
         return json.loads(self.config.deployment.read_text())

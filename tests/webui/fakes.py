@@ -62,6 +62,7 @@ class FakeWorld:
 
     deployment_path: Path
     broken_models: set[str] = field(default_factory=lambda: {BROKEN_MODEL})
+    starting_names: set[str] = field(default_factory=set)  # served names never ready after restart
     state: str = "serving"  # serving, failed, starting, down
     model: str = "m"
     started_at: float = field(default_factory=time.time)
@@ -82,6 +83,8 @@ class FakeWorld:
         spec = deployment.speculative
         self.speculative = (spec.method, spec.depth if spec.method != "off" else 0)
         self.state = "failed" if deployment.model in self.broken_models else "serving"
+        if self.state == "serving" and self.model in self.starting_names:
+            self.state = "starting"
 
 
 class FakeBackend:

@@ -46,14 +46,12 @@ def test_the_sections_own_rule_names_its_field() -> None:
 
 def test_an_ngram_range_upside_down_is_refused_on_its_field(logged_in: Console) -> None:
     before = logged_in.config.deployment.read_text()
-    response = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
+    response = logged_in.preview_knobs(
+        {
             "speculative.method": "ngram",
             "speculative.ngram_max": "3",
             "speculative.ngram_min": "5",
-        },
+        }
     )
     assert response.status_code == 400
     assert _errors(response.text) == {
@@ -61,19 +59,15 @@ def test_an_ngram_range_upside_down_is_refused_on_its_field(logged_in: Console) 
     }
     assert "Nothing was applied" in response.text
     # Out of bounds, or not a choice: the schema's message, on the field.
-    response = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
+    response = logged_in.preview_knobs(
+        {
             "speculative.method": "eagle",
             "speculative.depth": "17",
-        },
+        }
     )
     assert response.status_code == 400
     assert _errors(response.text) == {"speculative.method": "must be one of off, ngram"}
-    response = logged_in.client.post(
-        "/knobs/preview", data={"csrf_token": logged_in.csrf(), "speculative.depth": "17"}
-    )
+    response = logged_in.preview_knobs({"speculative.depth": "17"})
     assert _errors(response.text) == {
         "speculative.depth": "Input should be less than or equal to 16"
     }
@@ -88,9 +82,7 @@ def test_a_rule_about_a_key_not_on_the_form_is_shown_on_top(
 
     without_min = tuple(knob for knob in knob_form.KNOBS if knob[0] != "speculative.ngram_min")
     monkeypatch.setattr(knob_form, "KNOBS", without_min)
-    response = logged_in.client.post(
-        "/knobs/preview", data={"csrf_token": logged_in.csrf(), "speculative.ngram_max": "1"}
-    )
+    response = logged_in.preview_knobs({"speculative.ngram_max": "1"})
     assert response.status_code == 400
     assert _errors(response.text) == {}
     message = "speculative: ngram_min (2) must not exceed ngram_max (1)"
@@ -104,14 +96,12 @@ def test_turning_ngram_on_writes_the_section_and_the_overview_says_so(
     page = logged_in.client.get("/").text
     assert '<td id="spec-state" data-field="speculative.text" data-empty="-">off</td>' in page
     assert 'data-empty="speculative decoding is off"' in page
-    preview = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
+    preview = logged_in.preview_knobs(
+        {
             "speculative.method": "ngram",
             "speculative.depth": "6",
             "speculative.ngram_min": "2",  # the default: not written
-        },
+        }
     )
     assert preview.status_code == 200, preview.text
     rows = re.findall(r'<td class="key">([^<]+)</td>', preview.text)

@@ -14,15 +14,13 @@ from tests.webui.fakes import BROKEN_MODEL
 
 def test_an_invalid_knob_shows_its_error_and_restarts_nothing(logged_in: Console) -> None:
     before = logged_in.config.deployment.read_text()
-    response = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
+    response = logged_in.preview_knobs(
+        {
             "engine.kv_capacity": "lots",
             "engine.prefill_chunk_tokens": "0",
             "engine.prefill_precision": "fp8",
             "http.default_chat_template_kwargs": "[1, 2]",
-        },
+        }
     )
     assert response.status_code == 400
     errors = dict(re.findall(r'id="error-([^"]+)">([^<]+)<', response.text))
@@ -34,10 +32,7 @@ def test_an_invalid_knob_shows_its_error_and_restarts_nothing(logged_in: Console
     # The typed values come back so the operator can fix them.
     assert 'value="lots"' in response.text
     # Schema bounds are checked once the values convert.
-    response = logged_in.client.post(
-        "/knobs/preview",
-        data={"csrf_token": logged_in.csrf(), "engine.prefill_chunk_tokens": "0"},
-    )
+    response = logged_in.preview_knobs({"engine.prefill_chunk_tokens": "0"})
     assert response.status_code == 400
     assert 'id="error-engine.prefill_chunk_tokens">Input should be greater than or equal to 1' in (
         response.text
@@ -47,13 +42,8 @@ def test_an_invalid_knob_shows_its_error_and_restarts_nothing(logged_in: Console
 
 
 def test_a_cross_field_rule_of_the_runtime_is_reported_on_its_field(logged_in: Console) -> None:
-    response = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
-            "timeouts.heartbeat_s": "100",
-            "timeouts.control_deadline_s": "120",
-        },
+    response = logged_in.preview_knobs(
+        {"timeouts.heartbeat_s": "100", "timeouts.control_deadline_s": "120"}
     )
     assert response.status_code == 400
     assert 'id="error-timeouts.heartbeat_s">timeouts.heartbeat_s (100.0) must be at most half' in (
@@ -63,14 +53,12 @@ def test_a_cross_field_rule_of_the_runtime_is_reported_on_its_field(logged_in: C
 
 
 def test_a_valid_knob_shows_the_diff_then_applies_through_the_switch(logged_in: Console) -> None:
-    preview = logged_in.client.post(
-        "/knobs/preview",
-        data={
-            "csrf_token": logged_in.csrf(),
+    preview = logged_in.preview_knobs(
+        {
             "engine.kv_capacity": "4096",
             "engine.prefix_cache": "off",
             "http.served_model_names": "m, m-alias",
-        },
+        }
     )
     assert preview.status_code == 200, preview.text
     rows = re.findall(r'<td class="key">([^<]+)</td><td class="old">([^<]+)</td>', preview.text)
@@ -152,14 +140,7 @@ def test_a_deployment_that_never_gets_ready_rolls_back_after_the_timeout(
     logged_in: Console,
 ) -> None:
     world = logged_in.world
-    original = world.restart
-
-    def restart_starting() -> None:
-        original()
-        if world.model == "slow":
-            world.state = "starting"
-
-    world.restart = restart_starting  # type: ignore[method-assign]
+    world.starting_names.add("slow")
     logged_in.apply({**DEPLOYMENT, "http": {"served_model_names": ["slow"]}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "rolled back"
@@ -199,14 +180,7 @@ def test_an_invalid_deployment_posted_to_switch_is_refused(logged_in: Console) -
 
 
 def test_one_switch_at_a_time(logged_in: Console) -> None:
-    world = logged_in.world
-    original = world.restart
-
-    def restart_slowly() -> None:
-        original()
-        world.state = "starting"
-
-    world.restart = restart_slowly  # type: ignore[method-assign]
+    logged_in.world.starting_names.add("m")
     logged_in.apply({**DEPLOYMENT, "engine": {"kv_capacity": 4096}})
     response = logged_in.client.post(
         "/switch",
@@ -237,14 +211,7 @@ def test_an_unexpected_error_still_ends_the_switch(logged_in: Console, monkeypat
     def broken() -> list:
         raise RuntimeError("supervisor went away")
 
-    world = logged_in.world
-    original = world.restart
-
-    def restart_starting() -> None:
-        original()
-        world.state = "starting"
-
-    world.restart = restart_starting  # type: ignore[method-assign]
+    logged_in.world.starting_names.add("m")
     from dgpp.webui.app import console_of
 
     backend = console_of(logged_in.app).backend

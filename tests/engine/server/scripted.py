@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.sampling_params import SamplingParams
 
 
@@ -17,6 +18,7 @@ def engine_core(tokenizer: Any) -> SimpleNamespace:
         max_model_len=512,
         model_config=SimpleNamespace(vocab_size=49152),
         config=SimpleNamespace(max_concurrency=4),
+        sampling_defaults=SamplingDefaults(),
     )
 
 
