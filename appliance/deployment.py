@@ -199,10 +199,10 @@ def world_spec(deployment: Deployment, rank: int, timeouts: WorldTimeouts) -> Wo
 
 def checkpoint_of(deployment: Deployment) -> Path:
     """The checkpoint directory this deployment serves (`paths.models_dir` first)."""
-    from dgpp.engine.llm import resolve_checkpoint
+    from dgpp.appliance.model_store import resolve_model
 
     if deployment.paths.models_dir is not None and deployment.model != "default":
         local = Path(deployment.paths.models_dir).expanduser() / Path(deployment.model).name
         if local.is_dir():
             return local
-    return resolve_checkpoint(deployment.model)
+    return resolve_model(deployment.model)

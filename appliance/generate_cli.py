@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from dgpp.appliance.engine_options import engine_knobs, sampling_kwargs
-from dgpp.engine import LLM, SamplingParams
+from dgpp.appliance.offline import LLM
+from dgpp.engine import SamplingParams
 from dgpp.engine.errors import InvalidRequestError
 
 

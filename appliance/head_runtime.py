@@ -25,6 +25,7 @@ from dgpp.appliance.node_probe import (
     publish_interval_s,
     tcp_store_client,
 )
+from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.config import EngineConfig
@@ -118,7 +119,13 @@ class HeadRuntime:
         self.options = options
         self.app = app
         self.server = server
-        self.head = Head(options.engine, options.checkpoint, options.spec, options.deployment_id)
+        self.head = Head(
+            options.engine,
+            options.checkpoint,
+            options.spec,
+            options.deployment_id,
+            resident_dir(),
+        )
         self.exit_code = EXIT_OK
         self.import_s = import_s
         self._stop = threading.Event()

@@ -25,6 +25,7 @@ from dgpp.appliance.deployment import (
 )
 from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier, report_worker
 from dgpp.appliance.timeout_env import apply_env_overrides
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
@@ -149,7 +150,7 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
 
     stop = threading.Event()
     outcome: list[int] = []
-    worker = Worker(spec, expected)
+    worker = Worker(spec, expected, resident_dir())
     notifier = Notifier.from_environment()
     report_worker(notifier, worker)
 

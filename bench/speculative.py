@@ -35,8 +35,9 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.llm import resolve_checkpoint
+from dgpp.appliance.model_store import resolve_model
+from dgpp.appliance.offline import LLM
+from dgpp.engine import SamplingParams
 
 SOURCE = '''"""Fetch JSON documents over HTTP with retries and a small in-memory cache."""
 
@@ -250,7 +251,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
-    checkpoint = resolve_checkpoint(args.model)
+    checkpoint = resolve_model(args.model)
     # No prefix cache: every repeat computes its prompt, as transformers does.
     knobs: dict[str, Any] = {"dtype": "float32", "num_threads": args.threads, "kv_capacity": 4096}
     knobs["prefix_cache"] = False

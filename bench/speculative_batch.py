@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from dgpp.engine import LLM, SamplingParams
+from dgpp.appliance.offline import LLM
+from dgpp.engine import SamplingParams
 
 SOURCE = (Path(__file__).resolve().parents[1] / "engine" / "block_manager.py").read_text()[:1500]
 ORDER = '{"id": 7, "items": [1, 2, 3], "ship": {"to": "Oslo", "by": null}}'

@@ -23,19 +23,30 @@ _KNOBS = {f.name for f in fields(EngineConfig)} - {"model"}
 class LLM:
     """Loads a checkpoint and generates for batches of prompts or conversations.
 
-    `model` is a checkpoint directory, or any reference `dgpp model` understands (`default`, or a
-    Hugging Face repo id already in the local cache). Keyword arguments are `EngineConfig` knobs.
+    `model` is a checkpoint directory; `checkpoint` is the directory when the caller resolved
+    `model` from another kind of reference (`dgpp.appliance.offline.LLM` does, for `default`
+    and cached Hugging Face repo ids). `resident_dir` keeps resident weight images (see
+    `ModelRunner`). Other keyword arguments are `EngineConfig` knobs.
     """
 
-    def __init__(self, model: str | Path, **knobs: Any) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        checkpoint: Path | None = None,
+        resident_dir: Path | None = None,
+        **knobs: Any,
+    ) -> None:
         unknown = sorted(set(knobs) - _KNOBS)
         if unknown:
             raise ConfigError(
                 f"unknown engine option(s): {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(_KNOBS))}"
             )
-        checkpoint = resolve_checkpoint(str(model))
-        self.engine = LLMEngine(EngineConfig(model=str(model), **knobs), checkpoint)
+        if checkpoint is None:
+            checkpoint = checkpoint_directory(str(model))
+        config = EngineConfig(model=str(model), **knobs)
+        self.engine = LLMEngine(config, checkpoint, resident_dir=resident_dir)
 
     @property
     def tokenizer(self) -> Any:
@@ -111,18 +122,16 @@ class LLM:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
 
-def resolve_checkpoint(model: str) -> Path:
-    """The checkpoint directory of a model reference (a directory, `default` or a cached repo)."""
+def checkpoint_directory(model: str) -> Path:
+    """`model` as a checkpoint directory; `ModelLoadError` when it is not one."""
     path = Path(model).expanduser()
-    if path.is_dir():
+    if (path / "config.json").is_file():
         return path
-    try:
-        # The offline facade accepts the same names as `dgpp model`; the engine core only ever
-        # sees the resolved directory.
-        from dgpp.appliance.model_store import resolve_model
-    except ImportError:  # pragma: no cover - appliance ships with the engine
-        raise ModelLoadError(f"model {model!r} is not a directory") from None
-    return resolve_model(model)
+    raise ModelLoadError(
+        f"{model!r} is not a checkpoint directory (one with a config.json); names such as "
+        "`default` or a Hugging Face repo id are resolved by dgpp.appliance.offline.LLM",
+        param="model",
+    )
 
 
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

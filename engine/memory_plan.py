@@ -14,15 +14,19 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.engine.models.registry import layer_cache_specs
+from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -179,10 +183,15 @@ def weight_elements(model: ModelConfig, shapes: RankShapes) -> int:
     return model.num_layers * per_layer + embedding + lm_head + hidden  # + final norm
 
 
-def kv_bytes_per_token(config: EngineConfig, model: ModelConfig, shapes: RankShapes) -> int:
-    """One token's slot in the pool [layers, 2, blocks, block_size, H_kv_local, D]."""
-    dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
-    return model.num_layers * 2 * shapes.num_kv_heads * model.head_dim * dtype_bytes
+def kv_bytes_per_token(config: EngineConfig, specs: Sequence[CacheSpec]) -> int:
+    """One token's slot in every layer's cache (the layers' `cache_spec`s, summed)."""
+    dtype = getattr(torch, config.resolved_dtype)
+    return sum(spec.bytes_per_token(dtype) for spec in specs)
+
+
+def rank_cache_specs(model: ModelConfig, tp_size: int, tp_rank: int) -> list[CacheSpec]:
+    """The cache specs of rank `tp_rank`'s layers."""
+    return layer_cache_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
 
 
 def workspace_bytes(
@@ -246,20 +255,22 @@ def plan_memory(
     """The plan of rank `tp_rank` of a `tp_size` world (rank 0 holds the largest share);
     `memory` defaults to a reading of the device."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
-    return _plan(config, model, shapes, memory, config.effective_max_model_len(model))
+    specs = rank_cache_specs(model, tp_size, tp_rank)
+    return _plan(config, model, shapes, specs, memory, config.effective_max_model_len(model))
 
 
 def _plan(
     config: EngineConfig,
     model: ModelConfig,
     shapes: RankShapes,
+    specs: Sequence[CacheSpec],
     memory: DeviceMemory | None,
     max_context: int,
 ) -> MemoryPlan:
     memory = memory if memory is not None else read_device_memory(config.device)
     weights = weight_elements(model, shapes) * DTYPE_BYTES[config.resolved_dtype]
     kv_tokens = config.num_kv_blocks * config.block_size
-    kv = kv_tokens * kv_bytes_per_token(config, model, shapes)
+    kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
     workspace = workspace_bytes(config, model, shapes, max_context)
     return MemoryPlan(
@@ -314,7 +325,10 @@ def size_kv_pool(
     max_context = config.max_model_len or model.max_position_embeddings
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
-    probe = _plan(replace(config, kv_capacity=block_size), model, shapes, memory, max_context)
+    specs = rank_cache_specs(model, tp_size, 0)
+    probe = _plan(
+        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context
+    )
     fixed = probe.total_bytes - probe.kv_bytes
     room = int(probe.budget_bytes * (1 - SIZING_SLACK)) - fixed
     block_bytes = probe.kv_bytes  # the probe's pool is exactly one block

@@ -1,57 +1,42 @@
-"""Turns a step plan into tensors, runs the model forward and returns the logits to sample from."""
+"""Runs the model forward for a step message: every rank builds its own inputs from the message
+and returns the logits to sample from."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.backends.selection import select_attention_backend
+from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
 from dgpp.engine.memory_plan import check_fits, lock_memory, plan_memory
-from dgpp.engine.models.registry import build_model
+from dgpp.engine.models.registry import build_model, layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.resident_cache import cache_root, image_key, load_resident
+from dgpp.engine.resident_cache import image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
-from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.dispatch import attention_kernels
+from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 from dgpp.kernels.linear import LinearPacker, select_packer
-from dgpp.kernels.paged_attention_torch import decode_gather_inputs, decode_query_index
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    metadata: PagedAttentionMetadata
-    sample_index: torch.Tensor  # [num_sampled]: rows whose logits are sampled (see StepPlan)
-    fp32_logits: bool
-
-    def to(self, device: torch.device) -> StepInputs:
-        """These inputs on `device` (themselves when already there)."""
-        if self.input_ids.device == device:
-            return self
-        return StepInputs(
-            self.input_ids.to(device, non_blocking=True),
-            self.positions.to(device, non_blocking=True),
-            _metadata_to(self.metadata, device),
-            self.sample_index.to(device, non_blocking=True),
-            self.fp32_logits,
-        )
+# The warm-up row's seq id: no request has a negative one.
+_WARM_UP_SEQ = -1
 
 
 class ModelRunner:
-    """Owns the model weights and this rank's KV pool [layers, 2, blocks, block_size, H_kv, D]."""
+    """Owns the model weights, this rank's caches (one pool per cache spec, see
+    `dgpp.engine.cache_spec`) and the block tables the step messages keep.
+
+    `resident_dir` is where resident weight images live unless the configuration names a
+    directory (`resident_cache_dir`); with neither, weights always come from the checkpoint."""
 
     def __init__(
         self,
@@ -60,6 +45,7 @@ class ModelRunner:
         checkpoint: Path,
         max_model_len: int,
         parallel: ParallelContext | None = None,
+        resident_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -75,12 +61,17 @@ class ModelRunner:
         logging.getLogger(__name__).info("memory plan: %s", plan.describe())
         if config.mlock:
             lock_memory()
-        kernels = attention_kernels(config.device)
+        attention = select_attention_backend(self.device, self.dtype)
         with torch.device("cpu"):
-            model = build_model(model_config, parallel, max_model_len, kernels)
+            model = build_model(model_config, parallel, max_model_len, attention)
         model = model.to(self.dtype)
         warm = False
-        if config.resident_cache:
+        image_dir = (
+            Path(config.resident_cache_dir).expanduser()
+            if config.resident_cache_dir is not None
+            else resident_dir
+        )
+        if config.resident_cache and image_dir is not None:
             key = image_key(
                 checkpoint,
                 parallel.tp_rank,
@@ -89,7 +80,7 @@ class ModelRunner:
                 self.device.type,
                 model_config.architecture,
             )
-            warm = load_resident(model, checkpoint, key, cache_root(config.resident_cache_dir))
+            warm = load_resident(model, checkpoint, key, image_dir)
         else:
             load_weights(model, checkpoint)
         self.model = model.to(self.device).eval()
@@ -111,123 +102,70 @@ class ModelRunner:
             self.packing.start()
         elif packer is not None:
             _pack_all(packable, packer, keep_dense=False)
-        attention = self.model.model.layers[0].self_attn
+        layers = cache_layers(self.model)
+        declared = layer_cache_specs(model_config, parallel)  # what the memory plan counted
+        assert [layer.cache_spec for layer in layers] == declared, "cache specs disagree"
+        self.backends = unique_backends(layers)
         started = time.monotonic()
-        self.kv_cache = torch.zeros(
-            model_config.num_layers,
-            2,
-            config.num_kv_blocks,
-            config.block_size,
-            attention.num_kv_heads,
-            model_config.head_dim,
-            dtype=self.dtype,
-            device=self.device,
+        self.kv_caches = allocate_caches(
+            layers, config.num_kv_blocks, config.block_size, self.dtype, self.device
         )
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
+        self.tables = BlockTables()
+
+    def message(self, plan: StepPlan) -> StepMessage:
+        """Rank 0: the step message of `plan`, against the block tables every rank holds."""
+        return self.tables.message(plan)
 
     def run(self, plan: StepPlan) -> torch.Tensor:
-        """Forward the plan; float32 logits [plan.num_sampled, padded_vocab], in plan order."""
-        return self.execute(self.prepare(plan))
+        """Forward the plan on this rank alone (a world of one); logits as `execute`."""
+        return self.execute(self.message(plan))
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """The forward every rank runs with identical inputs (collectives inside must match)."""
-        inputs = inputs.to(self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache, inputs.metadata)
-        hidden = hidden[inputs.sample_index]
-        dtype = torch.float32 if inputs.fp32_logits else None
+    def execute(self, message: StepMessage) -> torch.Tensor:
+        """The forward every rank runs for the same message (collectives inside must match):
+        float32 logits [message.num_sampled, padded_vocab], in row order."""
+        self.tables.apply(message)
+        fp32 = self.config.prefill_precision == "fp32"
+        layout = BatchLayout(
+            tuple(
+                BatchRow(row.start, row.num_tokens, self.tables[row.seq_id]) for row in message.rows
+            ),
+            message.num_decodes,
+            self.block_size,
+            prefill_softmax_fp32=fp32,
+        )
+        input_ids, positions, sample_index = _token_inputs(message, self.device)
+        metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
+        hidden = self.model(input_ids, positions, metadata)
+        hidden = hidden[sample_index]
+        dtype = torch.float32 if message.has_prefill and fp32 else None
         return self.model.compute_logits(hidden, dtype).float()
 
-    def prepare(self, plan: StepPlan) -> StepInputs:
-        """The step's tensors, built on rank 0 and sent as they are to the other ranks."""
-        input_ids, positions, metadata, sample_index = self._prepare(plan)
-        fp32_logits = plan.has_prefill and self.config.prefill_precision == "fp32"
-        return StepInputs(input_ids, positions, metadata, sample_index, fp32_logits)
+    def warm_up(self) -> None:
+        """A one-token prefill at position 0 in block 0, sampled: it runs every layer once.
+        Writes only block 0's first slot, which no request holds yet."""
+        self.execute(StepMessage((StepRow(_WARM_UP_SEQ, 0, (0,), 1, 0, (0,)),), num_decodes=0))
+        self.tables.apply(StepMessage((), 0, finished=(_WARM_UP_SEQ,)))
 
-    def _prepare(
-        self, plan: StepPlan
-    ) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata, torch.Tensor]:
-        block_size = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        sample_index: list[int] = []
-        for chunk in plan.chunks:
-            request = chunk.request
-            end = chunk.start + chunk.num_tokens
-            input_ids.extend(request.token_ids[chunk.start : end - len(chunk.draft)])
-            input_ids.extend(chunk.draft)
-            span = range(chunk.start, end)
-            positions.extend(span)
-            table = request.block_table
-            slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
-            query_start.append(query_start[-1] + chunk.num_tokens)
-            seq_lens.append(end)
-            # Sampled: the last position, and for a verify row every position of the draft.
-            sample_index.extend(range(query_start[-1] - chunk.num_sampled, query_start[-1]))
-        max_blocks = max(len(chunk.request.block_table) for chunk in plan.chunks)
-        tables = [
-            chunk.request.block_table + [0] * (max_blocks - len(chunk.request.block_table))
-            for chunk in plan.chunks
-        ]
-        # Built on the host: rank 0 sends them as they are, every rank moves them to its device.
-        device = torch.device("cpu")
 
-        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
+def _token_inputs(
+    message: StepMessage, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids and positions [T], and the rows whose logits are sampled [num_sampled]: each
+    row's last position, and for a verify row every position of its draft."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    sample_index: list[int] = []
+    for row in message.rows:
+        input_ids.extend(row.token_ids)
+        positions.extend(range(row.start, row.seq_len))
+        sample_index.extend(range(len(positions) - row.num_sampled, len(positions)))
 
-        decode_slots, decode_mask, query_index = None, None, None
-        if plan.num_decodes:
-            decodes = plan.chunks[: plan.num_decodes]
-            query_lens = [chunk.num_tokens for chunk in decodes]
-            decode_slots, decode_mask = decode_gather_inputs(
-                [chunk.request.block_table for chunk in decodes],
-                seq_lens[: plan.num_decodes],
-                block_size,
-                device,
-                query_lens,
-            )
-            query_index = decode_query_index(query_lens, device)
-        metadata = PagedAttentionMetadata(
-            slot_mapping=tensor(slots),
-            block_tables=tensor(tables),
-            query_start_loc=tensor(query_start),
-            seq_lens=tensor(seq_lens),
-            query_start_loc_host=tuple(query_start),
-            seq_lens_host=tuple(seq_lens),
-            num_decodes=plan.num_decodes,
-            max_seq_len=max(seq_lens),
-            prefill_softmax_fp32=self.config.prefill_precision == "fp32",
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
-            decode_query_index=query_index[0] if query_index else None,
-            decode_output_index=query_index[1] if query_index else None,
-        )
-        return tensor(input_ids), tensor(positions), metadata, tensor(sample_index)
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
 
-    def warm_up_inputs(self) -> StepInputs:
-        """A one-token prefill at position 0 in block 0, sampled: it runs every layer once."""
-
-        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
-
-        fp32 = self.config.prefill_precision == "fp32"
-        metadata = PagedAttentionMetadata(
-            slot_mapping=tensor([0]),
-            block_tables=tensor([[0]]),
-            query_start_loc=tensor([0, 1]),
-            seq_lens=tensor([1]),
-            query_start_loc_host=(0, 1),
-            seq_lens_host=(1,),
-            num_decodes=0,
-            max_seq_len=1,
-            prefill_softmax_fp32=fp32,
-            decode_slots=None,
-            decode_mask=None,
-        )
-        return StepInputs(tensor([0]), tensor([0]), metadata, tensor([0]), fp32)
+    return tensor(input_ids), tensor(positions), tensor(sample_index)
 
 
 def _pack_all(
@@ -242,12 +180,3 @@ def _pack_all(
             len(modules),
             time.monotonic() - started,
         )
-
-
-def _metadata_to(metadata: PagedAttentionMetadata, device: torch.device) -> PagedAttentionMetadata:
-    moved = {
-        field.name: value.to(device, non_blocking=True)
-        for field in dataclasses.fields(metadata)
-        if isinstance(value := getattr(metadata, field.name), torch.Tensor)
-    }
-    return dataclasses.replace(metadata, **moved)

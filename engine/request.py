@@ -5,12 +5,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dgpp.engine.sampler import TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from dgpp.engine.detokenizer import IncrementalDetokenizer
 
 
 class RequestStatus(enum.Enum):
@@ -27,10 +30,14 @@ class FinishReason(enum.StrEnum):
 
 @dataclass
 class Request:
-    """Owned by the engine; the scheduler moves it between queues and the runner reads it.
+    """The one record of a request in flight: owned by the engine, moved between queues by the
+    scheduler, read by the runner and the output processor.
 
     `token_ids` is the prompt followed by every generated token. The first `num_computed_tokens`
-    of them have keys and values in the blocks of `block_table`.
+    of them have keys and values in the blocks of `block_table`. `seq_id` names the request in
+    the step messages other ranks receive (unique among the requests in flight). `detokenizer`
+    turns its output into text and finds stop strings (None where nothing reads the text, as in
+    scheduler tests); `prompt` is the prompt text when one was given.
     """
 
     request_id: str
@@ -38,6 +45,11 @@ class Request:
     params: SamplingParams
     max_tokens: int
     generator: torch.Generator | None = None
+    seq_id: int = 0
+    prompt: str | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    use_prefix_cache: bool = True  # the request may read (and fill) the prefix cache
+    fills_prefix_cache: bool = True  # its computed blocks are offered to the prefix cache
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -50,7 +62,6 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
-    use_prefix_cache: bool = True  # the request may read and fill the prefix cache
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block

@@ -249,16 +249,6 @@ def write_image(model: nn.Module, image: Path, key: ImageKey, checkpoint: Path) 
     return True
 
 
-def cache_root(configured: str | None) -> Path:
-    """The image directory: `configured`, else the appliance's default (under the XDG cache)."""
-    if configured is not None:
-        return Path(configured).expanduser()
-    # Reading the environment is the appliance's business, as for model names in `dgpp.engine.llm`.
-    from dgpp.appliance.cache_cli import default_cache_dir
-
-    return default_cache_dir()
-
-
 def list_images(root: Path) -> list[ImageInfo]:
     """Every `*.safetensors` file in `root`, with its header metadata (or why it is unreadable)."""
     found = []

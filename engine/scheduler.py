@@ -50,6 +50,8 @@ class StepPlan:
     chunks: tuple[ScheduledChunk, ...]
     num_decodes: int
     preempted: tuple[Request, ...] = ()
+    # Requests finished since the last plan that was sent: every rank forgets their tables.
+    finished_seq_ids: tuple[int, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -82,8 +84,10 @@ class Scheduler:
         self.max_concurrency = max_concurrency
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.counters = counters if counters is not None else EngineCounters()
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._finished_seq_ids: list[int] = []
 
     @property
     def num_preemptions(self) -> int:
@@ -94,7 +98,9 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, request: Request) -> None:
+        assert request.request_id not in self.requests, "request ids are unique in flight"
         request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def finish(self, request: Request) -> None:
@@ -105,6 +111,8 @@ class Scheduler:
             self.waiting.remove(request)
         self.block_manager.free(request)
         request.status = RequestStatus.FINISHED
+        self.requests.pop(request.request_id, None)
+        self._finished_seq_ids.append(request.seq_id)
 
     def schedule(self) -> StepPlan:
         decodes: list[ScheduledChunk] = []  # verify rows included
@@ -158,7 +166,12 @@ class Scheduler:
             chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
             budget -= num_tokens
-        return StepPlan(tuple(decodes + prefills), len(decodes), tuple(preempted))
+        chunks = tuple(decodes + prefills)
+        finished: tuple[int, ...] = ()
+        if chunks:  # an empty plan is not sent: the next one carries these
+            finished = tuple(self._finished_seq_ids)
+            self._finished_seq_ids.clear()
+        return StepPlan(chunks, len(decodes), tuple(preempted), finished)
 
     def _verify_row(self, request: Request, reserve: int) -> ScheduledChunk | None:
         """The request's last token and a draft after it, when one is proposed and its slots

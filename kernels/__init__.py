@@ -1,1 +1,2 @@
-"""Compute kernels: each Triton kernel has a PyTorch twin with the same signature."""
+"""Compute kernels: the PyTorch paged-attention reference (`paged_attention_torch`, the twin
+every faster kernel is tested against) and oneDNN-prepacked linears for CPUs (`linear`)."""

@@ -1,8 +1,8 @@
-"""Dense matmul kernels for the linear layers: `y = x W^T (+ b)`.
+"""Prepacked dense matmuls for the linear layers: `y = x W^T (+ b)`, equal to `F.linear`.
 
-`torch_linear` is the reference (`F.linear`). On x86 CPUs `OneDnnLinear` prepacks the weight into
-oneDNN's blocked layout once; single-row (decode) products then use both cores and run at about
-twice the memory bandwidth of `F.linear`'s single-threaded GEMV (see docs/benchmarks.md).
+On x86 CPUs `pack_onednn` reorders a float32 weight into oneDNN's blocked layout once;
+single-row (decode) products then use both cores and run at about twice the memory bandwidth of
+`F.linear`'s single-threaded GEMV (see docs/benchmarks.md). Elsewhere layers keep `F.linear`.
 """
 
 from __future__ import annotations
@@ -10,23 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
 LinearPacker = Callable[[torch.Tensor, torch.Tensor | None], LinearFn]
-
-
-def torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
-
-
-def pack_torch(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:
-    """The twin of `pack_onednn`: binds the dense weight to `F.linear`."""
-
-    def apply(x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, weight, bias)
-
-    return apply
 
 
 def pack_onednn(weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:

@@ -1,26 +1,27 @@
-"""Rank 0 decides, the other ranks execute: a closed set of commands broadcast from rank 0."""
+"""Rank 0 decides, the other ranks execute: a closed set of commands broadcast from rank 0.
+
+Each command is a header tensor [command, payload length] and, for a step, the step message as
+one int64 tensor (`dgpp.engine.step_message`): nothing is pickled, and what crosses the cluster
+link per step follows the step's work, not the contexts' length.
+"""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from dgpp.engine.model_runner import ModelRunner, StepInputs
+from dgpp.engine.model_runner import ModelRunner
+from dgpp.engine.step_message import StepMessage
 
 
-class Command(enum.Enum):
-    STEP = "step"  # run one forward with the payload's inputs
-    HEARTBEAT = "heartbeat"  # nothing to do; rank 0 is alive (sent while idle)
-    SHUTDOWN = "shutdown"  # rank 0 is leaving in order: dissolve this world
-
-
-@dataclass(frozen=True)
-class ControlMessage:
-    command: Command
-    inputs: StepInputs | None = None
+class Command(enum.IntEnum):
+    STEP = 1  # run one forward for the payload's step message
+    WARM_UP = 2  # run the runner's warm-up forward
+    HEARTBEAT = 3  # nothing to do; rank 0 is alive (sent while idle)
+    SHUTDOWN = 4  # rank 0 is leaving in order: dissolve this world
 
 
 class ControlChannel:
@@ -30,28 +31,44 @@ class ControlChannel:
     def __init__(self, rank: int, group: Any) -> None:
         self.rank = rank
         self.group = group
+        self.num_bytes_sent = 0  # headers and payloads, rank 0's side
+        self.num_steps_sent = 0
 
-    def send(self, message: ControlMessage) -> None:
-        """Rank 0 only."""
+    def send(self, command: Command, message: StepMessage | None = None) -> None:
+        """Rank 0 only. A step carries its message; no other command has one."""
         assert self.rank == 0, "only rank 0 sends commands"
-        dist.broadcast_object_list([message], src=0, group=self.group)
+        assert (command is Command.STEP) == (message is not None), "a step and only a step"
+        payload = message.to_tensor() if message is not None else None
+        header = torch.tensor([command, 0 if payload is None else payload.numel()])
+        dist.broadcast(header, src=0, group=self.group)
+        self.num_bytes_sent += header.nbytes
+        if payload is not None:
+            dist.broadcast(payload, src=0, group=self.group)
+            self.num_bytes_sent += payload.nbytes
+            self.num_steps_sent += 1
 
-    def receive(self) -> ControlMessage:
+    def receive(self) -> tuple[Command, StepMessage | None]:
         """Any other rank: block until rank 0's next command."""
-        box: list[ControlMessage | None] = [None]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        message = box[0]
-        assert isinstance(message, ControlMessage)
-        return message
+        header = torch.zeros(2, dtype=torch.int64)
+        dist.broadcast(header, src=0, group=self.group)
+        command, length = Command(int(header[0])), int(header[1])
+        if command is not Command.STEP:
+            return command, None
+        payload = torch.zeros(length, dtype=torch.int64)
+        dist.broadcast(payload, src=0, group=self.group)
+        return command, StepMessage.from_tensor(payload)
 
 
 def serve_commands(runner: ModelRunner, channel: ControlChannel) -> None:
     """A worker rank's life in one world: run each step rank 0 sends, until it leaves in order.
     A dead rank 0 or a missed deadline surfaces as the collective's exception."""
+    runner.tables.clear()  # a new world: rank 0 starts from empty tables too
     while True:
-        message = channel.receive()
-        if message.command is Command.SHUTDOWN:
+        command, message = channel.receive()
+        if command is Command.SHUTDOWN:
             return
-        if message.command is Command.STEP:
-            assert message.inputs is not None
-            runner.execute(message.inputs)
+        if command is Command.STEP:
+            assert message is not None
+            runner.execute(message)
+        elif command is Command.WARM_UP:
+            runner.warm_up()

@@ -63,12 +63,15 @@ class Head:
         checkpoint: Path,
         spec: WorldSpec,
         deployment_id: str | None = None,
+        resident_dir: Path | None = None,
     ) -> None:
+        """`resident_dir`: this node's resident weight images (see `ModelRunner`)."""
         assert spec.rank == 0 and spec.world_size is not None
         self.spec = spec
         self.config = resolve_config(config, checkpoint, spec.world_size)
         self.checkpoint = checkpoint
         self.deployment_id = deployment_id
+        self.resident_dir = resident_dir
         self.world_size = spec.world_size
         self.engine: LLMEngine | None = None
         self.world: World | None = None
@@ -88,7 +91,9 @@ class Head:
         started = time.monotonic()
         if self.world_size == 1:
             if self.engine is None:
-                self.engine = LLMEngine(self.config, self.checkpoint)
+                self.engine = LLMEngine(
+                    self.config, self.checkpoint, resident_dir=self.resident_dir
+                )
                 started = self._loaded(started, built=True)
                 self.engine.warm_up()
                 self.phases.add("warm-up", started)
@@ -112,7 +117,9 @@ class Head:
         built = self.engine is None
         if built:
             try:
-                self.engine = LLMEngine(self.config, self.checkpoint, world.parallel, control)
+                self.engine = LLMEngine(
+                    self.config, self.checkpoint, world.parallel, control, self.resident_dir
+                )
             except DgppError as err:
                 error = f"{type(err).__name__}: {err}"
         else:

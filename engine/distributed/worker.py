@@ -35,10 +35,17 @@ class Worker:
     """One worker process's whole life. `expected` holds settings this rank insists on (from its
     own deployment file); a world whose configuration differs is refused."""
 
-    def __init__(self, spec: WorldSpec, expected: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: WorldSpec,
+        expected: dict[str, Any] | None = None,
+        resident_dir: Path | None = None,
+    ) -> None:
+        """`resident_dir`: this node's resident weight images (see `ModelRunner`)."""
         assert spec.rank > 0, "rank 0 runs the engine, not a worker"
         self.spec = spec
         self.expected = expected
+        self.resident_dir = resident_dir
         self.runner: ModelRunner | None = None
         self.digest: str | None = None
         self.generations = 0  # worlds this process has served in
@@ -87,7 +94,7 @@ class Worker:
             self.runner, self.digest = None, None
             gc.collect()  # the previous model's memory, before loading the next one
             try:
-                self.runner = _build_runner(pushed.config, world)
+                self.runner = _build_runner(pushed.config, world, self.resident_dir)
                 self.digest = pushed.digest
             except DgppError as err:
                 error = f"{type(err).__name__}: {err}"
@@ -113,7 +120,7 @@ def local_device(device: str, rank: int) -> str:
     return f"cuda:{rank % count}" if count > 1 else device
 
 
-def _build_runner(pushed: dict[str, Any], world: World) -> ModelRunner:
+def _build_runner(pushed: dict[str, Any], world: World, resident_dir: Path | None) -> ModelRunner:
     config = EngineConfig(**pushed["engine"])
     config = replace(config, device=local_device(config.device, world.rank))
     if config.device.startswith("cuda"):
@@ -123,4 +130,6 @@ def _build_runner(pushed: dict[str, Any], world: World) -> ModelRunner:
         torch.set_num_threads(config.num_threads)
     model_config = ModelConfig.from_checkpoint(checkpoint)
     assert config.max_model_len is not None, "rank 0 pushes the resolved context limit"
-    return ModelRunner(config, model_config, checkpoint, config.max_model_len, world.parallel)
+    return ModelRunner(
+        config, model_config, checkpoint, config.max_model_len, world.parallel, resident_dir
+    )

@@ -11,10 +11,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
+from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.activation import SiluAndMul
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -23,17 +26,14 @@ from dgpp.engine.layers.linear import (
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
 from dgpp.engine.parallel import ParallelContext
-from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.dispatch import AttentionKernels
 
 
 class DecoderAttention(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        layer_index: int,
         parallel: ParallelContext,
-        kernels: AttentionKernels,
+        attention: PagedAttentionBackend,
     ) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
@@ -62,16 +62,14 @@ class DecoderAttention(nn.Module):
             self.num_kv_heads,
             config.head_dim,
             config.head_dim**-0.5,
-            layer_index,
-            kernels,
+            attention,
         )
 
     def forward(
         self,
         angles: RopeAngles,
         hidden: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: PagedAttentionMetadata,
+        metadata: StepMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
@@ -84,7 +82,7 @@ class DecoderAttention(nn.Module):
             # q and k are adjacent heads in the fused output: rotate them in one pass.
             qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], angles)
             q, k = qk[:, :num_heads], qk[:, num_heads:]
-        out = self.attn(q, k, v, kv_cache, metadata)  # [T, H, D]
+        out = self.attn(q, k, v, metadata)  # [T, H, D]
         return self.o_proj(out.view(num_tokens, num_heads * head_dim))
 
 
@@ -109,13 +107,12 @@ class DecoderLayer(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        layer_index: int,
         parallel: ParallelContext,
-        kernels: AttentionKernels,
+        attention: PagedAttentionBackend,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, layer_index, parallel, kernels)
+        self.self_attn = DecoderAttention(config, parallel, attention)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DecoderMLP(config, parallel)
 
@@ -123,10 +120,9 @@ class DecoderLayer(nn.Module):
         self,
         angles: RopeAngles,
         hidden: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: PagedAttentionMetadata,
+        metadata: StepMetadata,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(angles, self.input_layernorm(hidden), kv_cache, metadata)
+        hidden = hidden + self.self_attn(angles, self.input_layernorm(hidden), metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -136,13 +132,13 @@ class DecoderModel(nn.Module):
         config: ModelConfig,
         parallel: ParallelContext,
         max_position: int,
-        kernels: AttentionKernels,
+        attention: PagedAttentionBackend,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, index, parallel, kernels) for index in range(config.num_layers)
+            DecoderLayer(config, parallel, attention) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -150,13 +146,12 @@ class DecoderModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: PagedAttentionMetadata,
+        metadata: StepMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         angles = self.rotary.lookup(positions, hidden.dtype)  # looked up once for every layer
         for layer in self.layers:
-            hidden = layer(angles, hidden, kv_cache, metadata)
+            hidden = layer(angles, hidden, metadata)
         return self.norm(hidden)
 
 
@@ -177,23 +172,31 @@ class LlamaForCausalLM(nn.Module):
         config: ModelConfig,
         parallel: ParallelContext,
         max_position: int,
-        kernels: AttentionKernels,
+        attention: PagedAttentionBackend,
     ) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, parallel, max_position, kernels)
+        self.model = DecoderModel(config, parallel, max_position, attention)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+        """What each layer's cache will be on this rank, known before the model is built (the
+        memory plan sizes the pools from it; the runner checks the built layers agree)."""
+        heads = partition_heads(
+            config.num_heads, config.num_kv_heads, parallel.tp_size, parallel.tp_rank
+        )
+        return [PagedKVSpec(heads.num_kv, config.head_dim)] * config.num_layers
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: PagedAttentionMetadata,
+        metadata: StepMetadata,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_cache, metadata)
+        return self.model(input_ids, positions, metadata)
 
     def compute_logits(
         self, hidden: torch.Tensor, dtype: torch.dtype | None = None

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from torch import nn
 
+from dgpp.engine.backends.base import PagedAttentionBackend
+from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import UnsupportedModelError
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.parallel import ParallelContext
-from dgpp.kernels.dispatch import AttentionKernels
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+
+class ModelClass(Protocol):
+    """A model family: built per rank from the checkpoint's config; declares its caches."""
+
+    def __call__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        max_position: int,
+        attention: PagedAttentionBackend,
+    ) -> nn.Module: ...
+
+    def cache_specs(self, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]: ...
+
+
+MODEL_CLASSES: dict[str, ModelClass] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
@@ -21,7 +39,7 @@ def supported_architectures() -> list[str]:
     return sorted(MODEL_CLASSES)
 
 
-def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+def model_class(config: ModelConfig) -> ModelClass:
     """The class for the checkpoint's architecture; `UnsupportedModelError` if there is none."""
     found = MODEL_CLASSES.get(config.architecture)
     if found is None:
@@ -33,6 +51,15 @@ def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
 
 
 def build_model(
-    config: ModelConfig, parallel: ParallelContext, max_position: int, kernels: AttentionKernels
+    config: ModelConfig,
+    parallel: ParallelContext,
+    max_position: int,
+    attention: PagedAttentionBackend,
 ) -> nn.Module:
-    return model_class(config)(config, parallel, max_position, kernels)
+    return model_class(config)(config, parallel, max_position, attention)
+
+
+def layer_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+    """The cache spec of every cache layer of this rank's model, in layer order, without
+    building it (see `cache_specs` on each model class)."""
+    return list(model_class(config).cache_specs(config, parallel))

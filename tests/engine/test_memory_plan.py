@@ -15,6 +15,7 @@ import torch
 
 from dgpp.appliance.engine_options import add_engine_options, engine_knobs
 from dgpp.engine import memory_plan
+from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import ConfigError
@@ -26,6 +27,7 @@ from dgpp.engine.memory_plan import (
     kv_bytes_per_token,
     lock_memory,
     plan_memory,
+    rank_cache_specs,
     read_host_memory,
     size_kv_pool,
     workspace_bytes,
@@ -33,7 +35,6 @@ from dgpp.engine.memory_plan import (
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
-from dgpp.kernels.dispatch import attention_kernels
 from tests.conftest import build_tiny_checkpoint
 
 GIB = 1 << 30
@@ -62,7 +63,7 @@ def _parameter_bytes(
     model: ModelConfig, dtype: torch.dtype, tp_size: int = 1, tp_rank: int = 0
 ) -> int:
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
-    built = build_model(model, parallel, 64, attention_kernels("cpu")).to(dtype)
+    built = build_model(model, parallel, 64, TorchPagedAttention(torch.device("cpu"))).to(dtype)
     return sum(p.numel() * p.element_size() for p in built.parameters())  # tied counted once
 
 
@@ -130,7 +131,7 @@ def test_kv_and_weight_bytes_match_a_running_engine(tmp_path: Path, tokenizer_di
     config = EngineConfig(model=str(checkpoint), kv_capacity=200, block_size=16)
     engine = LLMEngine(config, checkpoint)
     plan = plan_memory(engine.config, engine.model_config, 1, PLENTY)
-    assert plan.kv_bytes == engine.runner.kv_cache.nbytes
+    assert plan.kv_bytes == sum(pool.nbytes for pool in engine.runner.kv_caches)
     assert plan.kv_tokens == 208  # whole blocks
     assert plan.weights_bytes == _parameter_bytes(engine.model_config, torch.float32)
 
@@ -209,7 +210,7 @@ def test_memory_fraction_sizes_the_pool_deterministically() -> None:
     plan = plan_memory(sized, model, 1, memory)
     assert plan.budget_bytes == 32 << 20  # half of the total; less than is available
     check_fits(plan)
-    per_block = kv_bytes_per_token(config, model, RankShapes.of(model, 1)) * config.block_size
+    per_block = kv_bytes_per_token(config, rank_cache_specs(model, 1, 0)) * config.block_size
     # Filled to the block, short of the 2% slack that keeps a later re-check fitting.
     assert plan.total_bytes <= plan.budget_bytes * 0.98 < plan.total_bytes + per_block
     assert size_kv_pool(_config(), model, 1, memory) == _config()  # no fraction: unchanged
@@ -259,7 +260,7 @@ def test_engine_sizes_its_pool_from_memory_fraction(
     expected = size_kv_pool(config, engine.model_config, 1, memory).kv_capacity
     assert expected != config.kv_capacity
     assert engine.config.kv_capacity == expected
-    assert engine.runner.kv_cache.shape[2] * engine.config.block_size == expected
+    assert engine.runner.kv_caches[0].shape[2] * engine.config.block_size == expected
 
 
 def test_cli_flags_reach_the_engine_config() -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError, safe_open
 
+from dgpp.appliance.offline import LLM as OfflineLLM
+from dgpp.appliance.paths import resident_dir
 from dgpp.engine import LLM, SamplingParams, loader, resident_cache
 from tests.conftest import build_tiny_checkpoint
 
@@ -248,13 +250,21 @@ def test_a_failed_write_leaves_no_partial_file(
 def test_the_default_dir_follows_xdg_cache_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert resident_cache.cache_root(None) == tmp_path / "xdg" / "dgpp" / "resident"
-    assert resident_cache.cache_root(str(tmp_path / "mine")) == tmp_path / "mine"
+    assert resident_dir() == tmp_path / "xdg" / "dgpp" / "resident"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert resident_cache.cache_root(None) == tmp_path / "home" / ".cache" / "dgpp" / "resident"
+    assert resident_dir() == tmp_path / "home" / ".cache" / "dgpp" / "resident"
     monkeypatch.setenv("DGPP_RESIDENT_DIR", str(tmp_path / "explicit"))
-    assert resident_cache.cache_root(None) == tmp_path / "explicit"
+    assert resident_dir() == tmp_path / "explicit"
+
+
+def test_the_appliance_llm_keeps_images_in_the_default_dir_and_the_engine_alone_in_none(
+    checkpoint: Path, private_cache: Path
+) -> None:
+    LLM(str(checkpoint), **KNOBS)  # the engine's own facade: no directory given, no image
+    assert not private_cache.exists()
+    OfflineLLM(str(checkpoint), **KNOBS)
+    assert len(_images(private_cache / "dgpp" / "resident")) == 1
 
 
 def test_a_warm_start_serves_at_once_and_packs_on_the_side(

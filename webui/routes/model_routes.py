@@ -23,12 +23,12 @@ router = APIRouter(dependencies=LOGGED_IN)
 
 def check_model(reference: str) -> str | None:
     """Why rank 0 could not load `reference` (looking only on this machine), or None."""
+    from dgpp.appliance.model_store import resolve_model
     from dgpp.engine.config import ModelConfig
-    from dgpp.engine.llm import resolve_checkpoint
     from dgpp.engine.models.registry import model_class
 
     try:
-        model_class(ModelConfig.from_checkpoint(resolve_checkpoint(reference)))
+        model_class(ModelConfig.from_checkpoint(resolve_model(reference)))
     except DgppError as err:
         return err.message
     except (OSError, ValueError) as err:

@@ -1,0 +1,82 @@
+"""The PyTorch paged-attention backend: the reference every faster backend is tested against,
+and the one used where no faster kernel exists (CPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.engine.backends.base import BatchLayout
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.paged_attention_torch import (
+    decode_gather_inputs,
+    decode_query_index,
+    paged_attention,
+    store_kv,
+)
+
+
+class TorchPagedAttention:
+    name = "torch-paged"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
+        block_size = layout.block_size
+        slots: list[int] = []
+        query_start = [0]
+        for row in layout.rows:
+            table = row.block_table
+            span = range(row.start, row.seq_len)
+            slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
+            query_start.append(query_start[-1] + row.num_tokens)
+        seq_lens = [row.seq_len for row in layout.rows]
+        max_blocks = max(len(row.block_table) for row in layout.rows)
+        tables = [
+            [*row.block_table, *[0] * (max_blocks - len(row.block_table))] for row in layout.rows
+        ]
+        device = self.device
+
+        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        decode_slots, decode_mask, query_index = None, None, None
+        if layout.num_decodes:
+            decodes = layout.rows[: layout.num_decodes]
+            query_lens = [row.num_tokens for row in decodes]
+            decode_slots, decode_mask = decode_gather_inputs(
+                [list(row.block_table) for row in decodes],
+                seq_lens[: layout.num_decodes],
+                block_size,
+                device,
+                query_lens,
+            )
+            query_index = decode_query_index(query_lens, device)
+        return PagedAttentionMetadata(
+            slot_mapping=tensor(slots),
+            block_tables=tensor(tables),
+            query_start_loc=tensor(query_start),
+            seq_lens=tensor(seq_lens),
+            query_start_loc_host=tuple(query_start),
+            seq_lens_host=tuple(seq_lens),
+            num_decodes=layout.num_decodes,
+            max_seq_len=max(seq_lens),
+            prefill_softmax_fp32=layout.prefill_softmax_fp32,
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            decode_query_index=query_index[0] if query_index else None,
+            decode_output_index=query_index[1] if query_index else None,
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        key_cache, value_cache = cache[0], cache[1]
+        store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
+        return paged_attention(query, key_cache, value_cache, metadata, scale)

@@ -1,0 +1,105 @@
+"""Per-layer cache specs: each layer with a cache declares what it needs, and one pool per spec
+is sized by the memory plan and allocated by the model runner.
+
+Every spec is paged by the same block ids: a request's block table indexes every pool, so one
+block manager serves a model whose layers need caches of different widths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from dgpp.engine.backends.base import AttentionBackend
+
+
+class CacheSpec(Protocol):
+    """A kind of cache. Specs are hashable values; layers with equal specs share one tensor."""
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes one token's slot takes in one layer's cache."""
+        ...
+
+    def allocate(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor:
+        """The zeroed cache of `num_layers` layers; index 0 is one layer's share."""
+        ...
+
+
+@dataclass(frozen=True)
+class PagedKVSpec:
+    """Keys and values of `num_kv_heads` heads of `head_dim` per token: per layer
+    [2, blocks, block_size, num_kv_heads, head_dim]."""
+
+    num_kv_heads: int
+    head_dim: int
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+    def allocate(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor:
+        shape = (num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+
+@runtime_checkable
+class CacheLayer(Protocol):
+    """A module that owns a cache: the runner finds these, allocates by `cache_spec` and binds
+    each one's share; `backend` prepares the metadata its forward reads."""
+
+    @property
+    def cache_spec(self) -> CacheSpec: ...
+
+    @property
+    def backend(self) -> AttentionBackend: ...
+
+    def bind_cache(self, cache: torch.Tensor) -> None: ...
+
+
+def cache_layers(model: torch.nn.Module) -> list[CacheLayer]:
+    """The model's cache layers, in module order."""
+    return [module for module in model.modules() if isinstance(module, CacheLayer)]
+
+
+def allocate_caches(
+    layers: Iterable[CacheLayer],
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """One tensor per distinct spec, in first-use order; each layer is bound to its share."""
+    groups: dict[CacheSpec, list[CacheLayer]] = {}
+    for layer in layers:
+        groups.setdefault(layer.cache_spec, []).append(layer)
+    pools = []
+    for spec, members in groups.items():
+        pool = spec.allocate(len(members), num_blocks, block_size, dtype, device)
+        for index, layer in enumerate(members):
+            layer.bind_cache(pool[index])
+        pools.append(pool)
+    return pools
+
+
+def unique_backends(layers: Iterable[CacheLayer]) -> list[AttentionBackend]:
+    """The backends the layers use, each once (by name), in first-use order."""
+    found: dict[str, AttentionBackend] = {}
+    for layer in layers:
+        found.setdefault(layer.backend.name, layer.backend)
+    return list(found.values())

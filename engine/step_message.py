@@ -1,0 +1,148 @@
+"""What rank 0 tells every rank about one step, and the block tables that lets them keep.
+
+A message names each scheduled request by its `seq_id` and carries only what changed: the row's
+input tokens, its first position, how many of its positions are sampled, and the change to its
+block table (blocks kept from the table every rank already holds, blocks appended). Its size
+follows the step's work (tokens computed, blocks allocated), never the length of the contexts:
+a decode row of a 200K-token request costs the same few integers as one of a 20-token request.
+The first row of a request that starts on a prefix-cache hit carries the shared blocks once.
+
+On the wire a message is one int64 tensor (no pickle): the ranks broadcast it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dgpp.engine.scheduler import StepPlan
+
+# Header fields, then per row: seq_id, start, tokens, sampled, kept blocks, new blocks.
+_HEADER = 3
+_ROW_FIELDS = 6
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One scheduled chunk: positions `start .. start + len(token_ids)` of request `seq_id`."""
+
+    seq_id: int
+    start: int
+    token_ids: tuple[int, ...]  # known tokens from `start`, then a verify row's draft
+    num_sampled: int  # trailing positions whose logits are sampled
+    num_kept_blocks: int  # leading blocks of the held table that stay
+    new_blocks: tuple[int, ...]  # appended after them
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens with keys and values once the row is computed (the draft's included)."""
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    """Decode rows first (`num_decodes` of them), then prefill chunks. `finished` seq ids are
+    dropped from the tables before the rows apply."""
+
+    rows: tuple[StepRow, ...]
+    num_decodes: int
+    finished: tuple[int, ...] = ()
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.num_decodes < len(self.rows)
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(row.num_sampled for row in self.rows)
+
+    def to_tensor(self) -> torch.Tensor:
+        """The message as a flat int64 tensor [N] (see `from_tensor`)."""
+        values = [self.num_decodes, len(self.rows), len(self.finished), *self.finished]
+        for row in self.rows:
+            values += [
+                row.seq_id,
+                row.start,
+                len(row.token_ids),
+                row.num_sampled,
+                row.num_kept_blocks,
+                len(row.new_blocks),
+            ]
+            values += row.token_ids
+            values += row.new_blocks
+        return torch.tensor(values, dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> StepMessage:
+        values = tensor.tolist()
+        num_decodes, num_rows, num_finished = values[:_HEADER]
+        at = _HEADER + num_finished
+        finished = tuple(values[_HEADER:at])
+        rows = []
+        for _ in range(num_rows):
+            seq_id, start, num_tokens, num_sampled, kept, num_new = values[at : at + _ROW_FIELDS]
+            at += _ROW_FIELDS
+            tokens = tuple(values[at : at + num_tokens])
+            at += num_tokens
+            blocks = tuple(values[at : at + num_new])
+            at += num_new
+            rows.append(StepRow(seq_id, start, tokens, num_sampled, kept, blocks))
+        if at != len(values):
+            raise ValueError(f"a step message of {len(values)} values holds {at}")
+        return cls(tuple(rows), num_decodes, finished)
+
+
+class BlockTables:
+    """Each scheduled request's block table as every rank holds it. Only step messages change
+    it, applied in the same order on every rank, so all ranks hold the same tables."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __getitem__(self, seq_id: int) -> list[int]:
+        return self._tables[seq_id]
+
+    def clear(self) -> None:
+        """Forget every table (a new world: the other ranks hold none)."""
+        self._tables.clear()
+
+    def message(self, plan: StepPlan) -> StepMessage:
+        """Rank 0: the message that brings every rank from the tables held now to `plan`'s.
+        Changes nothing here; `apply` does, on every rank."""
+        rows = []
+        for chunk in plan.chunks:
+            request = chunk.request
+            end = chunk.start + chunk.num_tokens - len(chunk.draft)
+            tokens = (*request.token_ids[chunk.start : end], *chunk.draft)
+            kept, new = self._change(request.seq_id, request.block_table)
+            rows.append(StepRow(request.seq_id, chunk.start, tokens, chunk.num_sampled, kept, new))
+        return StepMessage(tuple(rows), plan.num_decodes, plan.finished_seq_ids)
+
+    def apply(self, message: StepMessage) -> None:
+        for seq_id in message.finished:
+            self._tables.pop(seq_id, None)
+        for row in message.rows:
+            table = self._tables.setdefault(row.seq_id, [])
+            del table[row.num_kept_blocks :]
+            table.extend(row.new_blocks)
+
+    def _change(self, seq_id: int, table: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        held = self._tables.get(seq_id, [])
+        shared = min(len(held), len(table))
+        # Grown, or trimmed (a rejected draft's blocks) and grown again: one C-level compare.
+        if list(table[:shared]) == held[:shared]:
+            return shared, tuple(table[shared:])
+        # Reallocated (preempted, then readmitted): keep what still matches.
+        kept = 0
+        while held[kept] == table[kept]:
+            kept += 1
+        return kept, tuple(table[kept:])

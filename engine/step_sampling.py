@@ -1,0 +1,88 @@
+"""Sampling one step's logits, verifying speculative drafts on the way.
+
+Positions are sampled in depth order: depth 0 of every sampled chunk first (the plain next token),
+then depth 1 of the verify rows whose depth-0 token equalled their first draft token, and so on.
+Each request's token at depth `d` is drawn with the history of the tokens it drew before, by the
+same sampler call plain decoding makes, so speculation never changes what is generated (see
+`dgpp.engine.speculative`). Sampling decides; it changes no request: the output processor appends
+what it returns and stops at the first token that finishes the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dgpp.engine.request import Request
+from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
+from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+
+
+@dataclass
+class SampledRow:
+    """The tokens one sampled chunk produced this step, in order: the next token, then one more
+    for each draft token it confirmed (a verify row's first mismatch is the last token drawn)."""
+
+    chunk: ScheduledChunk
+    offset: int  # the chunk's first sampled row in the step's logits
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+
+    @property
+    def request(self) -> Request:
+        return self.chunk.request
+
+    def num_accepted(self, num_used: int) -> int:
+        """Draft tokens confirmed among the first `num_used` tokens drawn."""
+        draft = self.chunk.draft
+        used = self.token_ids[: min(num_used, len(draft))]
+        return sum(token == proposed for token, proposed in zip(used, draft, strict=False))
+
+
+def sample_step(
+    plan: StepPlan, logits: torch.Tensor, sampler: Sampler, generator: torch.Generator
+) -> list[SampledRow]:
+    """Sample every sampled chunk of `plan` from `logits` [plan.num_sampled, V], in plan order."""
+    rows: list[SampledRow] = []
+    offset = 0
+    for chunk in plan.chunks:
+        if chunk.num_sampled:
+            rows.append(SampledRow(chunk, offset))
+            offset += chunk.num_sampled
+    assert offset == logits.shape[0], "the step's logits do not match its plan"
+    alive = rows
+    depth = 0
+    while alive:
+        if depth == 0 and len(alive) == offset:
+            part = logits
+        else:
+            index = torch.tensor([row.offset + depth for row in alive], device=logits.device)
+            part = logits.index_select(0, index)
+        result = sampler(part, [_sampler_row(row) for row in alive], generator)
+        survivors = []
+        for row, token_id, logprobs in zip(alive, result.token_ids, result.logprobs, strict=True):
+            row.token_ids.append(token_id)
+            row.logprobs.append(logprobs)
+            draft = row.chunk.draft
+            if depth < len(draft) and token_id == draft[depth]:
+                survivors.append(row)
+        alive = survivors
+        depth += 1
+    return rows
+
+
+def _sampler_row(row: SampledRow) -> SamplerRow:
+    request = row.request
+    params = request.params
+    needs_history = (
+        params.repetition_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+    return SamplerRow(
+        params=params,
+        prompt_token_ids=request.prompt_token_ids if needs_history else (),
+        output_token_ids=[*request.output_token_ids, *row.token_ids] if needs_history else (),
+        generator=request.generator,
+    )
