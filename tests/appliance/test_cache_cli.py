@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dgpp.appliance import cli
-from dgpp.engine import LLM
+from dgpp.appliance.offline import LLM
 from tests.conftest import build_tiny_checkpoint
 
 RunCli = Callable[..., tuple[int, str, str]]

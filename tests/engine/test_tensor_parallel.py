@@ -18,6 +18,9 @@ from tests.conftest import build_tiny_checkpoint
 PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]
 KNOBS = {"kv_capacity": 1024, "block_size": 4, "prefill_chunk_tokens": 16, "num_threads": 1}
 SPECULATIVE = {**KNOBS, "speculative": "ngram", "spec_ngram_min": 1}
+# 26 blocks for four requests of up to 16: preempted rows come back on other blocks, and the
+# step messages must carry those block-table changes to the other rank.
+PRESSURE = {**KNOBS, "kv_capacity": 104, "max_model_len": 100}
 
 
 def _free_port() -> int:
@@ -64,15 +67,24 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, 
     head = Head(config, Path(checkpoint), spec)
     try:
         engine = head.form()
-        results.put((_generate(engine), engine.counters.spec_decode.draft_tokens))
+        counters = engine.counters
+        results.put(
+            (_generate(engine), counters.spec_decode.draft_tokens, counters.num_preemptions)
+        )
     finally:
         head.dissolve(orderly=True)
 
 
 @pytest.mark.parametrize(
     ("num_heads", "kv_heads", "hidden", "knobs"),
-    [(4, 2, 64, KNOBS), (4, 1, 64, KNOBS), (6, 3, 96, KNOBS), (6, 3, 96, SPECULATIVE)],
-    ids=["kv-split", "kv-replicated", "uneven-3-groups", "uneven-speculative"],
+    [
+        (4, 2, 64, KNOBS),
+        (4, 1, 64, KNOBS),
+        (6, 3, 96, KNOBS),
+        (6, 3, 96, SPECULATIVE),
+        (4, 2, 64, PRESSURE),
+    ],
+    ids=["kv-split", "kv-replicated", "uneven-3-groups", "uneven-speculative", "preempting"],
 )
 def test_world_of_two_equals_world_of_one(
     tmp_path: Path,
@@ -102,7 +114,7 @@ def test_world_of_two_equals_world_of_one(
     for process in ranks:
         process.start()
     try:
-        got, drafted = results.get(timeout=180)
+        got, drafted, preempted = results.get(timeout=180)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -111,3 +123,4 @@ def test_world_of_two_equals_world_of_one(
     assert [process.exitcode for process in ranks] == [0, 0]
     assert got == expected
     assert (drafted > 0) == (knobs is SPECULATIVE)
+    assert (preempted > 0) == (knobs is PRESSURE)
