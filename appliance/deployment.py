@@ -6,11 +6,20 @@ turn a deployment into the engine's, the server's and the world's frozen configu
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
+from dgpp.appliance.http_keys import check_key, read_key_file
 from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
@@ -44,6 +53,11 @@ class HttpSection(_Section):
     host: str = "127.0.0.1"
     port: int = Field(18080, ge=1, le=65535)
     api_key_file: str | None = None  # the key stays out of the deployment (and of bundles)
+    admin_key_file: str | None = None  # /admin/*; without one they answer on loopback only
+    metrics_require_key: bool = False  # /metrics needs the API key too (it is open otherwise)
+    # A host other machines can reach needs api_key_file, unless this says serving them
+    # without a key is meant (logged as a warning, shown on the console).
+    allow_unauthenticated: bool = False
     served_model_names: list[str] = Field(default_factory=list)
     default_max_tokens: int | None = Field(8192, ge=1)
     queue_limit: int = Field(256, ge=0)
@@ -53,6 +67,27 @@ class HttpSection(_Section):
     # "auto": sampling settings a request leaves out come from the checkpoint's
     # generation_config.json (as vLLM does); "none": the OpenAI/Anthropic defaults.
     generation_config: Literal["auto", "none"] = "auto"
+
+    @model_validator(mode="after")
+    def _reachable_needs_a_key(self, info: ValidationInfo) -> HttpSection:
+        key_given = bool(info.context and info.context.get("api_key_given"))
+        if is_loopback(self.host) or self.api_key_file or key_given or self.allow_unauthenticated:
+            return self
+        raise ValueError(
+            f"host {self.host!r} lets other machines reach the API, and no api_key_file is "
+            "set: name a file holding the key (http.api_key_file), bind 127.0.0.1, or set "
+            "http.allow_unauthenticated: true to serve the network without a key"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name, or every address ("", "0.0.0.0" parse; other names may resolve)
 
 
 class RendezvousSection(_Section):
@@ -122,10 +157,13 @@ class Deployment(_Section):
     speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
 
 
-def parse_deployment(raw: Any, source: str = "deployment") -> Deployment:
-    """Validate plain data; `ConfigError` names every bad key's path and what it allows."""
+def parse_deployment(
+    raw: Any, source: str = "deployment", api_key_given: bool = False
+) -> Deployment:
+    """Validate plain data; `ConfigError` names every bad key's path and what it allows.
+    `api_key_given`: a key comes from elsewhere than the file (`dgpp serve --api-key`)."""
     try:
-        return Deployment.model_validate(raw)
+        return Deployment.model_validate(raw, context={"api_key_given": api_key_given})
     except ValidationError as err:
         problems = [_describe(error) for error in err.errors()]
         raise ConfigError(f"{source} is invalid: " + "; ".join(problems)) from None
@@ -138,6 +176,8 @@ def _describe(error: Any) -> str:
     if error["type"] == "missing":
         return f"{path}: required"
     detail = error["msg"]
+    if error["type"] == "value_error" and isinstance(error.get("input"), dict):
+        return f"{path}: {detail}"  # a whole section's rule: its message names the keys
     if error["type"] == "literal_error":
         detail = f"must be one of {error['ctx']['expected']}"
     return f"{path}: {detail} (got {error.get('input')!r})"
@@ -158,12 +198,23 @@ def engine_config(deployment: Deployment) -> EngineConfig:
 
 
 def server_config(deployment: Deployment, api_key: str | None = None) -> ServerConfig:
+    """The HTTP server's settings, with the keys read from the files the deployment names
+    (`api_key` from the command line wins over `http.api_key_file`)."""
     http = deployment.http
     names = tuple(http.served_model_names) or (default_served_name(deployment.model),)
+    if api_key is not None:
+        api_key = check_key(api_key, "--api-key")
+    elif http.api_key_file:
+        api_key = read_key_file(http.api_key_file, "http.api_key_file")
+    admin_key = None
+    if http.admin_key_file:
+        admin_key = read_key_file(http.admin_key_file, "http.admin_key_file")
     return ServerConfig(
         host=http.host,
         port=http.port,
         api_key=api_key,
+        admin_key=admin_key,
+        metrics_require_key=http.metrics_require_key,
         served_model_names=names,
         default_max_tokens=http.default_max_tokens,
         max_body_bytes=http.max_body_bytes,

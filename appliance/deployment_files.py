@@ -90,7 +90,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 def inventory_settings(inventory: Path) -> dict[str, Any]:
     """What an Ansible inventory (YAML, groups `head` and `workers`) says about the deployment:
-    the world size, the head's address and the rendezvous / HTTP ports when set as variables."""
+    the world size, the head's address, the rendezvous / HTTP ports and the HTTP key files when
+    set as variables."""
     import yaml
 
     try:
@@ -126,8 +127,17 @@ def inventory_settings(inventory: Path) -> dict[str, Any]:
     }
     if "dgpp_rendezvous_port" in head_vars:
         settings["rendezvous"]["port"] = int(head_vars["dgpp_rendezvous_port"])
+    http: dict[str, Any] = {}
     if "dgpp_http_port" in head_vars:
-        settings["http"] = {"port": int(head_vars["dgpp_http_port"])}
+        http["port"] = int(head_vars["dgpp_http_port"])
+    # A key the inventory gives (a value or a vault reference) goes into a file the deployment
+    # names, as the dgpp_engine role writes it.
+    for kind in ("api", "admin"):
+        if str(head_vars.get(f"dgpp_engine_{kind}_key") or ""):
+            default = f"/etc/dgpp/{kind}-key"
+            http[f"{kind}_key_file"] = str(head_vars.get(f"dgpp_engine_{kind}_key_file", default))
+    if http:
+        settings["http"] = http
     return settings
 
 

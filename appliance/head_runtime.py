@@ -78,7 +78,11 @@ def run_head(options: HeadOptions) -> int:
     if options.local_workers and options.spec.world_size and options.spec.world_size > 1:
         timeouts = options.spec.timeouts
         workers = LocalWorkers(
-            options.spec.world_size, options.spec.port, timeouts, options.log_level
+            options.spec.world_size,
+            options.spec.port,
+            timeouts,
+            options.log_level,
+            secret=options.spec.secret,
         )
         workers.start()
     thread = threading.Thread(target=runtime.run, name="dgpp-head", daemon=True)

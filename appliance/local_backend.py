@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from dgpp.appliance.cluster_secret_file import secret_env
 from dgpp.appliance.exit_codes import EXIT_CONFIG
 from dgpp.engine.distributed.world import WorldTimeouts
 
@@ -40,8 +41,12 @@ class LocalWorkers:
         timeouts: WorldTimeouts,
         log_level: str = "info",
         restart_delay_s: float = 0.5,
+        secret: bytes | None = None,
     ) -> None:
+        """`secret`: the cluster secret, handed to each rank in its environment (never on its
+        command line)."""
         self.world_size = world_size
+        self.secret = secret
         self.port = port
         self.timeouts = timeouts
         self.log_level = log_level
@@ -102,7 +107,8 @@ class LocalWorkers:
                 process.wait()
 
     def _spawn(self, rank: int) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(self.command(rank), env=dict(os.environ))
+        env = {**os.environ, **secret_env(self.secret)}
+        process = subprocess.Popen(self.command(rank), env=env)
         log.info("started rank %d (pid %d)", rank, process.pid)
         return process
 

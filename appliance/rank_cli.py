@@ -13,8 +13,10 @@ import logging
 import os
 import signal
 import threading
+from dataclasses import replace
 from typing import Any
 
+from dgpp.appliance.cluster_secret_file import read_cluster_secret
 from dgpp.appliance.deployment import (
     Deployment,
     checkpoint_of,
@@ -25,6 +27,7 @@ from dgpp.appliance.deployment import (
 )
 from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.http_keys import warn_if_unauthenticated
 from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier, report_worker
 from dgpp.appliance.timeout_env import apply_env_overrides
@@ -42,6 +45,11 @@ def add_rank_parser(commands: Any) -> None:
     rank.add_argument("--head", default=env.get("DGPP_HEAD"), help="rank 0's address")
     rank.add_argument(
         "--rendezvous-port", type=int, default=_int_env("DGPP_RENDEZVOUS_PORT"), dest="port"
+    )
+    rank.add_argument(
+        "--cluster-secret-file",
+        default=None,
+        help="the cluster secret every rank holds (default: $DGPP_CLUSTER_SECRET_FILE)",
     )
     rank.add_argument("--timeouts", default=None, help=argparse.SUPPRESS)  # local backend
     rank.add_argument("--log-level", default="info")
@@ -64,15 +72,17 @@ def run_rank(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.rank)
     deployment = load_deployment_arg(args.deployment)
     timeouts = _timeouts(args, deployment)
+    secret = read_cluster_secret(args.cluster_secret_file, os.environ)
     if args.rank == 0:
         if deployment is None:
             raise ConfigError("rank 0 needs --deployment (or DGPP_DEPLOYMENT)")
-        return run_head_rank(deployment, timeouts, args.log_level)
+        return run_head_rank(deployment, timeouts, args.log_level, secret)
     spec = WorldSpec(
         rank=args.rank,
         head=args.head or (deployment.rendezvous.head if deployment else "127.0.0.1"),
         port=args.port or (deployment.rendezvous.port if deployment else 29517),
         timeouts=timeouts,
+        secret=secret,
     )
     return run_worker_rank(spec, expected_config(deployment))
 
@@ -102,16 +112,13 @@ def expected_config(deployment: Deployment | None) -> dict[str, Any] | None:
     return {"world_size": deployment.world_size, "engine": engine}
 
 
-def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: str) -> int:
+def run_head_rank(
+    deployment: Deployment, timeouts: WorldTimeouts, log_level: str, secret: bytes | None
+) -> int:
     from dgpp.appliance.head_runtime import HeadOptions, run_head
 
-    api_key = None
-    if deployment.http.api_key_file:
-        try:
-            with open(deployment.http.api_key_file) as key_file:
-                api_key = key_file.read().strip()
-        except OSError as err:
-            raise ConfigError(f"cannot read http.api_key_file: {err.strerror}") from None
+    server = server_config(deployment)  # reads the key files: refuses before anything starts
+    warn_if_unauthenticated(server, deployment.http.allow_unauthenticated)
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
 
     ident, _ = record_deployment(deployment)
@@ -120,8 +127,8 @@ def run_head_rank(deployment: Deployment, timeouts: WorldTimeouts, log_level: st
         deployment_id=ident,
         engine=engine_config(deployment),
         checkpoint=checkpoint_of(deployment),
-        spec=world_spec(deployment, 0, timeouts),
-        server=server_config(deployment, api_key),
+        spec=replace(world_spec(deployment, 0, timeouts), secret=secret),
+        server=server,
         log_level=log_level,
     )
     return run_head(options)

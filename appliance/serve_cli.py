@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dgpp.appliance.cluster_secret_file import new_secret, read_cluster_secret
 from dgpp.appliance.deployment import (
     Deployment,
     checkpoint_of,
@@ -28,7 +29,17 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=None, help="bind address (127.0.0.1)")
     group.add_argument("--port", type=int, default=None, help="HTTP port (18080)")
-    group.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    group.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="require the key this file holds (Bearer or x-api-key); sets http.api_key_file",
+    )
+    group.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key; other users of the machine see it in `ps`: prefer --api-key-file",
+    )
     group.add_argument(
         "--served-model-name",
         action="append",
@@ -111,6 +122,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
     for key, value in (
         ("host", args.host),
         ("port", args.port),
+        ("api_key_file", args.api_key_file),
         ("default_max_tokens", args.default_max_tokens),
         ("queue_limit", args.queue_limit),
         ("stats_log_interval_s", args.stats_log_interval),
@@ -130,7 +142,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
     for flag, key in SPEC_FLAGS.items():
         if flag in knobs:
             raw.setdefault("speculative", {})[key] = knobs.pop(flag)
-    return parse_deployment(raw, "the command line")
+    return parse_deployment(raw, "the command line", api_key_given=args.api_key is not None)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -146,6 +158,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level, 0)
     deployment = serve_deployment(args)
+    server = server_config(deployment, args.api_key)  # reads the key files, refuses empty keys
+    if args.api_key is not None:
+        log.warning("--api-key is visible to every user of this machine (ps); prefer a key file")
+    if deployment.http.allow_unauthenticated and server.api_key is None:
+        log.warning(
+            "serving %s:%d without an API key (http.allow_unauthenticated)",
+            server.host,
+            server.port,
+        )
     # Cheap checks first, so a wrong model reference or knob fails before anything binds.
     checkpoint = checkpoint_of(deployment)
     model_class(ModelConfig.from_checkpoint(checkpoint))
@@ -163,8 +184,14 @@ def run_serve(args: argparse.Namespace) -> int:
         deployment_id=ident,
         engine=engine,
         checkpoint=checkpoint,
-        spec=world_spec(deployment, 0, timeouts),
-        server=server_config(deployment, args.api_key),
+        # The ranks this process starts share a secret made for this run (or the node's).
+        spec=replace(
+            world_spec(deployment, 0, timeouts),
+            secret=(read_cluster_secret(None, os.environ) or new_secret())
+            if world_size > 1
+            else None,
+        ),
+        server=server,
         log_level=args.log_level,
         local_workers=True,
     )

@@ -14,7 +14,7 @@ from dgpp.webui.history import HistoryStore
 from dgpp.webui.node_probe import NvmlProbe
 from dgpp.webui.security.credentials import Credentials, load_credentials
 from dgpp.webui.security.login_limiter import LoginLimiter
-from dgpp.webui.security.sessions import SessionStore
+from dgpp.webui.security.sessions import SessionStore, credentials_tag
 from dgpp.webui.switch import Switcher, SwitchTimeouts
 
 
@@ -33,6 +33,10 @@ class Console:
     def credentials(self) -> Credentials:
         """Read at every login, so `dgpp webui set-password` needs no console restart."""
         return load_credentials(self.credentials_path)
+
+    def credentials_tag(self) -> str:
+        """Which credentials are current: sessions opened under others are void."""
+        return credentials_tag(self.credentials_path)
 
     def engine_for(self, deployment: Deployment) -> EngineApi:
         target = engine_target(deployment, self.config.engine_url)

@@ -12,20 +12,32 @@ from typing import Any
 
 from dgpp.appliance.deployment import Deployment, default_served_name, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
+from dgpp.appliance.http_keys import read_key_file
 from dgpp.appliance.json_file import read_object
+from dgpp.engine.errors import ConfigError
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
 
 
 @dataclass(frozen=True)
 class EngineTarget:
-    """Where rank 0's HTTP server answers, and the API key it wants (None: no key)."""
+    """Where rank 0's HTTP server answers, the API key it wants and the key of its `/admin/*`
+    routes (None: no key; the admin routes then answer loopback clients only)."""
 
     url: str
     api_key: str | None
+    admin_key: str | None = None
 
-    def __repr__(self) -> str:  # the key stays out of logs
-        return f"EngineTarget(url={self.url!r}, api_key={'set' if self.api_key else None})"
+    def __repr__(self) -> str:  # the keys stay out of logs
+        return (
+            f"EngineTarget(url={self.url!r}, api_key={'set' if self.api_key else None}, "
+            f"admin_key={'set' if self.admin_key else None})"
+        )
+
+    def headers(self, path: str) -> dict[str, str]:
+        """The authorization `path` needs: the admin key for `/admin/*`, else the API key."""
+        key = self.admin_key if path.startswith("/admin/") else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def resolve_raw(raw: dict[str, Any], source: str = "the deployment") -> Deployment:
@@ -44,13 +56,20 @@ def engine_target(deployment: Deployment, url: str | None = None) -> EngineTarge
         host = "127.0.0.1" if http.host in _ANY_ADDRESS else http.host
         host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         url = f"http://{host}:{http.port}"
-    api_key = None
-    if http.api_key_file:
-        try:
-            api_key = Path(http.api_key_file).read_text().strip() or None
-        except OSError:
-            api_key = None  # the engine will answer 401, which the console shows
-    return EngineTarget(url.rstrip("/"), api_key)
+    return EngineTarget(
+        url.rstrip("/"),
+        _key(http.api_key_file, "http.api_key_file"),
+        _key(http.admin_key_file, "http.admin_key_file"),
+    )
+
+
+def _key(path: str | None, setting: str) -> str | None:
+    if not path:
+        return None
+    try:
+        return read_key_file(path, setting)
+    except ConfigError:
+        return None  # the engine answers 401 (or refused to start), which the console shows
 
 
 class DeploymentStore:

@@ -43,7 +43,8 @@ def resolved(app: FastAPI, dependency: Callable[..., Any], default: Any) -> Any:
 
 
 def get_session(request: Request) -> Session:
-    session = get_console(request).sessions.get(request.cookies.get(SESSION_COOKIE))
+    console = get_console(request)
+    session = console.sessions.get(request.cookies.get(SESSION_COOKIE), console.credentials_tag())
     if session is None:
         raise LoginRequiredError()
     return session

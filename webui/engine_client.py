@@ -58,16 +58,12 @@ class EngineClient:
         self.target = target
         self.timeout_s = timeout_s
 
-    def _headers(self) -> dict[str, str]:
-        key = self.target.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
     async def _call(self, method: str, path: str) -> httpx.Response | str:
         """The response, or a short reason why there is none."""
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
                 return await client.request(
-                    method, f"{self.target.url}{path}", headers=self._headers()
+                    method, f"{self.target.url}{path}", headers=self.target.headers(path)
                 )
         except httpx.TimeoutException:
             return f"no answer within {self.timeout_s:g} s"

@@ -126,7 +126,7 @@ class NodesApi(Protocol):
 
 
 class NodesClient:
-    """`GET /admin/nodes` on rank 0, with the API key the deployment names."""
+    """`GET /admin/nodes` on rank 0, with the admin key the deployment names."""
 
     def __init__(
         self,
@@ -139,8 +139,7 @@ class NodesClient:
         self.transport = transport
 
     async def nodes(self) -> list[dict[str, Any]] | None:
-        key = self.target.api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = self.target.headers("/admin/nodes")
         try:
             async with httpx.AsyncClient(
                 timeout=self.timeout_s, trust_env=False, transport=self.transport

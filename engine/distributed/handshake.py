@@ -1,17 +1,23 @@
 """The first words of every generation: rank 0 pushes the effective configuration, every rank
 checks it (software version, digest, and any expectations of its own) and answers; one refusal
-and the world does not start."""
+and the world does not start. Everything here travels as JSON (`json_collectives`): no rank
+unpickles what another sends."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from dgpp.engine.distributed.json_collectives import (
+    MalformedPeerData,
+    broadcast_json,
+    gather_json,
+)
 from dgpp.engine.errors import ConfigError
 
 
@@ -39,12 +45,6 @@ class WorldConfig:
     @classmethod
     def of(cls, config: dict[str, Any]) -> WorldConfig:
         return cls(config=config, digest=config_digest(config), version=software_version())
-
-
-@dataclass(frozen=True)
-class Answer:
-    rank: int
-    refusal: str | None  # None: this rank accepts the configuration
 
 
 def differences(expected: dict[str, Any], pushed: dict[str, Any], path: str = "") -> list[str]:
@@ -76,15 +76,18 @@ def check(pushed: WorldConfig, expected: dict[str, Any] | None) -> str | None:
 
 def push_config(pushed: WorldConfig, control_group: Any) -> None:
     """Rank 0: send the configuration and collect every rank's answer; raise `ConfigError`
-    naming each refusal."""
-    dist.broadcast_object_list([pushed], src=0, group=control_group)
-    answers: list[Answer | None] = [None] * dist.get_world_size(control_group)
-    dist.all_gather_object(answers, Answer(0, None), group=control_group)
-    refusals = [a for a in answers if a is not None and a.refusal is not None]
+    naming each refusal (a malformed answer is one)."""
+    broadcast_json(asdict(pushed), control_group, rank=0)
+    refusals = []
+    for rank, answer in enumerate(gather_json(None, control_group)):
+        if rank == 0:
+            continue
+        if not isinstance(answer, dict) or answer.get("rank") != rank:
+            refusals.append(f"rank {rank} sent a malformed answer")
+        elif answer.get("refusal") is not None:
+            refusals.append(f"rank {rank} refused the configuration: {answer['refusal']}")
     if refusals:
-        raise ConfigError(
-            "; ".join(f"rank {a.rank} refused the configuration: {a.refusal}" for a in refusals)
-        )
+        raise ConfigError("; ".join(refusals))
 
 
 def receive_config(
@@ -92,13 +95,13 @@ def receive_config(
 ) -> tuple[WorldConfig, str | None]:
     """A worker: receive rank 0's configuration, answer it; returns it with this rank's
     refusal (None when accepted)."""
-    box: list[WorldConfig | None] = [None]
-    dist.broadcast_object_list(box, src=0, group=control_group)
-    pushed = box[0]
-    assert isinstance(pushed, WorldConfig)
+    value = broadcast_json(None, control_group, rank=rank)
+    try:
+        pushed = WorldConfig(**value)
+    except TypeError:
+        raise MalformedPeerData("rank 0 sent a malformed configuration") from None
     refusal = check(pushed, expected)
-    answers: list[Answer | None] = [None] * dist.get_world_size(control_group)
-    dist.all_gather_object(answers, Answer(rank, refusal), group=control_group)
+    gather_json({"rank": rank, "refusal": refusal}, control_group)
     return pushed, refusal
 
 
@@ -110,6 +113,9 @@ def report_loaded(error: str | None, control_group: Any, load_timeout_s: float) 
     dist.monitored_barrier(
         group=control_group, timeout=timedelta(seconds=load_timeout_s), wait_all_ranks=True
     )
-    outcomes: list[str | None] = [None] * dist.get_world_size(control_group)
-    dist.all_gather_object(outcomes, error, group=control_group)
-    return [f"rank {rank}: {err}" for rank, err in enumerate(outcomes) if err is not None]
+    outcomes = gather_json(error, control_group)
+    return [
+        f"rank {rank}: {err if isinstance(err, str) else 'a malformed load report'}"
+        for rank, err in enumerate(outcomes)
+        if err is not None
+    ]

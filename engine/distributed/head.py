@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.distributed.cluster_secret import SecretMismatch, authenticate_world
 from dgpp.engine.distributed.control import ControlChannel
 from dgpp.engine.distributed.handshake import WorldConfig, push_config, report_loaded
 from dgpp.engine.distributed.worker import pushed_config
@@ -103,6 +104,10 @@ class Head:
         world = self._rendezvous.form()
         self.world = world
         started = self.phases.add("rendezvous", started)
+        try:
+            authenticate_world(self.spec.secret, world.generation, 0, world.control_group)
+        except SecretMismatch as err:  # a process that took a seat without the secret
+            raise FormationError(str(err)) from None
         try:
             push_config(
                 WorldConfig.of(

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.distributed.cluster_secret import authenticate_world
 from dgpp.engine.distributed.control import ControlChannel, serve_commands
 from dgpp.engine.distributed.handshake import receive_config, report_loaded
 from dgpp.engine.distributed.world import World, WorldSpec, join_world
@@ -85,6 +86,7 @@ class Worker:
                 world.dissolve()
 
     def _serve(self, world: World) -> None:
+        authenticate_world(self.spec.secret, world.generation, world.rank, world.control_group)
         pushed, refusal = receive_config(world.rank, world.control_group, self.expected)
         if refusal is not None:
             raise ConfigError(f"refusing rank 0's world: {refusal}")

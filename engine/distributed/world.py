@@ -5,8 +5,12 @@ forms. Each formation is a new *generation*: workers announce themselves under t
 keys, rank 0 says "go" once every rank is there, and all ranks then create the process groups under
 a store prefix of that generation. A world that breaks (a rank died, a collective timed out) is
 dissolved and the next generation formed on the same port, so surviving ranks keep their weights
-and only the lost rank starts again. A worker needs only the head's address, the port and its rank:
-the world size comes from the store.
+and only the lost rank starts again. A worker needs only the head's address, the port, its rank
+and the cluster secret: the world size comes from the store.
+
+The store listens on the head's address only. Each generation has a random challenge; a worker's
+seat carries a proof over the cluster secret (`cluster_secret`), and rank 0 refuses a seat
+without a valid one, telling its holder why.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dgpp.engine.distributed.cluster_secret import SecretMismatch, new_challenge, prove, verify
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.parallel import ParallelContext
 
@@ -73,6 +78,8 @@ class WorldSpec:
     world_size: int | None = None
     backend: str = "gloo"  # "nccl" on CUDA; the control channel always runs on gloo
     timeouts: WorldTimeouts = field(default_factory=WorldTimeouts)
+    # The cluster secret every rank holds; None leaves the rendezvous open (rank 0 warns).
+    secret: bytes | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -118,13 +125,24 @@ class Rendezvous:
         self.world_size = spec.world_size
         self.generation = 0
         self.missing: tuple[int, ...] = tuple(range(1, spec.world_size))
+        if spec.secret is None:
+            log.warning(
+                "the rendezvous on %s:%d is not authenticated (no cluster secret): any host "
+                "that reaches it can join as a missing rank",
+                spec.head,
+                spec.port,
+            )
+        self._listener = _listen(spec.head, spec.port)  # kept open: the store serves on it
         self.store = dist.TCPStore(
             spec.head,
             spec.port,
             is_master=True,
             wait_for_workers=False,
             timeout=timedelta(seconds=spec.timeouts.rendezvous_s),
+            master_listen_fd=self._listener.fileno(),
         )
+        self._challenge = ""
+        self._refused: set[str] = set()
         self.store.set(f"{_PREFIX}/world_size", str(spec.world_size))
         self.store.set(f"{_PREFIX}/backend", spec.backend)
 
@@ -136,6 +154,8 @@ class Rendezvous:
         while True:
             self.generation += 1
             generation = self.generation
+            self._challenge = new_challenge()
+            self.store.set(f"{_PREFIX}/g{generation}/challenge", self._challenge)
             self.store.set(f"{_PREFIX}/generation", str(generation))
             deadline = time.monotonic() + timeouts.rendezvous_s
             next_report = time.monotonic() + 10.0
@@ -162,10 +182,32 @@ class Rendezvous:
 
     def _missing(self, generation: int) -> tuple[int, ...]:
         return tuple(
-            rank
-            for rank in range(1, self.world_size)
-            if not self.store.check([f"{_PREFIX}/g{generation}/rank{rank}"])
+            rank for rank in range(1, self.world_size) if not self._seated(generation, rank)
         )
+
+    def _seated(self, generation: int, rank: int) -> bool:
+        """Whether the rank's seat holds a claim with a valid proof; an invalid claim is
+        refused (its holder reads why) and the seat freed for the real rank."""
+        seat = f"{_PREFIX}/g{generation}/rank{rank}"
+        if not self.store.check([seat]):
+            return False
+        claim = self.store.get(seat).decode()
+        holder, _, proof = claim.rpartition(" ")
+        if holder and verify(
+            self.spec.secret, proof, "seat", generation, rank, self._challenge, holder
+        ):
+            return True
+        if claim not in self._refused:
+            self._refused.add(claim)
+            log.warning(
+                "refused %s as rank %d of generation %d: it does not hold the cluster secret",
+                holder or "a claim without a holder",
+                rank,
+                generation,
+            )
+        self.store.set(f"{_PREFIX}/refused/{claim}", "the cluster secret differs")
+        self.store.delete_key(seat)
+        return False
 
 
 def join_world(spec: WorldSpec) -> World:
@@ -186,18 +228,52 @@ def join_world(spec: WorldSpec) -> World:
         raise ConfigError(f"rank {spec.rank} does not exist in rank 0's world of {world_size}")
     spec = replace(spec, backend=store.get(f"{_PREFIX}/backend").decode())
     generation = int(store.get(f"{_PREFIX}/generation"))
+    challenge = store.get(f"{_PREFIX}/g{generation}/challenge").decode()
     me = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
-    holder = store.compare_set(f"{_PREFIX}/g{generation}/rank{spec.rank}", "", me).decode()
-    if holder != me:
+    claim = f"{me} {prove(spec.secret, 'seat', generation, spec.rank, challenge, me)}"
+    seat = f"{_PREFIX}/g{generation}/rank{spec.rank}"
+    holder = store.compare_set(seat, "", claim).decode()
+    if holder != claim:
         # This rank's seat in the generation is taken: by this process before the world broke,
         # by a dead predecessor rank 0 has not noticed yet, or by a duplicate. Wait for the next.
         raise RendezvousLost(f"rank {spec.rank} of generation {generation} is held by {holder}")
     go = f"{_PREFIX}/g{generation}/go"
-    while not store.check([go]):
+    while not store.check([go]) or not _holds(store, seat, claim):
+        if store.check([f"{_PREFIX}/refused/{claim}"]):
+            raise SecretMismatch(
+                f"rank 0 at {spec.head}:{spec.port} refused this rank: the cluster secret "
+                "differs (or this node has none)"
+            )
         if int(store.get(f"{_PREFIX}/generation")) != generation:
             raise RendezvousLost(f"rank 0 abandoned generation {generation}")
+        if store.check([go]):  # the generation started without this claim
+            raise RendezvousLost(f"rank {spec.rank} of generation {generation} went to another")
         time.sleep(_POLL_S)
     return _init_groups(store, generation, spec.rank, world_size, spec)
+
+
+def _holds(store: Any, seat: str, claim: str) -> bool:
+    return store.check([seat]) and store.get(seat).decode() == claim
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host` (the head's address) and `port` only, for the store."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as err:
+        listener.close()
+        raise ConfigError(
+            f"cannot listen on the rendezvous address {host}:{port}: {err.strerror} (is "
+            "rendezvous.head one of this machine's addresses, and the port free?)"
+        ) from None
+    listener.listen(128)
+    listener.set_inheritable(False)
+    return listener
 
 
 class RendezvousLost(RuntimeError):

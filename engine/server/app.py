@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -85,24 +86,68 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
                     code="request_too_large",
                 ),
             )
-        if config.api_key is not None and request.url.path not in OPEN_PATHS:
-            presented = request.headers.get("x-api-key") or ""
-            bearer = request.headers.get("authorization", "")
-            if bearer.lower().startswith("bearer "):
-                presented = bearer[7:].strip()
-            if not hmac.compare_digest(presented.encode(), config.api_key.encode()):
-                return respond(
-                    request,
-                    APIError(
-                        401,
-                        "invalid or missing API key",
-                        type_="authentication_error",
-                        code="invalid_api_key",
-                    ),
-                )
+        refusal = _refusal(config, request)
+        if refusal is not None:
+            return respond(request, refusal)
         return await call_next(request)
 
     return app
+
+
+def _presented_key(request: Request) -> str:
+    bearer = request.headers.get("authorization", "")
+    if bearer.lower().startswith("bearer "):
+        return bearer[7:].strip()
+    return request.headers.get("x-api-key") or ""
+
+
+def _matches(presented: str, key: str) -> bool:
+    return hmac.compare_digest(presented.encode(), key.encode())
+
+
+def _refusal(config: ServerConfig, request: Request) -> APIError | None:
+    """Why this request may not pass, or None. `/admin/*` takes the admin key only (the API
+    key does not drain a server); without an admin key those routes answer loopback clients
+    only. `/metrics` is open unless `metrics_require_key`."""
+    path = request.url.path
+    if path == "/admin" or path.startswith("/admin/"):
+        if config.admin_key is None:
+            client = request.client.host if request.client is not None else ""
+            if is_loopback_client(client):
+                return None
+            return APIError(
+                403,
+                "the admin routes answer only on this machine unless the server has an admin "
+                "key (http.admin_key_file)",
+                type_="permission_error",
+                code="admin_forbidden",
+            )
+        if _matches(_presented_key(request), config.admin_key):
+            return None
+        return APIError(
+            401,
+            "invalid or missing admin key",
+            type_="authentication_error",
+            code="invalid_api_key",
+        )
+    if config.api_key is None:
+        return None
+    if path in OPEN_PATHS and not (path == "/metrics" and config.metrics_require_key):
+        return None
+    if _matches(_presented_key(request), config.api_key):
+        return None
+    return APIError(
+        401, "invalid or missing API key", type_="authentication_error", code="invalid_api_key"
+    )
+
+
+def is_loopback_client(host: str) -> bool:
+    """Whether the peer address is this machine's. Behind a reverse proxy on this machine every
+    client looks local unless the proxy sets X-Forwarded-For: use an admin key there."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def attach_state(app: FastAPI, state: ServerState, details: dict[str, Any] | None = None) -> None:

@@ -10,7 +10,9 @@ from typing import Any
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 18080
-    api_key: str | None = None
+    api_key: str | None = None  # every route but OPEN_PATHS needs it
+    admin_key: str | None = None  # /admin/* need it; without one they answer on loopback only
+    metrics_require_key: bool = False  # /metrics needs the API key too
     served_model_names: tuple[str, ...] = ()  # empty: the model reference's last path part
     # Agents often omit max_tokens; a tiny default leaves them with empty answers. None means
     # "up to the context limit", capped to what is left of the context after the prompt.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +17,7 @@ from dgpp.engine.errors import ContextLengthExceededError, DgppError, InvalidReq
 from dgpp.engine.server.metrics import record_error
 
 RETRY_AFTER_SECONDS = "5"
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -185,12 +188,19 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        # The client learns that it failed and under which id; what failed (exception text,
+        # paths, traceback) goes to the log only.
+        error_id = f"err-{uuid.uuid4().hex[:16]}"
+        log.error(
+            "internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=err
+        )
         return respond(
             request,
             APIError(
                 500,
-                f"internal error: {type(err).__name__}: {err}",
+                f"internal server error (id {error_id}); the server log has the details",
                 type_="server_error",
                 code="internal_error",
+                headers={"x-request-id": error_id},
             ),
         )

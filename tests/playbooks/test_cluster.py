@@ -40,6 +40,7 @@ COMMON = {
     "dgpp_engine_model": "SmolLM2-135M",
     "dgpp_engine_deployment": {"http": {"port": 18123}, "engine": {"kv_capacity": 4096}},
     "dgpp_engine_boundary_timeout_ms": 90000,
+    "dgpp_engine_api_key": "test-api-key",
 }
 
 
@@ -226,9 +227,25 @@ def test_every_rank_gets_its_environment_file(cluster: Cluster):
         assert env["DGPP_RENDEZVOUS_PORT"] == "29600"
         assert env["DGPP_BOUNDARY_TIMEOUT_MS"] == "90000"
         assert ("DGPP_DEPLOYMENT" in env) == (host is cluster.head)
+        assert env["DGPP_CLUSTER_SECRET_FILE"] == "/etc/dgpp/cluster-secret"
         mode = host.path(f"/etc/dgpp/rank{host.rank}.env").stat().st_mode
         assert stat.S_IMODE(mode) == 0o640
     assert env_file(cluster.head)["DGPP_DEPLOYMENT"] == "/etc/dgpp/deployment.json"
+
+
+def test_every_node_holds_the_same_generated_cluster_secret(cluster: Cluster):
+    from dgpp.appliance.cluster_secret_file import read_cluster_secret
+
+    secrets = set()
+    for host in cluster.hosts:
+        path = host.path("/etc/dgpp/cluster-secret")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        secret = read_cluster_secret(str(path), {})
+        assert secret is not None and len(secret) == 64
+        secrets.add(secret)
+    assert len(secrets) == 1  # made once on the head (the second run kept it), copied to all
+    (secret,) = secrets
+    assert secret.decode() not in cluster.first.output + cluster.second.output
 
 
 def test_the_head_gets_a_valid_deployment_shaped_by_the_inventory(cluster: Cluster):
@@ -242,6 +259,14 @@ def test_the_head_gets_a_valid_deployment_shaped_by_the_inventory(cluster: Clust
     assert (deployment.http.port, deployment.engine.kv_capacity) == (18123, 4096)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert not any(w.path("/etc/dgpp/deployment.json").exists() for w in cluster.workers)
+    # The key went into its own file, which the deployment names; no admin key was given.
+    assert deployment.http.api_key_file == "/etc/dgpp/api-key"
+    assert deployment.http.admin_key_file is None
+    key_file = cluster.head.path("/etc/dgpp/api-key")
+    assert key_file.read_text() == "test-api-key\n"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o640
+    assert not cluster.head.path("/etc/dgpp/admin-key").exists()
+    assert "test-api-key" not in cluster.first.output + cluster.second.output
 
 
 def test_an_invalid_deployment_is_refused_and_the_old_one_kept(cluster: Cluster):

@@ -134,10 +134,30 @@ def test_a_plain_text_password_file_from_an_installer_is_accepted(tmp_path: Path
 def test_sessions_expire() -> None:
     now = [1000.0]
     store = SessionStore(ttl_s=60, clock=lambda: now[0])
-    token, session = store.create("admin")
-    assert store.get(token) == session
+    token, session = store.create("admin", "t1")
+    assert store.get(token, "t1") == session
     now[0] += 61
-    assert store.get(token) is None
+    assert store.get(token, "t1") is None
+
+
+def test_set_password_ends_every_session(tmp_path: Path) -> None:
+    """`dgpp webui set-password` replaces the credentials file; sessions opened before are void
+    at their next request, in the running console, without a restart."""
+    with running_console(tmp_path) as running:
+        assert running.login().status_code == 303
+        assert running.client.get("/api/overview").status_code == 200
+        write_credentials(running.config.credentials, USER, "a new long password")
+        assert running.client.get("/api/overview").status_code == 401
+        assert running.login().status_code == 401  # the old password is gone too
+        assert running.login(password="a new long password").status_code == 303
+        assert running.client.get("/api/overview").status_code == 200
+
+
+def test_a_session_is_only_valid_under_the_credentials_it_was_opened_with() -> None:
+    store = SessionStore(ttl_s=60)
+    token, _ = store.create("admin", "t1")
+    assert store.get(token, "t2") is None
+    assert store.get(token, "t1") is None  # deleted, not just hidden
 
 
 def test_a_logged_in_browser_stays_logged_in_across_a_console_restart(tmp_path: Path) -> None:
@@ -160,18 +180,18 @@ def test_sessions_survive_a_console_restart_in_a_private_file(tmp_path: Path) ->
     path = tmp_path / "state" / "sessions.sqlite"
     now = [1000.0]
     first = SessionStore(ttl_s=60, clock=lambda: now[0], path=path)
-    token, session = first.create("admin")
-    expiring, _ = first.create("admin")
-    gone, _ = first.create("admin")
+    token, session = first.create("admin", "t1")
+    expiring, _ = first.create("admin", "t1")
+    gone, _ = first.create("admin", "t1")
     first.delete(gone)
     first.close()
     assert path.stat().st_mode & 0o777 == 0o600
     assert token not in path.read_bytes().decode("latin-1")  # only its digest is stored
     second = SessionStore(ttl_s=60, clock=lambda: now[0], path=path)  # the restarted console
-    assert second.get(token) == session
-    assert second.get(gone) is None
+    assert second.get(token, "t1") == session
+    assert second.get(gone, "t1") is None
     now[0] += 61
-    assert second.get(expiring) is None
+    assert second.get(expiring, "t1") is None
     second.close()
 
 
@@ -179,18 +199,47 @@ def test_an_unreadable_sessions_file_is_moved_aside(tmp_path: Path) -> None:
     path = tmp_path / "sessions.sqlite"
     path.write_bytes(b"not a database at all" * 100)
     store = SessionStore(ttl_s=60, path=path)
-    token, session = store.create("admin")
-    assert store.get(token) == session
+    token, session = store.create("admin", "t1")
+    assert store.get(token, "t1") == session
     assert (tmp_path / "sessions.sqlite.corrupt").read_bytes().startswith(b"not a database")
     store.close()
 
 
-def test_the_limiter_forgets_old_failures() -> None:
+def test_the_limiter_waits_longer_after_each_failure_and_forgets_old_ones() -> None:
     now = [0.0]
-    limiter = LoginLimiter(max_failures=2, window_s=10, clock=lambda: now[0])
+    limiter = LoginLimiter(max_failures=2, window_s=100, clock=lambda: now[0], base_delay_s=2)
     limiter.failed("a")
+    assert limiter.retry_after("a") == 0  # the first failures are free
     limiter.failed("a")
-    assert limiter.retry_after("a") == pytest.approx(10)
-    assert limiter.retry_after("b") == 0
-    now[0] = 10.5
-    assert limiter.retry_after("a") == 0
+    assert limiter.retry_after("a") == pytest.approx(2)
+    assert limiter.retry_after("b") == 0  # another address is never held up
+    waits = []
+    for _ in range(4):
+        now[0] += 1
+        limiter.failed("a")
+        waits.append(limiter.retry_after("a"))
+    assert waits == pytest.approx([4, 8, 16, 32])
+    now[0] = 200.0  # every failure has left the window: forgotten, and pruned
+    assert limiter.retry_after("a") == 0 and len(limiter) == 0
+
+
+def test_the_limiter_tracks_a_bounded_number_of_addresses() -> None:
+    limiter = LoginLimiter(max_failures=1, window_s=100, max_addresses=3)
+    for address in ("a", "b", "c", "d"):
+        limiter.failed(address)
+    assert len(limiter) == 3 and limiter.retry_after("a") == 0  # the oldest went first
+    assert limiter.retry_after("d") > 0
+
+
+def test_a_strangers_failures_never_lock_the_admin_out(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    with running_console(tmp_path) as running:
+        stranger = TestClient(
+            running.app, base_url="http://127.0.0.1", client=("203.0.113.9", 40000)
+        )
+        intruder = Console(stranger, running.world, running.config, running.app)
+        for _ in range(running.config.login_max_failures + 3):
+            intruder.login(password="guess guess")
+        assert intruder.login().status_code == 429  # the stranger waits, even with the password
+        assert running.login().status_code == 303  # the admin, from elsewhere, does not

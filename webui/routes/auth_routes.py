@@ -58,7 +58,7 @@ def _login_page(
 
 @router.get("/login", response_model=None)
 async def login_form(request: Request, console: ConsoleDep, next: str = "/") -> Response:
-    if console.sessions.get(request.cookies.get(SESSION_COOKIE)) is not None:
+    if console.sessions.get(request.cookies.get(SESSION_COOKIE), console.credentials_tag()):
         return RedirectResponse(_safe_next(next), status_code=303)
     return _login_page(request, next)
 
@@ -76,8 +76,7 @@ async def login(
     if not expected or not hmac.compare_digest(csrf_token.encode(), expected.encode()):
         return _login_page(request, next, "The form expired; please log in again.", 403)
     client = request.client.host if request.client else "unknown"
-    keys = (f"address:{client}", f"user:{username}")
-    wait = console.limiter.retry_after(*keys)
+    wait = console.limiter.retry_after(client)  # per address: nobody locks a user name out
     if wait > 0:
         response = _login_page(
             request, next, f"Too many failed attempts; try again in {wait:.0f} s.", 429
@@ -85,16 +84,17 @@ async def login(
         response.headers["Retry-After"] = str(int(wait) + 1)
         return response
     try:
+        tag = console.credentials_tag()  # before reading: a replacement meanwhile voids it
         credentials = console.credentials()
     except ConfigError as err:
         log.error("cannot check a login: %s", err.message)
         return _login_page(request, next, "The console has no credentials yet.", 503)
     if not await asyncio.to_thread(credentials.verify, username, password):
-        console.limiter.failed(*keys)
+        console.limiter.failed(client)
         log.warning("failed console login from %s", client)
         return _login_page(request, next, "Wrong user name or password.", 401)
-    console.limiter.succeeded(*keys)
-    token, _ = console.sessions.create(credentials.username)
+    console.limiter.succeeded(client)
+    token, _ = console.sessions.create(credentials.username, tag)
     log.info("console login by %s from %s", credentials.username, client)
     response = RedirectResponse(_safe_next(next), status_code=303)
     response.set_cookie(

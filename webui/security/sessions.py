@@ -2,6 +2,9 @@
 console's state directory so a console restart or upgrade logs nobody out (in memory when no file
 is given). The browser holds only an opaque random token in an HttpOnly, SameSite=Strict cookie;
 the table keeps its SHA-256 digest, never the token itself.
+
+Each session remembers the credentials it was opened under (a digest of the credentials file):
+once `dgpp webui set-password` replaces that file, every session opened before is void.
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ class Session:
     username: str
     csrf_token: str
     expires_at: float
+    credentials_tag: str  # which credentials it was opened under (`credentials_tag`)
+
+
+def credentials_tag(path: Path) -> str:
+    """A digest of the credentials file as it is now; another value once it is replaced (and
+    for a file that cannot be read, which no session was opened under)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+    except OSError:
+        return "unreadable"
 
 
 def _key(token: str) -> str:
@@ -46,30 +59,33 @@ class SessionStore:
         self._lock = threading.Lock()
         self._db = _open(path)
 
-    def create(self, username: str) -> tuple[str, Session]:
-        """A new session; (the cookie's token, the session)."""
+    def create(self, username: str, tag: str) -> tuple[str, Session]:
+        """A new session under the credentials `tag` names; (the cookie's token, the session)."""
         token = secrets.token_urlsafe(32)
-        session = Session(username, secrets.token_urlsafe(32), self.clock() + self.ttl_s)
+        session = Session(username, secrets.token_urlsafe(32), self.clock() + self.ttl_s, tag)
         with self._lock:
             self._db.execute("DELETE FROM sessions WHERE expires_at <= ?", (self.clock(),))
             self._db.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?)",
-                (_key(token), session.username, session.csrf_token, session.expires_at),
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
+                (_key(token), username, session.csrf_token, session.expires_at, tag),
             )
         return token, session
 
-    def get(self, token: str | None) -> Session | None:
+    def get(self, token: str | None, tag: str) -> Session | None:
+        """The live session of `token` opened under the credentials `tag` names, or None (an
+        expired session, or one of replaced credentials, is deleted)."""
         if not token:
             return None
         with self._lock:
             row = self._db.execute(
-                "SELECT username, csrf_token, expires_at FROM sessions WHERE key = ?",
+                "SELECT username, csrf_token, expires_at, credentials_tag FROM sessions "
+                "WHERE key = ?",
                 (_key(token),),
             ).fetchone()
             if row is None:
                 return None
             session = Session(*row)
-            if session.expires_at <= self.clock():
+            if session.expires_at <= self.clock() or session.credentials_tag != tag:
                 self._db.execute("DELETE FROM sessions WHERE key = ?", (_key(token),))
                 return None
             return session
@@ -103,8 +119,11 @@ def _open(path: Path | None) -> sqlite3.Connection:
 
 def _connect(target: str) -> sqlite3.Connection:
     db = sqlite3.connect(target, check_same_thread=False, isolation_level=None)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if columns and "credentials_tag" not in columns:
+        db.execute("DROP TABLE sessions")  # sessions of an older console: log in again
     db.execute(
         "CREATE TABLE IF NOT EXISTS sessions (key TEXT PRIMARY KEY, username TEXT NOT NULL, "
-        "csrf_token TEXT NOT NULL, expires_at REAL NOT NULL)"
+        "csrf_token TEXT NOT NULL, expires_at REAL NOT NULL, credentials_tag TEXT NOT NULL)"
     )
     return db

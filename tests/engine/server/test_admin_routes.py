@@ -1,5 +1,6 @@
 """POST /admin/drain and /admin/undrain through a scripted engine: new generation requests are
-refused with `503 draining` while the rest of the API keeps answering; the API key guards them.
+refused with `503 draining` while the rest of the API keeps answering; the admin key (not the
+API key) guards them, and without one they answer loopback clients only.
 GET /admin/nodes answers from the reader rank 0's runtime sets, with each snapshot's age."""
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ class BusyEngine(ScriptedEngine):
         return self.snapshot
 
 
-def _client(engine: Any, **config: Any) -> TestClient:
+LOCAL = ("127.0.0.1", 50123)
+REMOTE = ("192.0.2.7", 50123)
+
+
+def _client(engine: Any, client: tuple[str, int] = LOCAL, **config: Any) -> TestClient:
     settings = ServerConfig(served_model_names=("m",), stats_log_interval_s=0, **config)
-    return TestClient(create_app(ServerState(engine, settings, ("m",))))
+    return TestClient(create_app(ServerState(engine, settings, ("m",))), client=client)
 
 
 def test_drain_refuses_new_generation_requests_and_undrain_admits_again(tokenizer: Any) -> None:
@@ -80,7 +85,7 @@ def test_drain_reports_the_requests_left_and_keeps_its_start(tokenizer: Any) -> 
 
 def test_drain_while_starting_reports_no_requests() -> None:
     app = create_app(None, ServerConfig(served_model_names=("m",), stats_log_interval_s=0))
-    with TestClient(app) as client:
+    with TestClient(app, client=LOCAL) as client:
         body = client.post("/admin/drain").json()
         assert (body["draining"], body["state"], body["running"], body["waiting"]) == (
             True,
@@ -90,28 +95,55 @@ def test_drain_while_starting_reports_no_requests() -> None:
         )
 
 
-def test_admin_routes_need_the_api_key_when_one_is_set(tokenizer: Any) -> None:
-    with _client(BusyEngine(tokenizer), api_key="sekrit") as client:
+def test_without_an_admin_key_the_admin_routes_answer_loopback_clients_only(
+    tokenizer: Any,
+) -> None:
+    with _client(BusyEngine(tokenizer), client=REMOTE, api_key="sekrit") as client:
+        auth = {"Authorization": "Bearer sekrit"}
         for method, path in (("post", "/admin/drain"), ("post", "/admin/undrain")):
-            refused = getattr(client, method)(path)
+            refused = getattr(client, method)(path, headers=auth)  # the API key is not enough
+            assert_error(refused, 403, "admin_forbidden", None, type_="permission_error")
+        assert client.get("/admin/nodes", headers=auth).status_code == 403
+        assert client.post("/v1/chat/completions", json=CHAT, headers=auth).status_code == 200
+    with _client(BusyEngine(tokenizer), client=LOCAL, api_key="sekrit") as client:
+        assert client.post("/admin/drain").json()["draining"] is True
+
+
+def test_admin_routes_take_the_admin_key_and_only_it(tokenizer: Any) -> None:
+    keys = {"api_key": "sekrit", "admin_key": "admin-sekrit"}
+    with _client(BusyEngine(tokenizer), client=REMOTE, **keys) as client:
+        for method, path in (("post", "/admin/drain"), ("post", "/admin/undrain")):
+            refused = getattr(client, method)(path, headers={"Authorization": "Bearer sekrit"})
             assert_error(refused, 401, "invalid_api_key", None, type_="authentication_error")
         assert client.get("/admin/drain").status_code == 401
-        auth = {"Authorization": "Bearer sekrit"}
-        assert client.post("/admin/drain", headers=auth).json()["draining"] is True
-        # Without the key a client learns nothing about the drain: the key check comes first.
-        assert client.post("/v1/chat/completions", json=CHAT).status_code == 401
-        refused = client.post("/v1/chat/completions", json=CHAT, headers=auth)
+        admin = {"x-api-key": "admin-sekrit"}
+        assert client.post("/admin/drain", headers=admin).json()["draining"] is True
+        # The admin key is not an API key; without one a client learns nothing of the drain.
+        assert client.post("/v1/chat/completions", json=CHAT, headers=admin).status_code == 401
+        refused = client.post("/v1/chat/completions", json=CHAT, headers={"x-api-key": "sekrit"})
         assert_error(refused, 503, "draining", None, type_="server_error")
 
 
-def test_nodes_lists_every_rank_with_its_age_behind_the_api_key(tokenizer: Any) -> None:
+def test_metrics_stay_open_unless_the_knob_puts_them_behind_the_key(tokenizer: Any) -> None:
+    with _client(BusyEngine(tokenizer), client=REMOTE, api_key="sekrit") as client:
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/v1/metrics").status_code == 401
+    closed = {"api_key": "sekrit", "metrics_require_key": True}
+    with _client(BusyEngine(tokenizer), client=REMOTE, **closed) as client:
+        refused = client.get("/metrics")
+        assert_error(refused, 401, "invalid_api_key", None, type_="authentication_error")
+        assert client.get("/metrics", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+        assert client.get("/health").status_code == 200
+
+
+def test_nodes_lists_every_rank_with_its_age_behind_the_admin_key(tokenizer: Any) -> None:
     now = time.time()
     snapshots = [
         {"rank": 0, "hostname": "spark-1", "time": now - 3, "gpu": {"available": False}},
         {"rank": 1, "hostname": "spark-2", "time": now + 60, "cpu": {"count": 20}},  # skewed
         {"rank": 2, "hostname": None, "time": None, "error": "no reading from this rank yet"},
     ]
-    with _client(BusyEngine(tokenizer), api_key="sekrit") as client:
+    with _client(BusyEngine(tokenizer), client=REMOTE, admin_key="sekrit") as client:
         refused = client.get("/admin/nodes")
         assert_error(refused, 401, "invalid_api_key", None, type_="authentication_error")
         auth = {"Authorization": "Bearer sekrit"}

@@ -203,12 +203,18 @@ def test_failed_engine_refuses_with_503_and_health_says_failed(tokenizer: Any) -
         assert "device lost" in health.json()["error"]
 
 
-def test_unexpected_error_is_a_500_with_an_openai_body(tokenizer: Any) -> None:
+def test_unexpected_error_is_a_500_with_an_id_and_the_details_only_in_the_log(
+    tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     app, _ = _app(tokenizer, "crash")
     with TestClient(app, raise_server_exceptions=False) as client:
         response = client.post("/v1/chat/completions", json=CHAT_BODY)
     error = assert_error(response, 500, "internal_error", None, type_="server_error")
-    assert "unexpected" in error["message"]
+    error_id = response.headers["x-request-id"]
+    assert error_id in error["message"]
+    assert "unexpected" not in response.text and "Error" not in response.text  # no exception
+    record = next(r for r in caplog.records if error_id in r.getMessage())
+    assert record.exc_info is not None and "unexpected" in str(record.exc_info[1])
 
 
 def test_keep_alive_comments_during_a_slow_step(tokenizer: Any) -> None:
