@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -157,6 +158,8 @@ def write_inventory(
             "dgpp_root": str(host.root),
             "dgpp_gpu_clocks_nvidia_smi": str(host.nvidia_smi),
             "dgpp_rdma_ip_command": str(host.ip),
+            # The real nft, when installed, checks the ruleset (`--check` changes nothing).
+            "dgpp_firewall_nft": shutil.which("nft") or str(host.stand_in / "no-nft"),
             **host.host_vars,
         }
 

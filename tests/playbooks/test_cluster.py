@@ -233,6 +233,22 @@ def test_every_rank_gets_its_environment_file(cluster: Cluster):
     assert env_file(cluster.head)["DGPP_DEPLOYMENT"] == "/etc/dgpp/deployment.json"
 
 
+def test_the_head_gets_its_firewall_and_the_workers_none(cluster: Cluster):
+    ruleset = cluster.head.path("/etc/dgpp/firewall.nft").read_text()
+    assert "table inet dgpp {" in ruleset
+    assert "tcp dport 29600 ip saddr @cluster_v4 accept" in ruleset
+    assert "tcp dport 29600 drop" in ruleset
+    assert "tcp dport 18123" not in ruleset  # no client networks given: the API stays open
+    unit = cluster.head.path("/etc/systemd/system/dgpp-firewall.service")
+    if shutil.which("nft"):  # checked with the real nft, and loadable: the unit is installed
+        assert "ExecStart=/usr/sbin/nft -f /etc/dgpp/firewall.nft" in unit.read_text()
+    else:
+        assert not unit.exists() and "is written but not loaded" in cluster.first.output
+    for worker in cluster.workers:
+        assert not worker.path("/etc/dgpp/firewall.nft").exists()
+        assert not worker.path("/etc/systemd/system/dgpp-firewall.service").exists()
+
+
 def test_every_node_holds_the_same_generated_cluster_secret(cluster: Cluster):
     from dgpp.appliance.cluster_secret_file import read_cluster_secret
 

@@ -140,7 +140,7 @@ def test_the_local_fallback_has_the_same_shape() -> None:
     assert set(view["summary"]) == {"gpus", "cpu_freq", "governor", "load", "busy"}
 
 
-def test_the_nodes_client_sends_the_key_and_treats_failures_as_no_answer() -> None:
+def test_the_nodes_client_sends_the_admin_key_and_treats_failures_as_no_answer() -> None:
     seen: list[str | None] = []
     answers = iter([httpx.Response(200, json={"nodes": [{"rank": 0}, "junk"]})])
 
@@ -149,11 +149,16 @@ def test_the_nodes_client_sends_the_key_and_treats_failures_as_no_answer() -> No
         assert request.url.path == "/admin/nodes"
         return next(answers, httpx.Response(401, json={"error": {}}))
 
-    target = EngineTarget("http://127.0.0.1:1", "sekrit")
+    target = EngineTarget("http://127.0.0.1:1", "api-key", "sekrit")
     client = NodesClient(target, transport=httpx.MockTransport(answer))
     assert asyncio.run(client.nodes()) == [{"rank": 0}]
     assert asyncio.run(client.nodes()) is None  # 401
-    assert seen == ["Bearer sekrit", "Bearer sekrit"]
+    # The admin key (the API key does not open /admin/*); without one, no key at all.
+    keyless = NodesClient(
+        EngineTarget("http://127.0.0.1:1", "api-key"), transport=httpx.MockTransport(answer)
+    )
+    assert asyncio.run(keyless.nodes()) is None
+    assert seen == ["Bearer sekrit", "Bearer sekrit", None]
 
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused")

@@ -95,3 +95,24 @@ def test_support_bundle_download(logged_in: Console) -> None:
         text = tar.extractfile(log).read().decode()  # type: ignore[union-attr]
     assert "sk-abcdefghijkl" not in text and "ready" in text
     assert not list(logged_in.config.state_dir.glob("dgpp-bundle-*"))  # removed after sending
+
+
+def test_the_overview_warns_while_the_api_is_open_to_the_network_without_a_key(
+    tmp_path: Path,
+) -> None:
+    from tests.webui.conftest import DEPLOYMENT
+
+    open_api = {**DEPLOYMENT, "http": {**DEPLOYMENT.get("http", {}), "host": "0.0.0.0"}}
+    open_api["http"]["allow_unauthenticated"] = True
+    (tmp_path / "deployment.json").write_text(json.dumps(open_api))
+    with running_console(tmp_path) as console:
+        assert console.login().status_code == 303
+        warnings = console.client.get("/api/overview").json()["warnings"]
+        assert warnings[0].startswith("The API on 0.0.0.0:") and "without a key" in warnings[0]
+        assert "without a key" in console.client.get("/").text
+    keyed = {**open_api, "http": {**open_api["http"], "api_key_file": str(tmp_path / "key")}}
+    (tmp_path / "key").write_text("k\n")
+    (tmp_path / "deployment.json").write_text(json.dumps(keyed))
+    with running_console(tmp_path) as console:
+        assert console.login().status_code == 303
+        assert console.client.get("/api/overview").json()["warnings"] == []

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.deployment import Deployment, is_loopback
 from dgpp.appliance.deployment_files import deployment_id
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.console import Console
@@ -104,9 +104,22 @@ async def overview(
         body["nodes"] = [await asyncio.to_thread(local_node, console.gpus, fraction)]
         body["nodes_source"] = "local"
     body["warnings"] = [warning for node in body["nodes"] for warning in node["warnings"]]
+    if deployment is not None and (warning := exposure_warning(deployment)) is not None:
+        body["warnings"].insert(0, warning)
     latest = console.switcher.latest
     body["switch"] = latest.as_json() if latest is not None else None
     return body
+
+
+def exposure_warning(deployment: Deployment) -> str | None:
+    """The deliberate choice `http.allow_unauthenticated` makes, shown on every overview."""
+    http = deployment.http
+    if not http.allow_unauthenticated or http.api_key_file or is_loopback(http.host):
+        return None
+    return (
+        f"The API on {http.host}:{http.port} takes requests from other machines without a key "
+        "(http.allow_unauthenticated); set http.api_key_file to require one."
+    )
 
 
 @router.get("/", response_class=HTMLResponse)
