@@ -85,19 +85,29 @@ class DeploymentStore:
         return resolve_raw(self.read_raw(), str(self.path))
 
     def write(self, raw: dict[str, Any]) -> None:
-        """Replace the file with `raw` (after keeping the present one under `backups_dir`)."""
+        """Replace the file with `raw` (after keeping the present one under `backups_dir`).
+        The new file keeps the old one's mode and group: the ranks read it through group dgpp,
+        which is not the console user's own group."""
         text = json.dumps(raw, indent=2) + "\n"
-        if self.path.exists():
+        old = self.path.stat() if self.path.exists() else None
+        if old is not None:
             self._back_up()
-        mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o644
+        mode = old.st_mode & 0o777 if old is not None else 0o644
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                if old is not None and old.st_gid != os.getegid():
+                    os.fchown(handle.fileno(), -1, old.st_gid)
+                os.fchmod(handle.fileno(), mode)  # whatever the umask took away
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def _back_up(self) -> None:
         self.backups_dir.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,9 @@ def write_inventory(
         "dgpp_host_install_python": False,
         "dgpp_user": pwd.getpwuid(os.getuid()).pw_name,
         "dgpp_group": grp.getgrgid(os.getgid()).gr_name,
+        "dgpp_webui_user": pwd.getpwuid(os.getuid()).pw_name,
+        "dgpp_webui_group": grp.getgrgid(os.getgid()).gr_name,
+        "dgpp_webui_create_user": False,
         "dgpp_nfs_weights_mount_state": "present",
         **common,
     }

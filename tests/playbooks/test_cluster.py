@@ -336,12 +336,14 @@ def test_console_settings_select_systemd_and_polkit(cluster: Cluster):
     assert (config.backend, config.host, config.port) == ("systemd", "127.0.0.1", 18090)
     assert str(config.deployment) == "/etc/dgpp/deployment.json"
     assert str(config.credentials) == "/etc/dgpp/webui.credentials"
-    assert str(config.state_dir) == "/var/lib/dgpp/webui"
+    assert str(config.state_dir) == "/var/lib/dgpp-webui"
     assert config.systemctl == ("systemctl",)  # polkit: no sudo in front
-    assert head.path("/var/lib/dgpp/webui").is_dir()
+    assert head.path("/var/lib/dgpp-webui").is_dir()
+    assert stat.S_IMODE(head.path("/var/lib/dgpp-webui").stat().st_mode) == 0o700
+    assert "DGPP_LOG_DIR=/var/lib/dgpp/dgpp/log" in env  # the ranks' logs, for the Logs page
     rule = head.path("/etc/polkit-1/rules.d/50-dgpp-webui.rules").read_text()
     assert 'action.lookup("unit") === "dgpp@rank0.service"' in rule
-    assert f'subject.user === "{pwd.getpwuid(os.getuid()).pw_name}"' in rule  # dgpp_user
+    assert f'subject.user === "{pwd.getpwuid(os.getuid()).pw_name}"' in rule  # dgpp_webui_user
     assert not head.path("/etc/sudoers.d/dgpp-webui").exists()
     # A staged /etc/dgpp belongs to the test's user, who is dgpp_user here: no warning.
     assert "cannot replace /etc/dgpp/deployment.json" not in cluster.first.output

@@ -6,7 +6,7 @@ page, the JSON overview (rank 0's unit seen through `systemctl show`) and the ra
 the refusals of requests without a session.
 
 The container has sudo but no polkitd, so the role (`dgpp_webui_restart_via: auto`) picks sudo:
-its drop-in passes `visudo`, and user dgpp may run exactly the systemctl command lines of the
+its drop-in passes `visudo`, and user dgpp-webui may run exactly the systemctl command lines of the
 console's systemd backend with `sudo -n`, nothing else. Then the restart path end to end: the
 Knobs form sets `speculative.method` to ngram, the switch drains, rewrites the deployment file,
 restarts `dgpp@rank0` through sudo (a new MainPID and InvocationID, a new `instance` on `/health`)
@@ -56,7 +56,8 @@ curl -s -b $jar -c $jar -o /dev/null -w '%{{http_code}} %{{redirect_url}}' \\
 """
 STATUS = "curl -s -o /dev/null -w '%{http_code}'"
 AUTHED = "curl -s -b /root/console.jar"
-AS_DGPP = "runuser -u dgpp -- sudo -n"  # what the console's `systemctl` setting runs
+AS_CONSOLE = "runuser -u dgpp-webui -- sudo -n"  # what the console's `systemctl` setting runs
+AS_RANKS = "runuser -u dgpp --"  # the ranks' user
 SUDOERS = "/etc/sudoers.d/dgpp-webui"
 DEPLOYMENT_FILE = "/etc/dgpp/deployment.json"
 PREVIEW_ROW = (
@@ -109,7 +110,7 @@ def _wait_for_login_page(box: Container, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_the_unit_runs_the_console_as_dgpp(console: Container) -> None:
+def test_the_unit_runs_the_console_as_its_own_user(console: Container) -> None:
     box = console
     assert box.sh("systemctl is-enabled dgpp-webui").stdout.strip() == "enabled"
     box.sh("systemctl stop dgpp-webui")
@@ -118,21 +119,30 @@ def test_the_unit_runs_the_console_as_dgpp(console: Container) -> None:
     _wait_for_login_page(box)
     print(f"\nsystemctl start dgpp-webui until /login answers: {time.monotonic() - started:.1f} s")
     pid = box.sh("systemctl show -p MainPID --value dgpp-webui").stdout.strip()
-    assert box.sh(f"stat -c %U /proc/{pid}").stdout.strip() == "dgpp"
-    groups = box.sh(f"grep ^Groups: /proc/{pid}/status; getent group systemd-journal").stdout
-    journal_gid = groups.split("\n")[1].split(":")[2]
-    assert journal_gid in groups.split("\n")[0].split()  # SupplementaryGroups=systemd-journal
+    assert box.sh(f"stat -c %U /proc/{pid}").stdout.strip() == "dgpp-webui"
+    groups = box.sh(
+        f"grep ^Groups: /proc/{pid}/status; getent group systemd-journal dgpp"
+    ).stdout.split("\n")
+    for line in groups[1:3]:  # SupplementaryGroups=dgpp systemd-journal
+        assert line.split(":")[2] in groups[0].split(), groups
     listening = box.sh("ss -Hltn 'sport = :18090'", check=False).stdout
     assert "127.0.0.1:18090" in listening, listening
     modes = box.sh(
         f"stat -c '%n %U %a' /etc/dgpp/webui.credentials {PASSWORD_FILE} /etc/dgpp/webui.json"
     ).stdout.split("\n")
     assert modes[:3] == [
-        "/etc/dgpp/webui.credentials dgpp 600",
+        "/etc/dgpp/webui.credentials dgpp-webui 600",
         f"{PASSWORD_FILE} root 600",
         "/etc/dgpp/webui.json root 640",
     ]
     assert "DGPP_WEBUI_PASSWORD_HASH=scrypt$" in box.sh("cat /etc/dgpp/webui.credentials").stdout
+    # The ranks' user reads none of the console's secrets and has none of its sudo rights; it
+    # still reads the deployment the console owns (group dgpp).
+    for path in ("/etc/dgpp/webui.credentials", "/var/lib/dgpp-webui/sessions.sqlite"):
+        assert box.sh(f"{AS_RANKS} cat {path}", check=False).returncode != 0, path
+    assert box.sh(f"{AS_RANKS} sudo -n -l", check=False).returncode != 0
+    assert box.sh(f"stat -c '%U:%G %a' {DEPLOYMENT_FILE}").stdout.strip() == "dgpp-webui:dgpp 640"
+    assert box.sh(f"{AS_RANKS} cat {DEPLOYMENT_FILE}").returncode == 0
 
 
 def test_a_login_opens_the_overview_and_the_api(console: Container) -> None:
@@ -183,7 +193,7 @@ def _backend_commands(systemctl: Sequence[str]) -> list[list[str]]:
     return recorded
 
 
-def test_sudo_lets_dgpp_run_the_backends_commands_and_nothing_else(console: Container) -> None:
+def test_sudo_lets_the_console_run_its_commands_and_nothing_else(console: Container) -> None:
     box = console
     settings = json.loads(box.sh("cat /etc/dgpp/webui.json").stdout)
     assert settings["systemctl"] == ["sudo", "-n", "/usr/bin/systemctl"]
@@ -193,9 +203,9 @@ def test_sudo_lets_dgpp_run_the_backends_commands_and_nothing_else(console: Cont
     commands = _backend_commands(settings["systemctl"][2:])
     assert len(commands) == 4
     for argv in commands:  # `sudo -l COMMAND`: whether it is allowed, without running it
-        listed = box.sh(f"{AS_DGPP} -l {shlex.join(argv)}", check=False)
+        listed = box.sh(f"{AS_CONSOLE} -l {shlex.join(argv)}", check=False)
         assert (listed.returncode, listed.stdout.split()) == (0, argv), listed
-    show = box.sh(f"{AS_DGPP} {shlex.join(commands[-1])}").stdout  # status: read-only, run it
+    show = box.sh(f"{AS_CONSOLE} {shlex.join(commands[-1])}").stdout  # status: read-only, run it
     assert "Id=dgpp@rank0.service" in show and "ActiveState=active" in show, show
     systemctl = settings["systemctl"][2]
     refused = [
@@ -208,10 +218,10 @@ def test_sudo_lets_dgpp_run_the_backends_commands_and_nothing_else(console: Cont
         "id",
     ]
     for command in refused:
-        listed = box.sh(f"{AS_DGPP} -l {command}", check=False)
+        listed = box.sh(f"{AS_CONSOLE} -l {command}", check=False)
         assert listed.returncode == 1, (command, listed)
     for command in ("id", f"-u root {systemctl} restart ssh"):
-        ran = box.sh(f"{AS_DGPP} {command}", check=False)
+        ran = box.sh(f"{AS_CONSOLE} {command}", check=False)
         assert ran.returncode == 1 and "a password is required" in ran.stderr, (command, ran)
 
 

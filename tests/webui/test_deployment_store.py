@@ -26,6 +26,24 @@ def test_writes_replace_the_file_and_keep_earlier_versions(tmp_path: Path) -> No
     assert not list(tmp_path.glob(".deployment.json.*"))
 
 
+def test_a_rewrite_keeps_the_group_the_ranks_read_it_through(tmp_path: Path) -> None:
+    """The console runs as its own user; the ranks read the file through its group (dgpp)."""
+    import os
+
+    import pytest
+
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"model": "a"}))
+    other_gid = next((g for g in (65534, 100, 1) if g != os.getegid()), None)
+    try:
+        os.chown(path, -1, other_gid)
+    except (OSError, TypeError):
+        pytest.skip("cannot give the file another group here (needs root or group membership)")
+    path.chmod(0o640)
+    DeploymentStore(path, tmp_path / "backups").write({"model": "b"})
+    assert (path.stat().st_gid, stat.S_IMODE(path.stat().st_mode)) == (other_gid, 0o640)
+
+
 def test_the_engine_target_follows_the_deployment(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-secret\n")
