@@ -132,3 +132,29 @@ def test_the_console_sends_the_admin_key_to_admin_routes_only(tmp_path: Path) ->
     assert "api" not in repr(target).replace("api_key", "")
     unkeyed = engine_target(parse_deployment({"model": "m"}))
     assert unkeyed.headers("/admin/drain") == {} == unkeyed.headers("/health")
+
+
+@pytest.mark.parametrize("name", ["two-node", "four-node"])
+def test_the_shipped_inventories_bind_one_address_behind_a_key(tmp_path: Path, name: str) -> None:
+    """What the playbook gives the head for the example inventories is a valid deployment: the
+    API on the head's client-facing address, the key files named."""
+    import yaml
+
+    from dgpp.appliance.deployment_files import resolve
+
+    inventory = Path(__file__).resolve().parents[2] / "playbooks/inventories" / f"{name}.yml"
+    site = tmp_path / "site.json"
+    site.write_text(
+        json.dumps(yaml.safe_load(inventory.read_text())["all"]["vars"]["dgpp_engine_deployment"])
+    )
+    deployment = resolve(site, inventory)
+    assert deployment.http.host == "192.0.2.10" and not deployment.http.allow_unauthenticated
+    assert deployment.http.api_key_file == "/etc/dgpp/api-key"
+    assert deployment.http.admin_key_file == "/etc/dgpp/admin-key"
+    without_keys = tmp_path / "no-keys.yml"
+    text = inventory.read_text()
+    without_keys.write_text(
+        "\n".join(line for line in text.splitlines() if "_key: " not in line) + "\n"
+    )
+    with pytest.raises(ConfigError, match="lets other machines reach the API"):
+        resolve(site, without_keys)

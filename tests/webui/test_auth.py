@@ -131,6 +131,20 @@ def test_a_plain_text_password_file_from_an_installer_is_accepted(tmp_path: Path
         load_credentials(tmp_path / "missing")
 
 
+def test_new_password_hashes_use_owasp_scrypt_strength_and_old_ones_still_verify() -> None:
+    from dgpp.webui.security.credentials import hash_password, verify_password
+
+    scheme, n, r, p, _, _ = hash_password("a long password").split("$")
+    assert (scheme, int(n) >= 2**17, int(r), int(p)) == ("scrypt", True, 8, 1)
+    old = "scrypt$16384$8$1$c2FsdHNhbHRzYWx0c2FsdA==$"  # made before: N=2^14
+    import base64
+    import hashlib
+
+    salt = base64.b64decode("c2FsdHNhbHRzYWx0c2FsdA==")
+    digest = hashlib.scrypt(b"a long password", salt=salt, n=2**14, r=8, p=1)
+    assert verify_password("a long password", old + base64.b64encode(digest).decode())
+
+
 def test_sessions_expire() -> None:
     now = [1000.0]
     store = SessionStore(ttl_s=60, clock=lambda: now[0])
