@@ -5,9 +5,6 @@ real HTTP where a launch path is under test)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -18,20 +15,10 @@ from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_OK
 from dgpp.appliance.http_keys import read_key_file
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.deployment_store import engine_target
+from tests.appliance.test_rank_cli import _dgpp
 from tests.appliance.world_harness import start, wait_healthy
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.server.harness import free_port
-
-
-def _dgpp(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DGPP_RANK")}
-    return subprocess.run(
-        [sys.executable, "-m", "dgpp.appliance.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 def _key(tmp_path: Path, text: str, name: str = "api-key") -> Path:
