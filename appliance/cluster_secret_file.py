@@ -40,7 +40,7 @@ def read_cluster_secret(path: str | None, env: Mapping[str, str]) -> bytes | Non
     except OSError as err:
         raise ConfigError(f"cannot read the cluster secret {file}: {err.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO) & ~stat.S_IRGRP:
-        raise ConfigError(f"the cluster secret {file} is open to other users; chmod 0640 or 0600")
+        raise ConfigError(f"the cluster secret {file} is open to other users; chmod 0600")
     return _checked(data, str(file))
 
 

@@ -8,9 +8,10 @@ dissolved and the next generation formed on the same port, so surviving ranks ke
 and only the lost rank starts again. A worker needs only the head's address, the port, its rank
 and the cluster secret: the world size comes from the store.
 
-The store listens on the head's address only. Each generation has a random challenge; a worker's
-seat carries a proof over the cluster secret (`cluster_secret`), and rank 0 refuses a seat
-without a valid one, telling its holder why.
+Each generation has a random challenge; a worker's seat carries a proof over the cluster secret
+(`cluster_secret`), and rank 0 refuses a seat without a valid one, telling its holder why. The
+store itself listens on every interface (`torch.distributed.TCPStore` has no bind address; the
+`dgpp_firewall` role limits the port to the cluster nodes).
 """
 
 from __future__ import annotations
@@ -132,14 +133,12 @@ class Rendezvous:
                 spec.head,
                 spec.port,
             )
-        self._listener = _listen(spec.head, spec.port)  # kept open: the store serves on it
         self.store = dist.TCPStore(
             spec.head,
             spec.port,
             is_master=True,
             wait_for_workers=False,
             timeout=timedelta(seconds=spec.timeouts.rendezvous_s),
-            master_listen_fd=self._listener.fileno(),
         )
         self._challenge = ""
         self._refused: set[str] = set()
@@ -254,26 +253,6 @@ def join_world(spec: WorldSpec) -> World:
 
 def _holds(store: Any, seat: str, claim: str) -> bool:
     return store.check([seat]) and store.get(seat).decode() == claim
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket on `host` (the head's address) and `port` only, for the store."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    listener = socket.socket(family, kind, proto)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind(address)
-    except OSError as err:
-        listener.close()
-        raise ConfigError(
-            f"cannot listen on the rendezvous address {host}:{port}: {err.strerror} (is "
-            "rendezvous.head one of this machine's addresses, and the port free?)"
-        ) from None
-    listener.listen(128)
-    listener.set_inheritable(False)
-    return listener
 
 
 class RendezvousLost(RuntimeError):

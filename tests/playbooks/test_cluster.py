@@ -255,7 +255,7 @@ def test_every_node_holds_the_same_generated_cluster_secret(cluster: Cluster):
     secrets = set()
     for host in cluster.hosts:
         path = host.path("/etc/dgpp/cluster-secret")
-        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the ranks' user alone
         secret = read_cluster_secret(str(path), {})
         assert secret is not None and len(secret) == 64
         secrets.add(secret)
