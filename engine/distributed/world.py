@@ -237,7 +237,9 @@ def join_world(spec: WorldSpec) -> World:
         # by a dead predecessor rank 0 has not noticed yet, or by a duplicate. Wait for the next.
         raise RendezvousLost(f"rank {spec.rank} of generation {generation} is held by {holder}")
     go = f"{_PREFIX}/g{generation}/go"
-    while not store.check([go]) or not _holds(store, seat, claim):
+    # One read of "go" per round decides: rank 0 sets it only after it checked every seat, so
+    # a seat that still holds this claim then is this rank's.
+    while not store.check([go]):
         if store.check([f"{_PREFIX}/refused/{claim}"]):
             raise SecretMismatch(
                 f"rank 0 at {spec.head}:{spec.port} refused this rank: the cluster secret "
@@ -245,9 +247,9 @@ def join_world(spec: WorldSpec) -> World:
             )
         if int(store.get(f"{_PREFIX}/generation")) != generation:
             raise RendezvousLost(f"rank 0 abandoned generation {generation}")
-        if store.check([go]):  # the generation started without this claim
-            raise RendezvousLost(f"rank {spec.rank} of generation {generation} went to another")
         time.sleep(_POLL_S)
+    if not _holds(store, seat, claim):  # the generation started without this claim
+        raise RendezvousLost(f"rank {spec.rank} of generation {generation} went to another")
     return _init_groups(store, generation, spec.rank, world_size, spec)
 
 
