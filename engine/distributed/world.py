@@ -8,10 +8,10 @@ dissolved and the next generation formed on the same port, so surviving ranks ke
 and only the lost rank starts again. A worker needs only the head's address, the port, its rank
 and the cluster secret: the world size comes from the store.
 
-Each generation has a random challenge; a worker's seat carries a proof over the cluster secret
-(`cluster_secret`), and rank 0 refuses a seat without a valid one, telling its holder why. The
-store itself listens on every interface (`torch.distributed.TCPStore` has no bind address; the
-`dgpp_firewall` role limits the port to the cluster nodes).
+The store listens on the head's address only (a socket of our own, bound to `rendezvous.head`,
+handed to the store as `master_listen_fd`). Each generation has a random challenge; a worker's
+seat carries a proof over the cluster secret (`cluster_secret`), and rank 0 refuses a seat
+without a valid one, telling its holder why.
 """
 
 from __future__ import annotations
@@ -133,13 +133,23 @@ class Rendezvous:
                 spec.head,
                 spec.port,
             )
-        self.store = dist.TCPStore(
-            spec.head,
-            spec.port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=spec.timeouts.rendezvous_s),
-        )
+        listener = _listen(spec.head, spec.port)
+        try:
+            self.store = dist.TCPStore(
+                spec.head,
+                spec.port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=spec.timeouts.rendezvous_s),
+                master_listen_fd=listener.fileno(),
+            )
+        except BaseException:
+            listener.close()
+            raise
+        # The store owns the descriptor now and closes it when it goes; a socket object that
+        # still held it would close it a second time, when collected, by then perhaps another
+        # store's listener that reused the number.
+        listener.detach()
         self._challenge = ""
         self._refused: set[str] = set()
         self.store.set(f"{_PREFIX}/world_size", str(spec.world_size))
@@ -255,6 +265,26 @@ def join_world(spec: WorldSpec) -> World:
 
 def _holds(store: Any, seat: str, claim: str) -> bool:
     return store.check([seat]) and store.get(seat).decode() == claim
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host` (the head's address) and `port` only, for the store."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as err:
+        listener.close()
+        raise ConfigError(
+            f"cannot listen on the rendezvous address {host}:{port}: {err.strerror} (is "
+            "rendezvous.head one of this machine's addresses, and the port free?)"
+        ) from None
+    listener.listen(128)
+    listener.set_inheritable(False)
+    return listener
 
 
 class RendezvousLost(RuntimeError):
