@@ -23,7 +23,7 @@ from dgpp.appliance.http_keys import check_key, read_key_file
 from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.config import ServerConfig, is_pattern
 
 
 class _Section(BaseModel):
@@ -60,6 +60,9 @@ class HttpSection(_Section):
     allow_unauthenticated: bool = False
     served_model_names: list[str] = Field(default_factory=list)
     default_max_tokens: int | None = Field(8192, ge=1)
+    # A request whose max_tokens exceeds what the context leaves after its prompt: "clamp"
+    # generates until the context is full (finish reason length); "reject" refuses it.
+    max_tokens_policy: Literal["clamp", "reject"] = "clamp"
     queue_limit: int = Field(256, ge=0)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     stats_log_interval_s: float = Field(10.0, ge=0.0)
@@ -201,7 +204,9 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
     """The HTTP server's settings, with the keys read from the files the deployment names
     (`api_key` from the command line wins over `http.api_key_file`)."""
     http = deployment.http
-    names = tuple(http.served_model_names) or (default_served_name(deployment.model),)
+    names = tuple(http.served_model_names)
+    if all(is_pattern(name) for name in names):  # patterns only (or none): report the model's
+        names = (default_served_name(deployment.model), *names)
     if api_key is not None:
         api_key = check_key(api_key, "--api-key")
     elif http.api_key_file:
@@ -217,6 +222,7 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
         metrics_require_key=http.metrics_require_key,
         served_model_names=names,
         default_max_tokens=http.default_max_tokens,
+        max_tokens_policy=http.max_tokens_policy,
         max_body_bytes=http.max_body_bytes,
         queue_limit=http.queue_limit,
         stats_log_interval_s=http.stats_log_interval_s,

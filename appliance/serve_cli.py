@@ -45,9 +45,17 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         dest="served_model_names",
-        help="name clients use for the model (repeatable; the first is reported)",
+        help="name clients use for the model (repeatable; the first is reported); a pattern "
+        "such as 'claude-*' answers to every matching name, '*' to any name",
     )
     group.add_argument("--default-max-tokens", type=int, default=None, help="(8192)")
+    group.add_argument(
+        "--max-tokens-policy",
+        choices=["clamp", "reject"],
+        default=None,
+        help="a max_tokens beyond what the context leaves after the prompt: clamp (default: "
+        "generate until the context is full) or reject (context_length_exceeded)",
+    )
     group.add_argument(
         "--default-chat-template-kwargs",
         type=_json_object,
@@ -124,6 +132,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
         ("port", args.port),
         ("api_key_file", args.api_key_file),
         ("default_max_tokens", args.default_max_tokens),
+        ("max_tokens_policy", args.max_tokens_policy),
         ("queue_limit", args.queue_limit),
         ("stats_log_interval_s", args.stats_log_interval),
         ("default_chat_template_kwargs", args.default_chat_template_kwargs),

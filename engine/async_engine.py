@@ -61,6 +61,29 @@ class _Stream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+class Admission:
+    """Room reserved in the queue for some requests (`AsyncEngine.admit`). Each `generate` that
+    is given it takes one; what is left is given back by `release`, or when it is collected (a
+    stream whose client left before it started)."""
+
+    def __init__(self, engine: AsyncEngine, num_requests: int) -> None:
+        self._engine = engine
+        self.remaining = num_requests
+
+    def take(self) -> bool:
+        """Under the engine's lock: use one reserved request; False when none is left."""
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        return True
+
+    def release(self) -> None:
+        self._engine._release(self)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 class AsyncEngine:
     """Thread-safe, asyncio-facing front of one engine.
 
@@ -82,7 +105,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._num_pending = 0  # submitted, not yet finished; guarded by _lock
-        self._lock = threading.Lock()
+        # Reentrant: an Admission collected while this thread holds it gives its room back.
+        self._lock = threading.RLock()
 
     @property
     def is_running(self) -> bool:
@@ -110,16 +134,28 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def check_capacity(self, num_requests: int = 1) -> None:
-        """Raise now what `generate` would raise for `num_requests` more requests (failure or
-        overload), so a streaming response can still answer with a proper status code."""
+    def admit(self, num_requests: int = 1) -> Admission:
+        """Reserve room for `num_requests` requests now, or raise what `generate` would (failure,
+        overload): a response that must not fail once it has started (a stream) admits its
+        requests before it starts and passes the `Admission` to `generate`."""
+        with self._lock:
+            self._check_room(num_requests)
+            self._num_pending += num_requests
+        return Admission(self, num_requests)
+
+    def _check_room(self, num_requests: int) -> None:
+        """Under `_lock`: raise unless `num_requests` more requests fit."""
         if self._failure is not None:
             raise EngineFailureError(f"the engine has failed: {self._failure}")
+        if self._num_pending + num_requests > self._capacity:
+            raise OverloadedError(
+                f"the server is at its queue limit ({self.queue_limit} waiting requests)"
+            )
+
+    def _release(self, admission: Admission) -> None:
         with self._lock:
-            if self._num_pending + num_requests > self._capacity:
-                raise OverloadedError(
-                    f"the server is at its queue limit ({self.queue_limit} waiting requests)"
-                )
+            self._num_pending -= admission.remaining
+            admission.remaining = 0
 
     @property
     def _capacity(self) -> int:
@@ -131,18 +167,20 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         use_prefix_cache: bool = True,
+        admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield the request's outputs until it finishes. Leaving the iteration early (the client
-        went away) aborts the request, and its KV blocks are freed at the next step."""
+        went away) aborts the request, and its KV blocks are freed at the next step. With an
+        `admission` that still holds room, the request uses that room instead of asking anew."""
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:  # the failure path drains the queue under this lock: no add is lost
-            if self._failure is not None:
-                raise EngineFailureError(f"the engine has failed: {self._failure}")
-            if self._num_pending >= self._capacity:
-                raise OverloadedError(
-                    f"the server is at its queue limit ({self.queue_limit} waiting requests)"
-                )
-            self._num_pending += 1
+            if admission is not None and admission.take():
+                if self._failure is not None:
+                    self._num_pending -= 1
+                    raise EngineFailureError(f"the engine has failed: {self._failure}")
+            else:
+                self._check_room(1)
+                self._num_pending += 1
             self._commands.put(_Add(request_id, prompt, params, stream, use_prefix_cache))
         self._wakeup.set()
         finished = False

@@ -35,7 +35,16 @@ KNOBS: tuple[tuple[str, str, str], ...] = (
     ("speculative.depth", "Speculative depth", "draft tokens verified per step"),
     ("speculative.ngram_max", "N-gram max", "longest suffix of the history looked up"),
     ("speculative.ngram_min", "N-gram min", "shortest suffix looked up; at most n-gram max"),
-    ("http.served_model_names", "Served names", "names clients use, comma-separated"),
+    (
+        "http.served_model_names",
+        "Served names",
+        "names clients use, comma-separated; patterns such as claude-* or * answer to more",
+    ),
+    (
+        "http.max_tokens_policy",
+        "Over-long max_tokens",
+        "clamp: generate until the context is full; reject: refuse the request",
+    ),
     (
         "http.default_chat_template_kwargs",
         "Chat-template kwargs",

@@ -79,7 +79,7 @@ def to_chat_messages(request: CountTokensRequest) -> list[ChatMessage]:
                 )
         if texts:
             out.append(ChatMessage(role="user", content="\n".join(texts)))
-    return out
+    return clear_thinking(out, request.context_management)
 
 
 def _assistant(blocks: list[Block], where: str) -> ChatMessage:
@@ -131,4 +131,42 @@ def to_openai_tools(request: CountTokensRequest) -> list[dict[str, Any]] | None:
             },
         }
         for tool in request.tools
+    ]
+
+
+CLEAR_THINKING = "clear_thinking_"  # e.g. clear_thinking_20251015
+
+
+def clear_thinking(
+    messages: list[ChatMessage], management: dict[str, Any] | None
+) -> list[ChatMessage]:
+    """Apply a `context_management` clear-thinking edit: the reasoning of all but the last
+    `keep` thinking turns is dropped (`keep: "all"` keeps every one; without `keep`, the last
+    turn's). Other edits (clearing old tool results) are accepted and left to the client."""
+    edits = (management or {}).get("edits") or []
+    edit = next(
+        (
+            e
+            for e in edits
+            if isinstance(e, dict) and str(e.get("type", "")).startswith(CLEAR_THINKING)
+        ),
+        None,
+    )
+    if edit is None:
+        return messages
+    keep = edit.get("keep", {"type": "thinking_turns", "value": 1})
+    if keep == "all":
+        return messages
+    value = keep.get("value") if isinstance(keep, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidRequestError(
+            'context_management clear-thinking `keep` must be "all" or '
+            '{"type": "thinking_turns", "value": N} with N >= 0',
+            param="context_management",
+        )
+    thinking = [i for i, m in enumerate(messages) if m.role == "assistant" and m.reasoning_content]
+    dropped = set(thinking[: max(0, len(thinking) - value)])
+    return [
+        m.model_copy(update={"reasoning_content": None}) if i in dropped else m
+        for i, m in enumerate(messages)
     ]

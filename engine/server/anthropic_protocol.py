@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from dgpp.engine.server.protocol import StopStrings
+from dgpp.engine.server.tolerant import TolerantModel
+
 
 class Block(BaseModel):
     """A content block; which fields matter depends on `type` (see anthropic_convert)."""
@@ -25,8 +28,7 @@ class Block(BaseModel):
     thinking: StrictStr | None = None
 
 
-class AnthropicMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AnthropicMessage(TolerantModel):
     role: Literal["user", "assistant"]
     content: StrictStr | list[Block]
 
@@ -44,25 +46,29 @@ class ThinkingConfig(BaseModel):
     budget_tokens: StrictInt | None = None
 
 
-class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class OutputConfig(TolerantModel):
+    """Claude's `output_config`: `effort` maps onto the chat template's reasoning knob."""
+
+    effort: Literal["low", "medium", "high", "max"] | None = None
+
+
+class CountTokensRequest(TolerantModel):
     model: StrictStr
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: StrictStr | list[Block] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: StrictInt = Field(ge=1)
-    stop_sequences: list[StrictStr] | None = None
+    stop_sequences: StopStrings | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=0)
     stream: StrictBool = False
     metadata: dict[str, Any] | None = None
     service_tier: StrictStr | None = None
-    container: Any = None
-    mcp_servers: Any = None
-    context_management: Any = None

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput
 from dgpp.engine.sampling_params import SamplingParams
@@ -22,6 +24,7 @@ from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.parsing import ResponseParser
+from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.tool_choice import ForcedStart, anthropic_choice, forced_start
@@ -32,9 +35,11 @@ router = APIRouter()
 def _prompt(
     state: ServerState, request: CountTokensRequest, forced: ForcedStart | None = None
 ) -> list[int]:
-    kwargs = dict(state.config.default_chat_template_kwargs)
-    if request.thinking is not None:
-        kwargs["enable_thinking"] = request.thinking.type != "disabled"
+    kwargs = template_kwargs(
+        state.config.default_chat_template_kwargs,
+        effort=request.output_config.effort if request.output_config else None,
+        thinking=request.thinking.type if request.thinking else None,
+    )
     messages = normalise(to_chat_messages(request), state.template_traits)
     prompt = render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
     if forced is not None:
@@ -45,7 +50,7 @@ def _prompt(
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: CountTokensRequest, state: State) -> dict[str, int]:
     state.check_model(request.model)
-    return {"input_tokens": len(_prompt(state, request))}
+    return {"input_tokens": len(await asyncio.to_thread(_prompt, state, request))}
 
 
 def _stop_reason(completion: CompletionOutput, has_tool_calls: bool) -> tuple[str, str | None]:
@@ -70,14 +75,14 @@ def _usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> di
 
 @router.post("/v1/messages", response_model=None)
 async def messages(
-    request: MessagesRequest, state: State, tracker: Tracker
+    request: MessagesRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     tools = to_openai_tools(request)
     forced = forced_start(
         state.tokenizer.chat_template or "", tools, *anthropic_choice(request.tool_choice)
     )
-    prompt = _prompt(state, request, forced)
+    prompt = await asyncio.to_thread(_prompt, state, request, forced)  # off the event loop
     max_tokens = resolve_max_tokens(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
@@ -94,12 +99,14 @@ async def messages(
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     parser = ResponseParser(state, prompt, tools is not None, forced)
     if request.stream:
-        state.engine.check_capacity()
-        events = _stream(state, tracker, prompt, params, message_id, model, parser)
+        admission = state.engine.admit()  # refused with a status code, or room held
+        events = _stream(state, tracker, prompt, params, message_id, model, parser, admission)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
-    ((output,),) = await run_to_completion(state, tracker, [Job(prompt, [params], message_id)])
+    ((output,),) = await run_to_completion(
+        state, tracker, [Job(prompt, [params], message_id)], client
+    )
     completion = output.outputs[0]
     parsed = parser.parse_whole(completion.text)
     tracker.tool_calls(parser.num_tool_calls)
@@ -187,6 +194,7 @@ async def _stream(
     message_id: str,
     model: str,
     parser: ResponseParser,
+    admission: Admission,
 ) -> AsyncIterator[str]:
     start = {
         "id": message_id,
@@ -203,7 +211,13 @@ async def _stream(
     blocks = _Blocks()
     try:
         async for item in stream_choices(
-            state, tracker, prompt, [params], message_id, state.config.keepalive_interval_s
+            state,
+            tracker,
+            prompt,
+            [params],
+            message_id,
+            state.config.keepalive_interval_s,
+            admission=admission,
         ):
             if item is None:
                 yield _event("ping", {"type": "ping"})

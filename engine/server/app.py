@@ -19,7 +19,7 @@ from dgpp.engine.server import (
     misc_routes,
 )
 from dgpp.engine.server.body_limit import BodyLimitMiddleware
-from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.config import ServerConfig, concrete_names
 from dgpp.engine.server.deps import Startup, state_of
 from dgpp.engine.server.errors import APIError, install_error_handlers, respond
 from dgpp.engine.server.metrics import ServiceMetrics
@@ -42,7 +42,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
         current = state_of(app)
         if current is not None:
             return current.model_name
-        return config.served_model_names[0] if config.served_model_names else ""
+        return concrete_names(config.served_model_names)[0] if config.served_model_names else ""
 
     def engine_stats() -> EngineStats | None:
         current = state_of(app)

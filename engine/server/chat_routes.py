@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput
 from dgpp.engine.server import responses
@@ -20,6 +22,7 @@ from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
 from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.protocol import ChatCompletionRequest
+from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import (
     chat_logprobs,
     check_unsupported,
@@ -27,25 +30,22 @@ from dgpp.engine.server.sampling import (
     sampling_params,
 )
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.server.tool_choice import forced_start, openai_choice
+from dgpp.engine.server.tool_choice import ForcedStart, forced_start, openai_choice
 
 router = APIRouter()
-REASONING_EFFORT_KWARGS = {"minimal": False, "low": True, "medium": True, "high": True}
 
 
 def _template_kwargs(state: ServerState, request: ChatCompletionRequest) -> dict[str, Any]:
-    kwargs = dict(state.config.default_chat_template_kwargs)
-    if request.reasoning_effort is not None:
-        # Qwen3-style templates switch thinking with `enable_thinking`; others ignore the key.
-        kwargs["enable_thinking"] = REASONING_EFFORT_KWARGS[request.reasoning_effort]
-        kwargs["reasoning_effort"] = request.reasoning_effort
-    kwargs.update(request.chat_template_kwargs or {})
-    return kwargs
+    return template_kwargs(
+        state.config.default_chat_template_kwargs,
+        effort=request.reasoning_effort,
+        explicit=request.chat_template_kwargs,
+    )
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
-    request: ChatCompletionRequest, state: State, tracker: Tracker
+    request: ChatCompletionRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     check_unsupported(request)
@@ -53,15 +53,8 @@ async def chat_completions(
     forced = forced_start(
         state.tokenizer.chat_template or "", tools, *openai_choice(request.tool_choice)
     )
-    prompt = render(
-        state.tokenizer,
-        normalise(request.messages, state.template_traits),
-        tools,
-        _template_kwargs(state, request),
-        request.add_generation_prompt,
-    )
-    if forced is not None:
-        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
+    # Rendering and tokenising a long conversation takes a while: off the event loop.
+    prompt = await asyncio.to_thread(_prompt, state, request, tools, forced)
     limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
     max_tokens = resolve_max_tokens(
         request.max_tokens or request.max_completion_tokens,
@@ -78,7 +71,7 @@ async def chat_completions(
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream:
-        state.engine.check_capacity(len(params))  # refuse with a status code while we still can
+        admission = state.engine.admit(len(params))  # refused with a status code, or room held
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         parsers = [ResponseParser(state, prompt, tools is not None, forced) for _ in params]
         events = _chat_stream(
@@ -92,12 +85,13 @@ async def chat_completions(
             include_usage,
             parsers,
             request.prefix_cache,
+            admission,
         )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
     (outputs,) = await run_to_completion(
-        state, tracker, [Job(prompt, params, request_id, request.prefix_cache)]
+        state, tracker, [Job(prompt, params, request_id, request.prefix_cache)], client
     )
     choices = []
     reasoning_tokens = 0
@@ -139,6 +133,24 @@ async def chat_completions(
     )
 
 
+def _prompt(
+    state: ServerState,
+    request: ChatCompletionRequest,
+    tools: list[dict[str, Any]] | None,
+    forced: ForcedStart | None,
+) -> list[int]:
+    prompt = render(
+        state.tokenizer,
+        normalise(request.messages, state.template_traits),
+        tools,
+        _template_kwargs(state, request),
+        request.add_generation_prompt,
+    )
+    if forced is not None:
+        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
+    return prompt
+
+
 def _finish_reason(completion: CompletionOutput, num_tool_calls: int) -> str | None:
     reason = responses.finish_reason(completion)
     return "tool_calls" if num_tool_calls and reason == "stop" else reason
@@ -174,6 +186,7 @@ async def _chat_stream(
     include_usage: bool,
     parsers: list[ResponseParser],
     use_prefix_cache: bool,
+    admission: Admission,
 ) -> AsyncIterator[str]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -193,6 +206,7 @@ async def _chat_stream(
             request_id,
             state.config.keepalive_interval_s,
             use_prefix_cache,
+            admission,
         ):
             if item is None:
                 yield ": keep-alive\n\n"

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.server import responses
 from dgpp.engine.server.deps import State, Tracker
@@ -48,11 +50,11 @@ def _completion_prompts(state: ServerState, request: CompletionRequest) -> list[
 
 @router.post("/v1/completions", response_model=None)
 async def completions(
-    request: CompletionRequest, state: State, tracker: Tracker
+    request: CompletionRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     check_unsupported(request)
-    prompts = _completion_prompts(state, request)
+    prompts = await asyncio.to_thread(_completion_prompts, state, request)  # off the event loop
     if request.stream and len(prompts) > 1:
         raise InvalidRequestError("streaming supports one prompt per request", param="prompt")
     requested = 16 if request.max_tokens is None else request.max_tokens  # OpenAI's default
@@ -69,14 +71,16 @@ async def completions(
         jobs.append(Job(prompt, params, f"{request_id}-{number}", request.prefix_cache))
     if request.stream:
         prompt, params = jobs[0].prompt, jobs[0].params
-        state.engine.check_capacity(len(params))
+        admission = state.engine.admit(len(params))  # refused with a status code, or room held
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        events = _completion_stream(state, tracker, request, prompt, params, base, include_usage)
+        events = _completion_stream(
+            state, tracker, request, prompt, params, base, include_usage, admission
+        )
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
         )
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
-    results = await run_to_completion(state, tracker, jobs)
+    results = await run_to_completion(state, tracker, jobs, client)
     for job, outputs in zip(jobs, results, strict=True):
         prompt = job.prompt
         prompt_tokens += len(prompt)
@@ -114,6 +118,7 @@ async def _completion_stream(
     params: list,
     base: dict[str, Any],
     include_usage: bool,
+    admission: Admission,
 ) -> AsyncIterator[str]:
     completion_tokens = cached_tokens = 0
 
@@ -133,6 +138,7 @@ async def _completion_stream(
             base["id"],
             state.config.keepalive_interval_s,
             request.prefix_cache,
+            admission,
         ):
             if item is None:
                 yield ": keep-alive\n\n"

@@ -17,6 +17,9 @@ class ServerConfig:
     # Agents often omit max_tokens; a tiny default leaves them with empty answers. None means
     # "up to the context limit", capped to what is left of the context after the prompt.
     default_max_tokens: int | None = 8192
+    # max_tokens beyond what the context leaves after the prompt: "clamp" it to that room
+    # (finish reason length), or "reject" the request (context_length_exceeded).
+    max_tokens_policy: str = "clamp"
     max_body_bytes: int = 32 * 1024 * 1024
     queue_limit: int = 256
     keepalive_interval_s: float = 10.0
@@ -25,3 +28,16 @@ class ServerConfig:
     # "auto": settings a request leaves out come from the checkpoint's generation_config.json
     # (as vLLM's --generation-config auto); "none": the OpenAI/Anthropic defaults.
     generation_config: str = "auto"
+
+
+PATTERN_CHARACTERS = frozenset("*?[")
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a served name is a shell-style pattern (fnmatch) rather than a name."""
+    return not PATTERN_CHARACTERS.isdisjoint(name)
+
+
+def concrete_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names that are not patterns, in order (the whole tuple when every one is)."""
+    return tuple(n for n in names if not is_pattern(n)) or names

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dgpp.engine.async_engine import EngineFailureError, OverloadedError
@@ -40,6 +40,13 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.headers = headers
+
+
+class ClientDisconnected(Exception):
+    """The client of a whole (non-streamed) response went away; its work was aborted."""
+
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the answer
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None) -> dict[str, Any]:
@@ -137,9 +144,6 @@ def _validation_error(err: RequestValidationError) -> APIError:
             "the request body must be a JSON object (send it with Content-Type: application/json)",
             code="invalid_json",
         )
-    if kind == "extra_forbidden":
-        message = f"unsupported parameter: {param}"
-        return APIError(400, message, code="unsupported_parameter", param=param)
     if kind == "missing":
         message = f"missing required parameter: {param}"
         return APIError(400, message, code="missing_required_parameter", param=param)
@@ -163,6 +167,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DgppError)
     async def _dgpp_error(request: Request, err: DgppError) -> JSONResponse:
         return respond(request, from_dgpp_error(err))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(request: Request, err: ClientDisconnected) -> Response:
+        # Nobody reads this; the request was counted as cancelled where it was aborted.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, err: RequestValidationError) -> JSONResponse:

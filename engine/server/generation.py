@@ -7,10 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from fastapi import Request
+
+from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.server.errors import from_dgpp_error
+from dgpp.engine.server.errors import ClientDisconnected, from_dgpp_error
 from dgpp.engine.server.metrics import Outcome, RequestTracker, outcome_of
 from dgpp.engine.server.state import ServerState
 
@@ -26,25 +29,59 @@ class Job:
 
 
 async def run_to_completion(
-    state: ServerState, tracker: RequestTracker, jobs: list[Job]
+    state: ServerState,
+    tracker: RequestTracker,
+    jobs: list[Job],
+    client: Request | None = None,
 ) -> list[list[RequestOutput]]:
-    """Every job's final outputs in choice order, one job after another. The request counts as
-    succeeded once all are done, or cancelled if the caller is; an error propagates to the error
-    handlers, which count it."""
+    """Every job's final outputs in choice order; all jobs run at once (the engine batches
+    them). Room for every choice is taken first, so an overloaded server refuses the whole
+    request before any of it runs. When `client` disconnects, every choice is aborted (their
+    KV blocks return at the next step) and the request counts as cancelled; an error
+    propagates to the error handlers, which count it."""
+    admission = state.engine.admit(sum(len(job.params) for job in jobs))
+    work = asyncio.ensure_future(
+        asyncio.gather(*(_choices(state, tracker, job, admission) for job in jobs))
+    )
+    watch = asyncio.ensure_future(_disconnected(client)) if client is not None else None
     try:
-        results = [await _choices(state, tracker, job) for job in jobs]
-    except asyncio.CancelledError:
+        if watch is not None:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                raise ClientDisconnected
+        results = await work
+    except (asyncio.CancelledError, ClientDisconnected):
         tracker.finish(Outcome.CANCELLED)
         raise
+    finally:
+        work.cancel()
+        if watch is not None:
+            watch.cancel()
+        admission.release()
     tracker.finish(Outcome.SUCCEEDED)
-    return results
+    return list(results)
 
 
-async def _choices(state: ServerState, tracker: RequestTracker, job: Job) -> list[RequestOutput]:
+async def _disconnected(client: Request) -> None:
+    """Return once the client has gone (the ASGI server's `http.disconnect`)."""
+    while True:
+        message = await client.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _choices(
+    state: ServerState, tracker: RequestTracker, job: Job, admission: Admission
+) -> list[RequestOutput]:
     async def one(index: int) -> RequestOutput:
         last = None
         async for output in state.engine.generate(
-            job.prompt, job.params[index], f"{job.request_id}-{index}", job.use_prefix_cache
+            job.prompt,
+            job.params[index],
+            f"{job.request_id}-{index}",
+            job.use_prefix_cache,
+            admission=admission,
         ):
             last = output
         assert last is not None and last.finished
@@ -67,18 +104,25 @@ async def stream_choices(
     request_id: str,
     keepalive_s: float,
     use_prefix_cache: bool = True,
+    admission: Admission | None = None,
 ) -> AsyncIterator[tuple[int, RequestOutput] | None]:
     """Yield (choice index, output) as the engine produces them, or None after `keepalive_s`
     without output (a long prefill), so the caller can keep the connection alive.
 
     The response has started, so no error handler will see what goes wrong: the request's
-    outcome is counted here (an engine error by its status, a client gone as cancelled)."""
+    outcome is counted here (an engine error by its status, a client gone as cancelled).
+    `admission` is the room the route took before it started the response; what it has left
+    is given back when the stream ends."""
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | int] = asyncio.Queue()
 
     async def pump(index: int) -> None:
         try:
             async for output in state.engine.generate(
-                prompt, params[index], f"{request_id}-{index}", use_prefix_cache
+                prompt,
+                params[index],
+                f"{request_id}-{index}",
+                use_prefix_cache,
+                admission=admission,
             ):
                 await queue.put((index, output))
         except BaseException as err:
@@ -116,3 +160,5 @@ async def stream_choices(
         tracker.finish(outcome)
         for task in tasks:
             task.cancel()
+        if admission is not None:
+            admission.release()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.config import concrete_names
 from dgpp.engine.server.deps import Startup, State, current_state
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS
 from dgpp.engine.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -53,7 +55,8 @@ def _card(state: ServerState, name: str) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def list_models(state: State) -> dict[str, Any]:
-    return {"object": "list", "data": [_card(state, name) for name in state.served_model_names]}
+    names = concrete_names(state.served_model_names)
+    return {"object": "list", "data": [_card(state, name) for name in names]}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -68,19 +71,22 @@ async def tokenize(request: TokenizeRequest, state: State) -> dict[str, Any]:
         state.check_model(request.model)
     if (request.prompt is None) == (request.messages is None):
         raise InvalidRequestError("give exactly one of prompt or messages", param="prompt")
+    tokens = await asyncio.to_thread(_tokens, state, request)  # off the event loop
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+
+
+def _tokens(state: ServerState, request: TokenizeRequest) -> list[int]:
     if request.messages is not None:
-        tokens = render(
+        return render(
             state.tokenizer,
             normalise(request.messages, state.template_traits),
             None,
             dict(state.config.default_chat_template_kwargs),
             request.add_generation_prompt,
         )
-    else:
-        tokens = state.tokenizer(
-            request.prompt, add_special_tokens=request.add_special_tokens
-        ).input_ids
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+    return list(
+        state.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens).input_ids
+    )
 
 
 @router.post("/detokenize")

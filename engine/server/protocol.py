@@ -1,27 +1,53 @@
-"""Request bodies of the OpenAI-compatible routes, validated strictly.
+"""Request bodies of the OpenAI-compatible routes.
 
-Unknown fields are refused with the field's name (a silently ignored typo changes results);
-fields OpenAI defines that dgpp accepts without acting on (`user`, `metadata`, `store`, ...) are
-listed so clients that send them keep working.
+Known fields are validated strictly (a wrong type or value is refused, naming the field); unknown
+fields are ignored and logged once (`tolerant`), as vLLM does, so a client that adds a field in
+its next release keeps working.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
+
+from dgpp.engine.server.tolerant import TolerantModel
+
+# Every stop string is matched against the text after each step, and every bias entry touches
+# the logits of each step: both are bounded.
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+MAX_LOGIT_BIAS = 1024
 
 
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def bounded_stops(stops: Any) -> Any:
+    """At most MAX_STOP_STRINGS stop strings of at most MAX_STOP_CHARS characters each."""
+    items = [stops] if isinstance(stops, str) else stops or []
+    if len(items) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
+    for item in items:
+        if len(item) > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+    return stops
 
 
-class StreamOptions(StrictModel):
+StopStrings = Annotated[list[StrictStr], AfterValidator(bounded_stops)]
+
+
+class StreamOptions(TolerantModel):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
 
 
-class SamplingFields(StrictModel):
+class SamplingFields(TolerantModel):
     """Fields shared by chat and text completions (OpenAI's plus vLLM-style extensions)."""
 
     model: StrictStr
@@ -31,18 +57,18 @@ class SamplingFields(StrictModel):
     n: StrictInt = Field(default=1, ge=1, le=16)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: Annotated[StrictStr | list[StrictStr] | None, AfterValidator(bounded_stops)] = None
     seed: StrictInt | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     user: StrictStr | None = None
     # extensions (vLLM names)
     top_k: StrictInt | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: Annotated[list[StrictInt], Field(max_length=MAX_STOP_STRINGS)] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     prefix_cache: StrictBool = True
@@ -88,7 +114,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True
     metadata: dict[str, Any] | None = None
@@ -104,7 +130,7 @@ class CompletionRequest(SamplingFields):
     suffix: StrictStr | None = None
 
 
-class TokenizeRequest(StrictModel):
+class TokenizeRequest(TolerantModel):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
@@ -112,6 +138,6 @@ class TokenizeRequest(StrictModel):
     add_generation_prompt: StrictBool = True
 
 
-class DetokenizeRequest(StrictModel):
+class DetokenizeRequest(TolerantModel):
     model: StrictStr | None = None
     tokens: list[StrictInt]

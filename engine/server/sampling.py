@@ -16,8 +16,9 @@ def resolve_max_tokens(
     param: str,
     prompt_param: str = "prompt",
 ) -> int:
-    """An explicit limit is kept (the engine refuses one that cannot fit); a missing one becomes
-    the server default, capped to what the context leaves after the prompt."""
+    """An explicit limit that fits is kept; one that does not is clamped to what the context
+    leaves after the prompt, or refused, as `max_tokens_policy` says. A missing one becomes the
+    server default, capped to that room. A prompt that leaves no room is always refused."""
     room = state.max_model_len - num_prompt_tokens
     if room < 1:
         raise ContextLengthExceededError(
@@ -26,7 +27,9 @@ def resolve_max_tokens(
             param=prompt_param,
         )
     if requested is not None:
-        if num_prompt_tokens + requested > state.max_model_len:
+        if requested > room and state.config.max_tokens_policy == "clamp":
+            return room
+        if requested > room:
             raise ContextLengthExceededError(
                 f"prompt ({num_prompt_tokens} tokens) plus {param} ({requested}) exceeds this "
                 f"model's context of {state.max_model_len} tokens",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.server.chat_render import TemplateTraits, probe_template
-from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.config import ServerConfig, concrete_names, is_pattern
 from dgpp.engine.server.errors import APIError
 
 
@@ -41,11 +42,16 @@ class ServerState:
 
     @property
     def model_name(self) -> str:
-        return self.served_model_names[0]
+        """The name responses and `/v1/models` report: the first that is not a pattern."""
+        return concrete_names(self.served_model_names)[0]
 
     def check_model(self, name: str | None) -> str:
-        """The reported name for a requested `model`; 404 `model_not_found` for anything else."""
-        if name is None or name in self.served_model_names:
+        """The reported name for a requested `model`; 404 `model_not_found` for anything else.
+        A served name may be a pattern (`claude-*`, or `*` for any name)."""
+        if name is None or any(
+            name == served or (is_pattern(served) and fnmatchcase(name, served))
+            for served in self.served_model_names
+        ):
             return self.model_name
         raise APIError(
             404,

@@ -169,3 +169,28 @@ def test_command_line_speculation_flags_override_the_deployment(tmp_path: Path) 
     assert effective("--spec-depth", "7") == ("ngram", 7)
     path.write_text(json.dumps({"model": "default"}))
     assert effective("--spec", "ngram") == ("ngram", 4)
+
+
+def test_served_name_patterns_and_the_max_tokens_policy_reach_the_server() -> None:
+    deployment = parse_deployment(
+        {"model": "/models/qwen", "http": {"served_model_names": ["claude-*", "*"]}}
+    )
+    server = server_config(deployment)
+    assert server.served_model_names == ("qwen", "claude-*", "*")  # a name to report comes first
+    assert server.max_tokens_policy == "clamp"
+    named = parse_deployment(
+        {"model": "m", "http": {"served_model_names": ["q", "*"], "max_tokens_policy": "reject"}}
+    )
+    assert server_config(named).served_model_names == ("q", "*")
+    assert server_config(named).max_tokens_policy == "reject"
+    with pytest.raises(ConfigError, match="max_tokens_policy"):
+        parse_deployment({"model": "m", "http": {"max_tokens_policy": "truncate"}})
+
+
+def test_serve_flags_set_name_patterns_and_the_max_tokens_policy() -> None:
+    from dgpp.appliance.cli import build_parser
+    from dgpp.appliance.serve_cli import serve_deployment
+
+    flags = ["serve", "--served-model-name", "*", "--max-tokens-policy", "reject"]
+    server = server_config(serve_deployment(build_parser().parse_args(flags)))
+    assert (server.served_model_names, server.max_tokens_policy) == (("default", "*"), "reject")

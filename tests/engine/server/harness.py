@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,29 @@ def running_server(
         thread.join(timeout=10)
         async_engine.stop()
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@contextmanager
+def server_settings(server: RunningServer, **changes: Any) -> Iterator[None]:
+    """Run the block with some `ServerConfig` settings of a running server changed (what the
+    routes read; the keys and limits the app captured at start stay)."""
+    saved = server.state.config
+    server.state.config = replace(saved, **changes)
+    try:
+        yield
+    finally:
+        server.state.config = saved
+
+
+@contextmanager
+def served_names(server: RunningServer, names: tuple[str, ...]) -> Iterator[None]:
+    """Run the block with the server answering to `names` (names or patterns)."""
+    saved = server.state.served_model_names
+    server.state.served_model_names = names
+    try:
+        yield
+    finally:
+        server.state.served_model_names = saved
 
 
 def _wait_for_health(url: str, thread: threading.Thread, timeout: float = 30.0) -> None:

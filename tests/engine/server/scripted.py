@@ -22,6 +22,16 @@ def engine_core(tokenizer: Any) -> SimpleNamespace:
     )
 
 
+class FakeAdmission:
+    """What `AsyncEngine.admit` returns, for fakes that keep no queue."""
+
+    def __init__(self, num_requests: int) -> None:
+        self.remaining = num_requests
+
+    def release(self) -> None:
+        self.remaining = 0
+
+
 class ScriptedEngine:
     """Replays `text` in small, uneven pieces (tags split across them), finishing with 'stop'."""
 
@@ -31,8 +41,8 @@ class ScriptedEngine:
         self.is_running = True
         self.failure = None
 
-    def check_capacity(self, num_requests: int = 1) -> None:
-        del num_requests
+    def admit(self, num_requests: int = 1) -> FakeAdmission:
+        return FakeAdmission(num_requests)
 
     async def generate(
         self,
@@ -40,6 +50,7 @@ class ScriptedEngine:
         params: SamplingParams,
         request_id: str,
         use_prefix_cache: bool = True,
+        admission: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         sizes = [3, 1, 7, 2, 5]
         start, step = 0, 0

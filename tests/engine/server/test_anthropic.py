@@ -174,7 +174,11 @@ def test_strip_volatile_header_removes_only_that_line() -> None:
             "invalid_request_error",
         ),
         (
-            {"model": MODEL, "max_tokens": 100000, "messages": [{"role": "user", "content": "x"}]},
+            {  # the prompt alone is over the context (a max_tokens over it is clamped)
+                "model": MODEL,
+                "max_tokens": 100000,
+                "messages": [{"role": "user", "content": "word " * 2000}],
+            },
             400,
             "invalid_request_error",
         ),

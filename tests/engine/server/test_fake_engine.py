@@ -23,7 +23,7 @@ from dgpp.engine.server.deps import get_state
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.tokenizer import load_tokenizer
 from tests.engine.server.harness import assert_error
-from tests.engine.server.scripted import engine_core
+from tests.engine.server.scripted import FakeAdmission, engine_core
 
 CHAT_BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 COMPLETION_BODY = {"model": "fake", "prompt": "hi", "max_tokens": 8}
@@ -61,9 +61,10 @@ class FakeAsyncEngine:
         self.started: list[str] = []
         self.closed: list[str] = []
 
-    def check_capacity(self, num_requests: int = 1) -> None:
+    def admit(self, num_requests: int = 1) -> FakeAdmission:
         if self.mode == "dead":
             raise EngineFailureError(f"the engine has failed: {self.failure}")
+        return FakeAdmission(num_requests)
 
     async def generate(
         self,
@@ -71,6 +72,7 @@ class FakeAsyncEngine:
         params: SamplingParams,
         request_id: str,
         use_prefix_cache: bool = True,
+        admission: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         self.started.append(request_id)
         try:

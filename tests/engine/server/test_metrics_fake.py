@@ -19,7 +19,7 @@ from dgpp.engine.server.app import attach_state, create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.stats import EngineCounters, EngineStats, PrefixCacheCounters
-from tests.engine.server.scripted import ScriptedEngine
+from tests.engine.server.scripted import FakeAdmission, ScriptedEngine
 
 TEXT = "Hello world!"  # the scripted pieces 3, 1, 7, 1: four tokens
 TOOL_TEXT = 'Let me look.<tool_call>\n{"name": "ls", "arguments": {"path": "/tmp"}}\n</tool_call>'
@@ -67,9 +67,10 @@ class MeteredEngine(ScriptedEngine):
     def stats(self) -> EngineStats:
         return STATS
 
-    def check_capacity(self, num_requests: int = 1) -> None:
+    def admit(self, num_requests: int = 1) -> FakeAdmission:
         if self.mode == "overloaded":
             raise OverloadedError("the server is at its queue limit (0 waiting requests)")
+        return FakeAdmission(num_requests)
 
     async def generate(
         self,
@@ -77,8 +78,9 @@ class MeteredEngine(ScriptedEngine):
         params: SamplingParams,
         request_id: str,
         use_prefix_cache: bool = True,
+        admission: Any = None,
     ) -> AsyncIterator[RequestOutput]:
-        self.check_capacity()
+        self.admit()
         async for output in super().generate(prompt, params, request_id):
             yield replace(output, num_cached_tokens=self.cached_tokens, timings=TIMINGS)
             if self.mode == "fail":
