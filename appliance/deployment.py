@@ -64,6 +64,9 @@ class HttpSection(_Section):
     # generates until the context is full (finish reason length); "reject" refuses it.
     max_tokens_policy: Literal["clamp", "reject"] = "clamp"
     queue_limit: int = Field(256, ge=0)
+    # Responses API answers kept in memory (previous_response_id, GET /v1/responses/{id}).
+    responses_store_size: int = Field(1024, ge=0)
+    responses_store_ttl_s: float = Field(3600.0, gt=0)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     stats_log_interval_s: float = Field(10.0, ge=0.0)
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -225,6 +228,8 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
         max_tokens_policy=http.max_tokens_policy,
         max_body_bytes=http.max_body_bytes,
         queue_limit=http.queue_limit,
+        responses_store_size=http.responses_store_size,
+        responses_store_ttl_s=http.responses_store_ttl_s,
         stats_log_interval_s=http.stats_log_interval_s,
         default_chat_template_kwargs=dict(http.default_chat_template_kwargs),
         generation_config=http.generation_config,

@@ -61,6 +61,10 @@ def to_chat_messages(request: CountTokensRequest) -> list[ChatMessage]:
         if message.role == "assistant":
             out.append(_assistant(message.content, where))
             continue
+        if message.role == "system":
+            text = _blocks_text(message.content, f"{where} system")
+            out.append(ChatMessage(role="system", content=text))
+            continue
         texts: list[str] = []
         for block in message.content:
             if block.type == "tool_result":

@@ -29,7 +29,9 @@ class Block(BaseModel):
 
 
 class AnthropicMessage(TolerantModel):
-    role: Literal["user", "assistant"]
+    # `system` turns inside `messages` are what Claude Code sends for mid-conversation
+    # instructions (beta); they keep their place in the conversation.
+    role: Literal["user", "assistant", "system"]
     content: StrictStr | list[Block]
 
 

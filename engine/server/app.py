@@ -17,6 +17,7 @@ from dgpp.engine.server import (
     completion_routes,
     metrics_routes,
     misc_routes,
+    responses_routes,
 )
 from dgpp.engine.server.body_limit import BodyLimitMiddleware
 from dgpp.engine.server.config import ServerConfig, concrete_names
@@ -69,6 +70,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.include_router(chat_routes.router)
     app.include_router(completion_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(responses_routes.router)
     app.include_router(metrics_routes.router)
     admin_routes.install(app)  # /admin/drain, /admin/undrain and the guard while draining
 

@@ -22,6 +22,9 @@ class ServerConfig:
     max_tokens_policy: str = "clamp"
     max_body_bytes: int = 32 * 1024 * 1024
     queue_limit: int = 256
+    # Responses API answers kept for previous_response_id and GET /v1/responses/{id}.
+    responses_store_size: int = 1024
+    responses_store_ttl_s: float = 3600.0
     keepalive_interval_s: float = 10.0
     stats_log_interval_s: float = 10.0  # the periodic stats log line; 0 turns it off
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)

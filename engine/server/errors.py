@@ -154,8 +154,12 @@ def _validation_error(err: RequestValidationError) -> APIError:
 
 
 def respond(request: Request, err: APIError) -> JSONResponse:
-    """The error response, counted in the app's service metrics when a generation route failed."""
+    """The error response, counted in the app's service metrics when a generation route failed,
+    and logged with its reason (an access log says only the status)."""
     record_error(request.scope, err.status, err.code)
+    log.info(
+        "%d %s on %s %s: %s", err.status, err.code, request.method, request.url.path, err.message
+    )
     return error_response(err, request.url.path)
 
 

@@ -12,6 +12,7 @@ from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.server.chat_render import TemplateTraits, probe_template
 from dgpp.engine.server.config import ServerConfig, concrete_names, is_pattern
 from dgpp.engine.server.errors import APIError
+from dgpp.engine.server.responses_store import ResponseStore
 
 
 @dataclass
@@ -21,9 +22,13 @@ class ServerState:
     served_model_names: tuple[str, ...]
     started_at: float = field(default_factory=time.time)
     template_traits: TemplateTraits = field(init=False)
+    responses: ResponseStore = field(init=False)  # stored Responses API answers
 
     def __post_init__(self) -> None:
         self.template_traits = probe_template(self.tokenizer)
+        self.responses = ResponseStore(
+            self.config.responses_store_size, self.config.responses_store_ttl_s
+        )
 
     @property
     def tokenizer(self) -> Any:

@@ -30,11 +30,16 @@ ANTHROPIC_HEADERS = {
 
 
 def claude_code_body(model: str, **fields: Any) -> dict[str, Any]:
-    """A `/v1/messages` body as Claude Code 2.1 sends it (trimmed: no tools)."""
+    """A `/v1/messages` body shaped as Claude Code 2.1.332 sends it (trimmed: no tools)."""
     return {
         "model": model,
         "max_tokens": 128000,
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hi."}]}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>x"}]},
+            # a mid-conversation system turn (Claude Code 2.1.3xx)
+            {"role": "system", "content": [{"type": "text", "text": "# Environment\n..."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Say hi."}]},
+        ],
         "system": [
             {
                 "type": "text",

@@ -160,7 +160,7 @@ def test_strip_volatile_header_removes_only_that_line() -> None:
             "not_found_error",
         ),
         (
-            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]},
             400,
             "invalid_request_error",
         ),

@@ -106,3 +106,24 @@ def test_a_malformed_keep_is_refused() -> None:
     management = {"edits": [{"type": "clear_thinking_20251015", "keep": {"value": "two"}}]}
     with pytest.raises(InvalidRequestError, match="keep"):
         clear_thinking(to_chat_messages(_history(1)), management)
+
+
+def test_a_system_turn_inside_messages_keeps_its_place() -> None:
+    request = CountTokensRequest.model_validate(
+        {
+            "model": "m",
+            "system": "top",
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "system", "content": [{"type": "text", "text": "later rule"}]},
+                {"role": "user", "content": "b"},
+            ],
+        }
+    )
+    messages = to_chat_messages(request)
+    assert [(m.role, m.content) for m in messages] == [
+        ("system", "top"),
+        ("user", "a"),
+        ("system", "later rule"),
+        ("user", "b"),
+    ]

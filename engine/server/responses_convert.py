@@ -1,0 +1,175 @@
+"""Responses API input -> the chat layer's messages and OpenAI chat tools.
+
+Items: messages (roles `user`, `assistant`, `system`, `developer`; content a string or
+`input_text` / `output_text` parts), `function_call` (joined to the assistant turn before it),
+`function_call_output` (a `tool` message) and `reasoning` (the reasoning of the assistant turn
+that follows). `instructions` become a leading system message of this request only, as OpenAI
+does: they are not carried into the conversation a later `previous_response_id` continues.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dgpp.engine.errors import InvalidRequestError
+from dgpp.engine.server.protocol import ChatMessage
+from dgpp.engine.server.tolerant import note_ignored
+
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
+
+
+def _part_text(part: Any, where: str) -> str:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        raise InvalidRequestError(
+            f"content part type {kind!r} is not supported by this text model", param=where
+        )
+    text = part.get("text", part.get("refusal", ""))
+    if not isinstance(text, str):
+        raise InvalidRequestError("a text part needs a string `text`", param=f"{where}.text")
+    return text
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError("content must be a string or a list of parts", param=where)
+    return "\n".join(_part_text(part, f"{where}.{i}") for i, part in enumerate(content))
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{key} must be a non-empty string", param=f"{where}.{key}")
+    return value
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list):
+        return ""
+    texts = [p.get("text", "") for p in parts if isinstance(p, dict)]
+    return "\n".join(t for t in texts if isinstance(t, str))
+
+
+def to_chat_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
+    """The conversation of a request's `input` (without its `instructions`)."""
+    if isinstance(items, str):
+        return [ChatMessage(role="user", content=items)]
+    out: list[ChatMessage] = []
+    reasoning = ""  # from a reasoning item, for the assistant turn that follows
+    for index, item in enumerate(items):
+        where = f"input.{index}"
+        if not isinstance(item, dict):
+            raise InvalidRequestError("an input item must be an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning = "\n".join(t for t in (reasoning, _reasoning_text(item)) if t)
+        elif kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise InvalidRequestError(
+                    f"role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role"
+                )
+            message = ChatMessage(role=role, content=_text(item.get("content", ""), where))
+            if role == "assistant" and reasoning:
+                message.reasoning_content, reasoning = reasoning, ""
+            out.append(message)
+        elif kind == "function_call":
+            call = {
+                "id": _string(item, "call_id", where),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", where),
+                    "arguments": item.get("arguments") or "{}",
+                },
+            }
+            out.append(_with_call(out, call, reasoning))
+            reasoning = ""
+        elif kind == "function_call_output":
+            call_id = _string(item, "call_id", where)
+            output = _text(item.get("output", ""), f"{where}.output")
+            out.append(ChatMessage(role="tool", content=output, tool_call_id=call_id))
+        else:
+            raise InvalidRequestError(
+                f"input item type {kind!r} is not supported (dgpp takes message, "
+                "function_call, function_call_output and reasoning items)",
+                param=f"{where}.type",
+            )
+    return out
+
+
+def _with_call(out: list[ChatMessage], call: dict[str, Any], reasoning: str) -> ChatMessage:
+    """An assistant turn with `call` added: the assistant message just before it (text, or
+    earlier calls of the same turn) takes it; else a new assistant message. Removes that
+    message from `out`, to be appended again by the caller."""
+    if out and out[-1].role == "assistant":
+        last = out.pop()
+        calls = [c.model_dump() for c in last.tool_calls or []] + [call]
+        return ChatMessage.model_validate(
+            {**last.model_dump(exclude_none=True), "tool_calls": calls}
+        )
+    return ChatMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [call],
+            "reasoning_content": reasoning or None,
+        }
+    )
+
+
+def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("a function tool needs a name", param=f"{where}.name")
+    function = {
+        "name": name,
+        "description": tool.get("description") or "",
+        "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+    }
+    return {"type": "function", "function": function}
+
+
+def to_chat_tools(
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]] | None, dict[str, str]]:
+    """Function tools in the Chat Completions shape, and the namespace of each function that
+    came from a `namespace` tool (its functions are offered by their own names; a call of one
+    is reported with its `namespace`). Other tool types (hosted ones: web search, file search,
+    ...) cannot run here and are left out, logged once by type."""
+    out: list[dict[str, Any]] = []
+    namespaces: dict[str, str] = {}
+    for index, tool in enumerate(tools or []):
+        kind = tool.get("type")
+        where = f"tools.{index}"
+        if kind == "function":
+            out.append(_function(tool, where))
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            for number, inner in enumerate(tool["tools"]):
+                if isinstance(inner, dict) and inner.get("type") == "function":
+                    out.append(_function(inner, f"{where}.tools.{number}"))
+                    namespaces[out[-1]["function"]["name"]] = str(tool.get("name") or "")
+        else:
+            note_ignored("ResponsesRequest.tools", [f"type {kind!r}"])
+    return out or None, namespaces
+
+
+def responses_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
+    """(named function, required) from the Responses API's `tool_choice`."""
+    if tool_choice is None or tool_choice in ("auto", "none"):
+        return None, False
+    if tool_choice == "required":
+        return None, True
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        name = tool_choice.get("name")
+        if isinstance(name, str) and name:
+            return name, True
+    raise InvalidRequestError(
+        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+        param="tool_choice",
+    )
