@@ -14,6 +14,7 @@ from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.grammar import Grammars
 from dgpp.engine.memory_plan import size_kv_pool
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.models.registry import model_class
@@ -56,6 +57,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.tokenizer = load_tokenizer(checkpoint)
         self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
+        self.grammars = Grammars(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.sampling_defaults = load_sampling_defaults(checkpoint)
         self.runner = ModelRunner(
             self.config, model_config, checkpoint, max_model_len, parallel, resident_dir
@@ -183,6 +185,7 @@ class LLMEngine:
             ),
             use_prefix_cache=use_prefix_cache,
             fills_prefix_cache=fills_cache,
+            matcher=self.grammars.matcher(params.grammar) if params.grammar else None,
         )
         self.scheduler.add(request)
         return request

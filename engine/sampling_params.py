@@ -35,6 +35,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    # llguidance grammar text (dgpp.engine.grammar): the output must match it.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         # Accept the list / str forms callers naturally write, store immutable tuples.

@@ -4,8 +4,9 @@ Positions are sampled in depth order: depth 0 of every sampled chunk first (the 
 then depth 1 of the verify rows whose depth-0 token equalled their first draft token, and so on.
 Each request's token at depth `d` is drawn with the history of the tokens it drew before, by the
 same sampler call plain decoding makes, so speculation never changes what is generated (see
-`dgpp.engine.speculative`). Sampling decides; it changes no request: the output processor appends
-what it returns and stops at the first token that finishes the request.
+`dgpp.engine.speculative`). Sampling decides; it changes no request but its grammar matcher (which
+consumes every token drawn): the output processor appends what it returns and stops at the
+first token that finishes the request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dgpp.engine.grammar import consume, mask_rows
 from dgpp.engine.request import Request
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.scheduler import ScheduledChunk, StepPlan
@@ -59,11 +61,15 @@ def sample_step(
         else:
             index = torch.tensor([row.offset + depth for row in alive], device=logits.device)
             part = logits.index_select(0, index)
+        matchers = [row.request.matcher for row in alive]
+        mask_rows(part, matchers)  # nothing to do unless a row's request has a grammar
         result = sampler(part, [_sampler_row(row) for row in alive], generator)
         survivors = []
         for row, token_id, logprobs in zip(alive, result.token_ids, result.logprobs, strict=True):
             row.token_ids.append(token_id)
             row.logprobs.append(logprobs)
+            if row.request.matcher is not None:
+                row.request.matcher = consume(row.request.matcher, token_id, row.request.request_id)
             draft = row.chunk.draft
             if depth < len(draft) and token_id == draft[depth]:
                 survivors.append(row)

@@ -27,6 +27,7 @@ from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.structured import checked, forced_call_grammar
 from dgpp.engine.server.tool_choice import ForcedStart, anthropic_choice, forced_start
 
 router = APIRouter()
@@ -79,9 +80,11 @@ async def messages(
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
     tools = to_openai_tools(request)
-    forced = forced_start(
-        state.tokenizer.chat_template or "", tools, *anthropic_choice(request.tool_choice)
-    )
+    name, required = anthropic_choice(request.tool_choice)
+    forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)
+    # A forced tool's input must match its input_schema (every Anthropic tool is a contract).
+    grammar = forced_call_grammar(tools or [], forced, name, strict=True)
+    grammar = await checked(state, grammar, "tools")
     prompt = await asyncio.to_thread(_prompt, state, request, forced)  # off the event loop
     max_tokens = resolve_max_tokens(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
@@ -95,6 +98,7 @@ async def messages(
         min_p=defaults.min_p or 0.0,
         repetition_penalty=defaults.repetition_penalty or 1.0,
         stop=tuple(request.stop_sequences or ()),
+        grammar=grammar,
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     parser = ResponseParser(state, prompt, tools is not None, forced)

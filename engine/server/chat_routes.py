@@ -30,6 +30,7 @@ from dgpp.engine.server.sampling import (
     sampling_params,
 )
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
 from dgpp.engine.server.tool_choice import ForcedStart, forced_start, openai_choice
 
 router = APIRouter()
@@ -50,9 +51,14 @@ async def chat_completions(
     model = state.check_model(request.model)
     check_unsupported(request)
     tools = request.tools if request.tool_choice != "none" else None
-    forced = forced_start(
-        state.tokenizer.chat_template or "", tools, *openai_choice(request.tool_choice)
-    )
+    name, required = openai_choice(request.tool_choice)
+    forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)
+    if forced is not None:
+        grammar = forced_call_grammar(tools or [], forced, name)
+        grammar = await checked(state, grammar, "tools")
+    else:
+        grammar = format_grammar(request.response_format, "response_format")
+        grammar = await checked(state, grammar, "response_format")
     # Rendering and tokenising a long conversation takes a while: off the event loop.
     prompt = await asyncio.to_thread(_prompt, state, request, tools, forced)
     limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
@@ -65,7 +71,7 @@ async def chat_completions(
     )
     logprobs = chat_logprobs(request)
     params = [
-        sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults)
+        sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults, grammar)
         for i in range(request.n)
     ]
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

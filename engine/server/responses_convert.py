@@ -132,6 +132,8 @@ def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
         "description": tool.get("description") or "",
         "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
     }
+    if tool.get("strict"):
+        function["strict"] = True  # a forced call then follows its parameters (structured)
     return {"type": "function", "function": function}
 
 

@@ -28,6 +28,7 @@ from dgpp.engine.server.responses_output import EventWriter, ResponseHead, outpu
 from dgpp.engine.server.responses_protocol import ResponsesRequest
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
 from dgpp.engine.server.tool_choice import ForcedStart, forced_start
 
 router = APIRouter()
@@ -50,7 +51,7 @@ def _echo(request: ResponsesRequest) -> dict[str, Any]:
         },
         "store": request.store,
         "temperature": request.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
         "tool_choice": request.tool_choice or "auto",
         "tools": request.tools or [],
         "top_p": request.top_p,
@@ -62,11 +63,6 @@ def _echo(request: ResponsesRequest) -> dict[str, Any]:
 def _check_supported(request: ResponsesRequest) -> None:
     if request.background:
         raise InvalidRequestError("background responses are not supported", param="background")
-    kind = ((request.text or {}).get("format") or {}).get("type", "text")
-    if kind != "text":
-        raise InvalidRequestError(
-            f"text.format type {kind!r} is not supported yet", param="text.format"
-        )
 
 
 def _prompt(
@@ -105,9 +101,13 @@ async def create_response(
     tools, namespaces = to_chat_tools(request.tools)
     if request.tool_choice == "none":
         tools = None
-    forced = forced_start(
-        state.tokenizer.chat_template or "", tools, *responses_choice(request.tool_choice)
-    )
+    name, required = responses_choice(request.tool_choice)
+    forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)
+    if forced is not None:
+        grammar = await checked(state, forced_call_grammar(tools or [], forced, name), "tools")
+    else:
+        text_format = (request.text or {}).get("format")
+        grammar = await checked(state, format_grammar(text_format, "text.format"), "text.format")
     effort = request.reasoning.effort if request.reasoning else None
     prompt = await asyncio.to_thread(_prompt, state, messages, tools, forced, effort)
     max_tokens = resolve_max_tokens(
@@ -122,6 +122,7 @@ async def create_response(
         min_p=pick(request.min_p, defaults.min_p, 0.0),
         repetition_penalty=pick(request.repetition_penalty, defaults.repetition_penalty, 1.0),
         seed=request.seed,
+        grammar=grammar,
     )
     head = ResponseHead(model, _echo(request), use_prefix_cache=request.prefix_cache)
     parser = ResponseParser(state, prompt, tools is not None, forced)

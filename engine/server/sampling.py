@@ -67,6 +67,7 @@ def sampling_params(
     logprobs: int | None,
     seed_offset: int = 0,
     defaults: SamplingDefaults | None = None,
+    grammar: str | None = None,
 ) -> SamplingParams:
     """`seed_offset` gives each of `n` choices its own stream from one request seed; settings
     the request leaves out come from `defaults` (the checkpoint's), else the OpenAI defaults."""
@@ -91,6 +92,7 @@ def sampling_params(
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=logprobs,
         skip_special_tokens=request.skip_special_tokens,
+        grammar=grammar,
     )
 
 
@@ -108,11 +110,6 @@ def check_unsupported(request: ChatCompletionRequest | CompletionRequest) -> Non
         if request.best_of is not None and request.best_of != request.n:
             raise InvalidRequestError("best_of other than n is not supported", param="best_of")
     else:
-        fmt = (request.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise InvalidRequestError(
-                f"response_format type {fmt!r} is not supported yet", param="response_format"
-            )
         if request.max_tokens is not None and request.max_completion_tokens is not None:
             raise InvalidRequestError(
                 "set max_tokens or max_completion_tokens, not both", param="max_completion_tokens"

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+from dgpp.engine.grammar import Grammars
 from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.sampling_params import SamplingParams
@@ -19,6 +20,7 @@ def engine_core(tokenizer: Any) -> SimpleNamespace:
         model_config=SimpleNamespace(vocab_size=49152),
         config=SimpleNamespace(max_concurrency=4),
         sampling_defaults=SamplingDefaults(),
+        grammars=Grammars(tokenizer, 49152, (2,)),
     )
 
 

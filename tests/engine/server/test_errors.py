@@ -160,7 +160,11 @@ def test_value_constraint_errors_are_coded_invalid_value(
     [
         ({"top_logprobs": 2}, "top_logprobs"),  # top_logprobs without logprobs
         ({"max_tokens": 2, "max_completion_tokens": 2}, "max_completion_tokens"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "response_format",
+        ),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": 500.0}}, "logit_bias"),
         ({"stop": [""]}, "stop"),
