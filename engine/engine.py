@@ -21,6 +21,7 @@ from dgpp.engine.models.registry import model_class
 from dgpp.engine.output_processor import OutputProcessor
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
+from dgpp.engine.reasoning_budget import ReasoningBudget
 from dgpp.engine.request import FinishReason, Request, RequestOutput
 from dgpp.engine.sampler import Sampler
 from dgpp.engine.sampling_defaults import load_sampling_defaults
@@ -186,6 +187,9 @@ class LLMEngine:
             use_prefix_cache=use_prefix_cache,
             fills_prefix_cache=fills_cache,
             matcher=self.grammars.matcher(params.grammar) if params.grammar else None,
+            reasoning=ReasoningBudget(params.reasoning_budget, params.reasoning_end)
+            if params.reasoning_budget is not None
+            else None,
         )
         self.scheduler.add(request)
         return request

@@ -110,11 +110,11 @@ class Grammars:
 def mask_rows(logits: torch.Tensor, matchers: list[Any]) -> None:
     """Mask, in place, row i of `logits` [len(matchers), V] to what matcher i allows (None:
     leave the row alone)."""
-    import llguidance.torch as lltorch
-
     rows = [i for i, matcher in enumerate(matchers) if matcher is not None]
     if not rows:
         return
+    import llguidance.torch as lltorch
+
     bitmask = lltorch.allocate_token_bitmask(len(rows), logits.shape[1])
     for slot, row in enumerate(rows):
         lltorch.fill_next_token_bitmask(matchers[row], bitmask, slot)

@@ -51,6 +51,7 @@ class Request:
     use_prefix_cache: bool = True  # the request may read (and fill) the prefix cache
     fills_prefix_cache: bool = True  # its computed blocks are offered to the prefix cache
     matcher: Any = None  # the llguidance matcher of params.grammar, on rank 0
+    reasoning: Any = None  # its ReasoningBudget when params.reasoning_budget is set
     arrival_time: float = field(default_factory=time.monotonic)
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

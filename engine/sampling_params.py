@@ -37,6 +37,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # llguidance grammar text (dgpp.engine.grammar): the output must match it.
     grammar: str | None = None
+    # At most this many tokens of reasoning (the output starts in a reasoning block that
+    # `reasoning_end` closes): dgpp.engine.reasoning_budget.
+    reasoning_budget: int | None = None
+    reasoning_end: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # Accept the list / str forms callers naturally write, store immutable tuples.
@@ -45,6 +49,7 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        object.__setattr__(self, "reasoning_end", tuple(self.reasoning_end or ()))
         self._validate()
 
     @property
@@ -99,6 +104,16 @@ class SamplingParams:
                     "stop_token_ids",
                     f"stop token ids must be non-negative integers, got {token_id!r}",
                 )
+        if self.reasoning_budget is not None and (
+            isinstance(self.reasoning_budget, bool)
+            or not isinstance(self.reasoning_budget, int)
+            or self.reasoning_budget < 0
+            or not self.reasoning_end
+        ):
+            fail(
+                "reasoning_budget",
+                "reasoning_budget must be a non-negative integer, with the reasoning_end ids",
+            )
         for token_id, bias in (self.logit_bias or {}).items():
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
                 fail("logit_bias", f"logit_bias keys must be token ids, got {token_id!r}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.grammar import consume, mask_rows
+from dgpp.engine.reasoning_budget import force_rows
 from dgpp.engine.request import Request
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from dgpp.engine.scheduler import ScheduledChunk, StepPlan
@@ -61,8 +62,8 @@ def sample_step(
         else:
             index = torch.tensor([row.offset + depth for row in alive], device=logits.device)
             part = logits.index_select(0, index)
-        matchers = [row.request.matcher for row in alive]
-        mask_rows(part, matchers)  # nothing to do unless a row's request has a grammar
+        mask_rows(part, [row.request.matcher for row in alive])  # rows with a grammar only
+        force_rows(part, [_forced(row) for row in alive])  # rows over their reasoning budget
         result = sampler(part, [_sampler_row(row) for row in alive], generator)
         survivors = []
         for row, token_id, logprobs in zip(alive, result.token_ids, result.logprobs, strict=True):
@@ -70,12 +71,21 @@ def sample_step(
             row.logprobs.append(logprobs)
             if row.request.matcher is not None:
                 row.request.matcher = consume(row.request.matcher, token_id, row.request.request_id)
+            if row.request.reasoning is not None:
+                row.request.reasoning.advance(token_id)
             draft = row.chunk.draft
             if depth < len(draft) and token_id == draft[depth]:
                 survivors.append(row)
         alive = survivors
         depth += 1
     return rows
+
+
+def _forced(row: SampledRow) -> int | None:
+    budget = row.request.reasoning
+    if budget is None:
+        return None
+    return budget.forced(len(row.request.output_token_ids) + len(row.token_ids))
 
 
 def _sampler_row(row: SampledRow) -> SamplerRow:

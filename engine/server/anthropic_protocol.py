@@ -45,7 +45,7 @@ class AnthropicTool(BaseModel):
 class ThinkingConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: StrictInt | None = None
+    budget_tokens: StrictInt | None = Field(default=None, ge=0)
 
 
 class OutputConfig(TolerantModel):

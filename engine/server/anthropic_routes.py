@@ -23,7 +23,7 @@ from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
-from dgpp.engine.server.parsing import ResponseParser
+from dgpp.engine.server.parsing import THINK_CLOSE, ResponseParser
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
@@ -52,6 +52,21 @@ def _prompt(
 async def count_tokens(request: CountTokensRequest, state: State) -> dict[str, int]:
     state.check_model(request.model)
     return {"input_tokens": len(await asyncio.to_thread(_prompt, state, request))}
+
+
+def _reasoning_budget(
+    state: ServerState, request: MessagesRequest, parser: ResponseParser, grammar: str | None
+) -> dict[str, Any]:
+    """`thinking.budget_tokens` as a cap on reasoning tokens, where they can be counted: the
+    prompt opened the reasoning block, so the output starts in it (and no grammar constrains
+    the output already)."""
+    thinking = request.thinking
+    if thinking is None or thinking.type == "disabled" or thinking.budget_tokens is None:
+        return {}
+    if not parser.starts_in_reasoning or grammar is not None:
+        return {}
+    end = state.tokenizer(THINK_CLOSE, add_special_tokens=False).input_ids
+    return {"reasoning_budget": thinking.budget_tokens, "reasoning_end": tuple(end)}
 
 
 def _stop_reason(completion: CompletionOutput, has_tool_calls: bool) -> tuple[str, str | None]:
@@ -90,6 +105,7 @@ async def messages(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
     defaults = state.sampling_defaults
+    parser = ResponseParser(state, prompt, tools is not None, forced)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=pick(request.temperature, defaults.temperature, 1.0),
@@ -99,9 +115,9 @@ async def messages(
         repetition_penalty=defaults.repetition_penalty or 1.0,
         stop=tuple(request.stop_sequences or ()),
         grammar=grammar,
+        **_reasoning_budget(state, request, parser, grammar),
     )
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
-    parser = ResponseParser(state, prompt, tools is not None, forced)
     if request.stream:
         admission = state.engine.admit()  # refused with a status code, or room held
         events = _stream(state, tracker, prompt, params, message_id, model, parser, admission)

@@ -8,6 +8,7 @@ from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.tool_choice import HERMES_CLOSE, ForcedStart
 
 THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 
 
 class ResponseParser:
@@ -23,10 +24,12 @@ class ResponseParser:
         template = state.tokenizer.chat_template or ""
         reasoning = THINK_OPEN in template
         tail = state.tokenizer.decode(prompt[-4:]) if reasoning and forced is None else ""
+        # The output starts inside a reasoning block the prompt opened (Qwen3 thinking on).
+        self.starts_in_reasoning = tail.rstrip("\n").endswith(THINK_OPEN)
         self.parser = OutputParser(
             reasoning=reasoning,
             tools=tools_enabled or forced is not None,
-            starts_in_reasoning=tail.rstrip("\n").endswith(THINK_OPEN),
+            starts_in_reasoning=self.starts_in_reasoning,
         )
         self.forced = forced
         self._pending = self.parser.feed(forced.text) if forced is not None else ParsedDelta()

@@ -159,19 +159,3 @@ def to_chat_tools(
         else:
             note_ignored("ResponsesRequest.tools", [f"type {kind!r}"])
     return out or None, namespaces
-
-
-def responses_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
-    """(named function, required) from the Responses API's `tool_choice`."""
-    if tool_choice is None or tool_choice in ("auto", "none"):
-        return None, False
-    if tool_choice == "required":
-        return None, True
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = tool_choice.get("name")
-        if isinstance(name, str) and name:
-            return name, True
-    raise InvalidRequestError(
-        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
-        param="tool_choice",
-    )

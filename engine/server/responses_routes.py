@@ -23,13 +23,13 @@ from dgpp.engine.server.output_parser import ParsedDelta
 from dgpp.engine.server.parsing import ResponseParser
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.responses_convert import responses_choice, to_chat_messages, to_chat_tools
+from dgpp.engine.server.responses_convert import to_chat_messages, to_chat_tools
 from dgpp.engine.server.responses_output import EventWriter, ResponseHead, output_items, usage
 from dgpp.engine.server.responses_protocol import ResponsesRequest
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
-from dgpp.engine.server.tool_choice import ForcedStart, forced_start
+from dgpp.engine.server.tool_choice import ForcedStart, forced_start, openai_choice
 
 router = APIRouter()
 
@@ -101,7 +101,7 @@ async def create_response(
     tools, namespaces = to_chat_tools(request.tools)
     if request.tool_choice == "none":
         tools = None
-    name, required = responses_choice(request.tool_choice)
+    name, required = openai_choice(request.tool_choice)
     forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)
     if forced is not None:
         grammar = await checked(state, forced_call_grammar(tools or [], forced, name), "tools")

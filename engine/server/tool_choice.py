@@ -49,13 +49,15 @@ def forced_start(
 
 
 def openai_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
-    """(named function, required) from OpenAI's `tool_choice`."""
+    """(named function, required) from OpenAI's `tool_choice`: Chat Completions names the
+    function as `{"type": "function", "function": {"name": ...}}`, the Responses API as
+    `{"type": "function", "name": ...}`."""
     if tool_choice is None or tool_choice in ("auto", "none"):
         return None, False
     if tool_choice == "required":
         return None, True
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
         if isinstance(name, str) and name:
             return name, True
     raise InvalidRequestError(

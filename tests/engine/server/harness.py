@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -20,6 +21,15 @@ from dgpp.engine.engine import LLMEngine
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
+
+
+def linked_checkpoint(source: Path, folder: Path, chat_template: str) -> Path:
+    """`source`'s weights and tokenizer (linked, not copied) behind another chat template."""
+    for item in source.iterdir():
+        if item.name != "chat_template.jinja":
+            os.symlink(item, folder / item.name)
+    (folder / "chat_template.jinja").write_text(chat_template)
+    return folder
 
 
 def free_port() -> int:

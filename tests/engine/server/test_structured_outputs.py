@@ -6,7 +6,6 @@ on the same weights behind a chat template that writes `<tool_call>` blocks."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,12 @@ import openai
 import pytest
 
 from tests.engine.server.conftest import DEFAULT_ENGINE, MODEL
-from tests.engine.server.harness import RunningServer, assert_error, running_server
+from tests.engine.server.harness import (
+    RunningServer,
+    assert_error,
+    linked_checkpoint,
+    running_server,
+)
 
 CHAT = "/v1/chat/completions"
 PERSON = {
@@ -157,11 +161,7 @@ def tool_server(
     default_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """The default model's weights (linked, not copied) behind a template with tool calls."""
-    folder = tmp_path_factory.mktemp("smollm-tools")
-    for item in default_checkpoint.iterdir():
-        if item.name != "chat_template.jinja":
-            os.symlink(item, folder / item.name)
-    (folder / "chat_template.jinja").write_text(TOOL_TEMPLATE)
+    folder = linked_checkpoint(default_checkpoint, tmp_path_factory.mktemp("tools"), TOOL_TEMPLATE)
     with running_server(folder, ("tools",), DEFAULT_ENGINE) as server:
         yield server
 
