@@ -40,6 +40,11 @@ class EngineSection(_Section):
     max_model_len: int | None = Field(None, ge=1)
     max_concurrency: int = Field(64, ge=1)
     prefill_chunk_tokens: int = Field(512, ge=1)
+    # The interactive step policy (docs/engine.md): short prompts first, the oldest long one
+    # keeps a share of the budget, steps stay near a target time while streams decode.
+    short_prompt_tokens: int = Field(256, ge=1)
+    long_prefill_share: float = Field(0.25, gt=0.0, le=1.0)
+    step_target_ms: float = 0.0  # 0: twice the decode-only step; negative: unbounded
     prefill_precision: Literal["fp32", "model"] = "fp32"
     prefix_cache: bool = True
     prefix_min_tokens: int = Field(1024, ge=0)

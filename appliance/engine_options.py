@@ -17,7 +17,29 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     group.add_argument("--max-model-len", type=int, default=None, help="per-request context limit")
     group.add_argument("--max-concurrency", type=int, default=None)
-    group.add_argument("--prefill-chunk-tokens", type=int, default=None)
+    group.add_argument(
+        "--prefill-chunk-tokens", type=int, default=None, help="prompt tokens per step (512)"
+    )
+    group.add_argument(
+        "--short-prompt-tokens",
+        type=int,
+        default=None,
+        help="prompts with at most this many tokens left go before long ones (256)",
+    )
+    group.add_argument(
+        "--long-prefill-share",
+        type=float,
+        default=None,
+        help="share of a step's prompt budget the oldest long prompt keeps while short ones "
+        "are served (0.25)",
+    )
+    group.add_argument(
+        "--step-target-ms",
+        type=float,
+        default=None,
+        help="while streams decode, steps with prompt work stay near this time (0, the "
+        "default: twice the decode-only step; negative: unbounded)",
+    )
     group.add_argument("--prefill-precision", choices=["fp32", "model"], default=None)
     group.add_argument(
         "--no-prefix-cache",
@@ -90,6 +112,9 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len",
         "max_concurrency",
         "prefill_chunk_tokens",
+        "short_prompt_tokens",
+        "long_prefill_share",
+        "step_target_ms",
         "prefill_precision",
         "prefix_cache",
         "prefix_min_tokens",

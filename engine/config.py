@@ -184,6 +184,13 @@ class EngineConfig:
     max_model_len: int | None = None
     max_concurrency: int = 64
     prefill_chunk_tokens: int = 512
+    # The interactive step policy (dgpp.engine.step_policy): prompts with at most this many
+    # tokens left go first; the oldest long prompt keeps this share of the budget while they
+    # wait; steps with prompt work stay near this time while streams decode (0: twice the
+    # decode-only step; negative: unbounded).
+    short_prompt_tokens: int = 256
+    long_prefill_share: float = 0.25
+    step_target_ms: float = 0.0
     prefix_cache: bool = True
     prefix_min_tokens: int = 1024
     seed: int | None = None
@@ -207,7 +214,17 @@ class EngineConfig:
             raise ConfigError(
                 f"prefill_precision must be 'fp32' or 'model', got {self.prefill_precision!r}"
             )
-        for name in ("kv_capacity", "block_size", "max_concurrency", "prefill_chunk_tokens"):
+        if not 0.0 < self.long_prefill_share <= 1.0:
+            raise ConfigError(
+                f"long_prefill_share must be in (0, 1], got {self.long_prefill_share!r}"
+            )
+        for name in (
+            "kv_capacity",
+            "block_size",
+            "max_concurrency",
+            "prefill_chunk_tokens",
+            "short_prompt_tokens",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
 from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.stats import EngineCounters, EngineStats
+from dgpp.engine.step_policy import StepPolicy
 from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
 
 
@@ -92,6 +94,12 @@ class LLMEngine:
             config.prefill_chunk_tokens,
             self.counters,
             proposer,
+            StepPolicy(
+                prefill_chunk_tokens=config.prefill_chunk_tokens,
+                short_prompt_tokens=config.short_prompt_tokens,
+                long_prefill_share=config.long_prefill_share,
+                step_target_ms=config.step_target_ms,
+            ),
         )
         self.processor = OutputProcessor(
             self.scheduler,
@@ -214,8 +222,11 @@ class LLMEngine:
         message = self.runner.message(plan)  # ids, new tokens, block-table changes
         if self.control is not None:
             self.control.send(Command.STEP, message)  # every rank, same forward
+        started = time.perf_counter()
         logits = self.runner.execute(message)  # [plan.num_sampled, padded_vocab]
-        return outputs + self.processor.update(plan, logits)
+        outputs += self.processor.update(plan, logits)
+        self.scheduler.observe(plan, time.perf_counter() - started)  # the step-time bound
+        return outputs
 
     def stats(self) -> EngineStats:
         """A snapshot of the counters and queues, safe to hand to another thread."""

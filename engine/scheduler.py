@@ -1,11 +1,12 @@
-"""Continuous batching with chunked prefill.
+"""Continuous batching with chunked prefill, under the interactive step policy.
 
-Each step the scheduler plans decode rows for every running request that has finished its prompt
-(a verify row of its last token and a draft, when speculative decoding proposes one), then spends
-a prompt-token budget (`prefill_chunk_tokens`) on prompts in arrival order, so a long prompt
-advances in chunks while decodes keep running. When the pool runs out of blocks, the newest
-running request is preempted (its blocks freed, to be recomputed later): the oldest request can
-always progress, because admission refused any request that could not fit the pool alone.
+Each step the scheduler plans a decode row for every running request that has finished its
+prompt (a verify row of its last token and a draft, when speculative decoding proposes one),
+then shares a prompt-token budget among prompts as `step_policy` says: short prompts first, the
+oldest long prompt always advancing, new requests admitted every step. When the pool runs out of
+blocks, the newest running request not yet in the plan is preempted (its blocks freed, to be
+recomputed later), never an older one for a newer one: the oldest request can always progress,
+because admission refused any request that could not fit the pool alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
 from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.stats import EngineCounters
+from dgpp.engine.step_policy import StepPolicy, StepTimes
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,11 @@ class Scheduler:
         prefill_chunk_tokens: int,
         counters: EngineCounters | None = None,
         proposer: NgramProposer | None = None,
+        policy: StepPolicy | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.policy = policy or StepPolicy(prefill_chunk_tokens=prefill_chunk_tokens)
+        self.times = StepTimes()
         self.proposer = proposer
         self.max_concurrency = max_concurrency
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -118,14 +123,14 @@ class Scheduler:
         decodes: list[ScheduledChunk] = []  # verify rows included
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
-        budget = self.prefill_chunk_tokens
+        amounts = self._prompt_amounts()
         index = 0
         # Oldest first; preemption takes from the tail, so it never touches a planned request.
         while index < len(self.running):
             request = self.running[index]
             pending = request.num_pending_tokens
             is_decode = pending == 1
-            num_tokens = 1 if is_decode else min(pending, budget)
+            num_tokens = 1 if is_decode else amounts.get(id(request), 0)
             if num_tokens == 0:
                 index += 1
                 continue
@@ -137,41 +142,56 @@ class Scheduler:
             if not self._allocate_or_preempt(request, num_tokens, preempted):
                 break  # `request` itself was preempted; everything newer already was
             chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
-            if is_decode:
-                decodes.append(chunk)
-            else:
-                prefills.append(chunk)
-                budget -= num_tokens
+            (decodes if is_decode else prefills).append(chunk)
             index += 1
-        # Admit new requests only when nothing had to be preempted this step.
-        while (
-            not preempted
-            and self.waiting
-            and budget > 0
-            and len(self.running) < self.max_concurrency
-        ):
-            request = self.waiting[0]
-            hit_tokens = 0
-            if not request.block_table:
-                hit_tokens = self.block_manager.match_prefix(request)  # cached: no budget
-            num_tokens = min(request.num_pending_tokens, budget)
-            if not self.block_manager.allocate_slots(request, num_tokens):
-                self.block_manager.free(request)  # let go of the matched prefix while waiting
-                break  # head-of-line waits for blocks; arrival order is kept
-            self.waiting.popleft()
-            if request.first_scheduled_time is None:
-                self._count_admission(request, hit_tokens)
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+        # Admission, every step unless this one had to preempt: in the policy's order, and a
+        # request waiting for blocks is not overtaken by one the policy puts after it.
+        for request in [r for r in self._admission_order() if id(r) in amounts]:
+            if preempted:
+                break
+            chunk = self._admit(request, amounts[id(request)])
+            if chunk is None:
+                break
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
-            budget -= num_tokens
         chunks = tuple(decodes + prefills)
         finished: tuple[int, ...] = ()
         if chunks:  # an empty plan is not sent: the next one carries these
             finished = tuple(self._finished_seq_ids)
             self._finished_seq_ids.clear()
         return StepPlan(chunks, len(decodes), tuple(preempted), finished)
+
+    def observe(self, plan: StepPlan, seconds: float) -> None:
+        """What the step of `plan` took (the step-time bound learns from it)."""
+        self.times.observe(seconds, plan.num_tokens - plan.num_decodes, plan.num_decodes)
+
+    def _admission_order(self) -> list[Request]:
+        """The waiting requests that may start this step (free concurrency slots), in the
+        policy's order."""
+        slots = max(self.max_concurrency - len(self.running), 0)
+        return self.policy.order([], list(self.waiting))[:slots]
+
+    def _prompt_amounts(self) -> dict[int, int]:
+        """Prompt tokens each prompt may compute this step (by request id), as the policy
+        shares the budget among running prompts and the waiting requests that may start."""
+        has_decodes = any(r.num_pending_tokens == 1 for r in self.running)
+        budget = self.policy.budget(self.times, has_decodes)
+        running = [r for r in self.running if r.num_pending_tokens > 1]
+        return self.policy.share(budget, running, self._admission_order())
+
+    def _admit(self, request: Request, num_tokens: int) -> ScheduledChunk | None:
+        hit_tokens = 0
+        if not request.block_table:
+            hit_tokens = self.block_manager.match_prefix(request)  # cached: no budget
+        num_tokens = min(request.num_pending_tokens, num_tokens)
+        if not self.block_manager.allocate_slots(request, num_tokens):
+            self.block_manager.free(request)  # let go of the matched prefix while waiting
+            return None
+        self.waiting.remove(request)
+        if request.first_scheduled_time is None:
+            self._count_admission(request, hit_tokens)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return ScheduledChunk(request, request.num_computed_tokens, num_tokens)
 
     def _verify_row(self, request: Request, reserve: int) -> ScheduledChunk | None:
         """The request's last token and a draft after it, when one is proposed and its slots

@@ -23,6 +23,13 @@ KNOBS: tuple[tuple[str, str, str], ...] = (
     ("engine.max_model_len", "Max context", "tokens per request; empty: the model's own limit"),
     ("engine.prefill_precision", "Prefill precision", "fp32 is exact; model is faster"),
     ("engine.prefill_chunk_tokens", "Prefill chunk", "prompt tokens computed per step"),
+    ("engine.short_prompt_tokens", "Short prompt", "prompts this short go before long ones"),
+    (
+        "engine.long_prefill_share",
+        "Long prefill share",
+        "budget share the oldest long prompt keeps",
+    ),
+    ("engine.step_target_ms", "Step target (ms)", "0: twice a decode step; negative: unbounded"),
     ("engine.max_concurrency", "Max concurrency", "requests in the running batch"),
     ("http.queue_limit", "Queue limit", "waiting requests before 503 overloaded"),
     ("engine.prefix_cache", "Prefix cache", "reuse the KV of shared prompt prefixes"),

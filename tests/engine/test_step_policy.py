@@ -1,0 +1,99 @@
+"""The interactive step policy: a short prompt arriving during a long prefill runs in the next
+step, a long prompt under a steady stream of short ones still finishes in bounded time, the
+step budget shrinks to a target step time while streams decode, and greedy outputs do not
+change (tiny random-weight model, with the prefix cache, speculative decoding and preemption)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.step_policy import StepPolicy, StepTimes
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.test_scheduler import Simulation, chunk_summary
+
+
+def _sim(budget: int, short: int, share: float = 0.25, blocks: int = 256) -> Simulation:
+    sim = Simulation(num_blocks=blocks, block_size=4, prefill_chunk_tokens=budget)
+    sim.scheduler.policy = StepPolicy(budget, short, share)
+    return sim
+
+
+def test_a_short_prompt_arriving_during_a_long_prefill_runs_in_the_next_step() -> None:
+    sim = _sim(budget=16, short=8)
+    sim.add("long", 200, num_outputs=2)
+    assert chunk_summary(sim.step()) == [("long", 0, 16)]
+    sim.add("short", 5, num_outputs=3)
+    # The short prompt whole, at once; the long one keeps advancing with the rest.
+    assert sorted(chunk_summary(sim.step())) == [("long", 16, 11), ("short", 0, 5)]
+    plan = sim.step()  # the short one decodes; the long prefill takes the whole budget again
+    assert sorted(chunk_summary(plan)) == [("long", 27, 16), ("short", 5, 1)]
+
+
+def test_the_oldest_long_prompt_keeps_its_share_under_steady_short_traffic() -> None:
+    budget, share = 16, 0.25
+    sim = _sim(budget=budget, short=8, share=share, blocks=4096)
+    sim.add("long", 400, num_outputs=1)
+    long_request = sim.scheduler.waiting[0]
+    steps = 0
+    while long_request in sim.scheduler.requests.values():  # until its one token is sampled
+        for index in range(3):  # more short work arrives than the budget could ever serve
+            sim.add(f"s{steps}-{index}", 8, num_outputs=2)
+        sim.step()
+        steps += 1
+        assert steps < 1000
+    assert steps <= math.ceil(400 / math.ceil(budget * share)) + 1  # bounded by the share
+
+
+def test_a_budget_too_small_to_share_goes_to_the_older_prompt() -> None:
+    sim = _sim(budget=1, short=4)
+    sim.add("long", 20, num_outputs=1)
+    sim.step()
+    sim.add("short", 3, num_outputs=1)
+    assert chunk_summary(sim.step()) == [("long", 1, 1)]  # the long one is older
+
+
+def test_the_budget_shrinks_to_the_step_target_while_streams_decode() -> None:
+    times = StepTimes()
+    for _ in range(10):
+        times.observe(0.020, num_prompt_tokens=0, num_decodes=4)  # 20 ms decode-only steps
+        times.observe(0.020 + 0.001 * 512, num_prompt_tokens=512, num_decodes=4)  # 1 ms/token
+    policy = StepPolicy(prefill_chunk_tokens=512)
+    assert policy.budget(times, has_decodes=False) == 512  # nobody waits on a token
+    assert policy.budget(times, has_decodes=True) == 20  # (2 x 20 ms - 20 ms) / 1 ms
+    assert StepPolicy(512, step_target_ms=120).budget(times, has_decodes=True) == 100
+    assert StepPolicy(512, step_target_ms=-1).budget(times, has_decodes=True) == 512
+    assert StepPolicy(512, step_target_ms=21).budget(times, has_decodes=True) == 16  # a floor
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), tokenizer_dir, "LlamaForCausalLM")
+
+
+@pytest.mark.parametrize("speculative", ["off", "ngram"])
+def test_greedy_outputs_do_not_change_with_the_policy(checkpoint: Path, speculative: str) -> None:
+    shared = list(range(400, 440))  # a common prefix: the prefix cache serves later requests
+    prompts = [shared + list(range(600, 700)), [5, 6, 7], shared + [9, 9, 9], list(range(50, 62))]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    knobs = {"block_size": 4, "prefix_min_tokens": 8, "speculative": speculative}
+    alone = [
+        list(
+            LLM(str(checkpoint), kv_capacity=1024, **knobs)
+            .generate([p], params)[0]
+            .outputs[0]
+            .token_ids
+        )
+        for p in prompts
+    ]
+    # A small pool (preemption), a small budget and a short-prompt threshold that splits them.
+    llm = LLM(
+        str(checkpoint), kv_capacity=192, prefill_chunk_tokens=16, short_prompt_tokens=16, **knobs
+    )
+    together = llm.generate(prompts, params)
+    assert [list(o.outputs[0].token_ids) for o in together] == alone
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.block_manager.num_used_blocks == 0
