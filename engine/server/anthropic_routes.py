@@ -28,7 +28,12 @@ from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar
-from dgpp.engine.server.tool_choice import ForcedStart, anthropic_choice, forced_start
+from dgpp.engine.server.tool_choice import (
+    ForcedStart,
+    anthropic_choice,
+    forced_start,
+    with_forced_start,
+)
 
 router = APIRouter()
 
@@ -43,9 +48,7 @@ def _prompt(
     )
     messages = normalise(to_chat_messages(request), state.template_traits)
     prompt = render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
-    if forced is not None:
-        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
-    return prompt
+    return with_forced_start(state.tokenizer, prompt, forced)
 
 
 @router.post("/v1/messages/count_tokens")

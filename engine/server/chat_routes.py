@@ -31,7 +31,12 @@ from dgpp.engine.server.sampling import (
 )
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
-from dgpp.engine.server.tool_choice import ForcedStart, forced_start, openai_choice
+from dgpp.engine.server.tool_choice import (
+    ForcedStart,
+    forced_start,
+    openai_choice,
+    with_forced_start,
+)
 
 router = APIRouter()
 
@@ -152,9 +157,7 @@ def _prompt(
         _template_kwargs(state, request),
         request.add_generation_prompt,
     )
-    if forced is not None:
-        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
-    return prompt
+    return with_forced_start(state.tokenizer, prompt, forced)
 
 
 def _finish_reason(completion: CompletionOutput, num_tool_calls: int) -> str | None:

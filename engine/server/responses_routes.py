@@ -29,7 +29,12 @@ from dgpp.engine.server.responses_protocol import ResponsesRequest
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
-from dgpp.engine.server.tool_choice import ForcedStart, forced_start, openai_choice
+from dgpp.engine.server.tool_choice import (
+    ForcedStart,
+    forced_start,
+    openai_choice,
+    with_forced_start,
+)
 
 router = APIRouter()
 
@@ -76,9 +81,7 @@ def _prompt(
     prompt = render(
         state.tokenizer, normalise(messages, state.template_traits), tools, kwargs, True
     )
-    if forced is not None:
-        prompt += state.tokenizer(forced.text, add_special_tokens=False).input_ids
-    return prompt
+    return with_forced_start(state.tokenizer, prompt, forced)
 
 
 @router.post("/v1/responses", response_model=None)

@@ -20,6 +20,13 @@ class ForcedStart:
     closing: str  # fed to the parser at the end when the model stopped without writing it
 
 
+def with_forced_start(tokenizer: Any, prompt: list[int], forced: ForcedStart | None) -> list[int]:
+    """The rendered prompt followed by the forced tool-call opening, if any."""
+    if forced is None:
+        return prompt
+    return prompt + list(tokenizer(forced.text, add_special_tokens=False).input_ids)
+
+
 def tool_names(tools: list[dict[str, Any]]) -> list[str]:
     return [str((tool.get("function") or tool).get("name", "")) for tool in tools]
 
