@@ -108,6 +108,7 @@ class OutputProcessor:
                 first_token=request.first_token_time,
                 finished=request.finished_time,
             ),
+            prompt_class=request.prompt_class,
         )
 
     def _take(self, row: SampledRow) -> int:
@@ -161,3 +162,8 @@ class OutputProcessor:
         else:
             cache.ttft_miss_sum_s += ttft
             cache.ttft_miss_count += 1
+        latency = self.counters.prompt_classes.get(request.prompt_class or "")
+        if latency is not None and request.first_scheduled_time is not None:
+            latency.queue_sum_s += request.first_scheduled_time - request.arrival_time
+            latency.ttft_sum_s += ttft
+            latency.count += 1

@@ -65,6 +65,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    prompt_class: str | None = None  # "short" or "long", by the prefill it needed (admission)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
     spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)
@@ -132,3 +133,4 @@ class RequestOutput:
     num_new_tokens: int = 0
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
+    prompt_class: str | None = None  # "short" / "long": see `Request.prompt_class`

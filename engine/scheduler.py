@@ -224,6 +224,9 @@ class Scheduler:
     def _count_admission(self, request: Request, hit_tokens: int) -> None:
         request.first_scheduled_time = time.monotonic()
         request.num_cached_tokens = hit_tokens
+        # The policy's own rule, on the prefill left after the cache hit: a cached agent turn
+        # with a short new tail is a short prompt.
+        request.prompt_class = "short" if self.policy.is_short(request) else "long"
         self.counters.prompt_tokens_total += request.num_prompt_tokens
         cache = self.counters.prefix_cache
         if request.use_prefix_cache and self.block_manager.cache.enabled:

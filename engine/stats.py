@@ -26,6 +26,23 @@ class PrefixCacheCounters:
 
 
 @dataclass
+class ClassLatency:
+    """Queue time (arrival to first scheduled) and TTFT sums of the requests of one prompt
+    class that produced a first token (rank 0)."""
+
+    queue_sum_s: float = 0.0
+    ttft_sum_s: float = 0.0
+    count: int = 0
+
+
+PROMPT_CLASSES = ("short", "long")
+
+
+def _class_latencies() -> dict[str, ClassLatency]:
+    return {name: ClassLatency() for name in PROMPT_CLASSES}
+
+
+@dataclass
 class EngineCounters:
     """Cumulative engine counters, updated only by the engine thread."""
 
@@ -37,6 +54,8 @@ class EngineCounters:
     num_preemptions: int = 0
     prefix_cache: PrefixCacheCounters = field(default_factory=PrefixCacheCounters)
     spec_decode: SpecCounters = field(default_factory=SpecCounters)
+    # By prompt class ("short" / "long", `Request.prompt_class`): the scheduler's own rule.
+    prompt_classes: dict[str, ClassLatency] = field(default_factory=_class_latencies)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ class Sample:
     running: int | None = None
     waiting: int | None = None
     spec_acceptance: float | None = None  # accepted / drafted tokens since the previous sample
+    # Mean queue time and TTFT, by prompt class, of requests first answered since the previous one.
+    queue_short_s: float | None = None
+    queue_long_s: float | None = None
+    ttft_short_s: float | None = None
+    ttft_long_s: float | None = None
 
 
 COLUMNS = tuple(f.name for f in fields(Sample))
@@ -49,6 +54,11 @@ class HistoryStore:
             f"{name} REAL" if name != "ts" else "ts REAL NOT NULL" for name in COLUMNS
         )
         self._db.execute(f"CREATE TABLE IF NOT EXISTS samples ({columns})")
+        # A history written by an older console lacks the newer columns: add them (empty).
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(samples)")}
+        for name in COLUMNS:
+            if name not in present:
+                self._db.execute(f"ALTER TABLE samples ADD COLUMN {name} REAL")
         self._db.execute("CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)")
 
     def close(self) -> None:

@@ -2,7 +2,9 @@
 
 Rates come from the difference of two snapshots of the engine's cumulative counters; a counter
 that went down means the engine restarted, and that interval has no rate. TTFT is the engine's
-own running mean for requests with and without a prefix-cache hit (docs/metrics.md)."""
+own running mean for requests with and without a prefix-cache hit (docs/metrics.md); queue time
+and TTFT by prompt class (short / long) are means over the requests that got their first token
+since the previous sample."""
 
 from __future__ import annotations
 
@@ -27,6 +29,32 @@ class Snapshot:
     hit_tokens: int
     drafted: int
     accepted: int
+    # Per prompt class: (requests, queue seconds summed, TTFT seconds summed).
+    classes: dict[str, tuple[int, float, float]]
+
+
+def _classes(metrics: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
+    out: dict[str, tuple[int, float, float]] = {}
+    for name, entry in (metrics.get("prompt_classes") or {}).items():
+        if isinstance(entry, dict):
+            out[name] = (
+                int(entry.get("requests", 0)),
+                float(entry.get("queue_sum_s", 0.0)),
+                float(entry.get("ttft_sum_s", 0.0)),
+            )
+    return out
+
+
+def _class_means(now: Snapshot, before: Snapshot) -> dict[str, float | None]:
+    """Mean queue time and TTFT per class over the requests counted between two snapshots."""
+    means: dict[str, float | None] = {}
+    for name in ("short", "long"):
+        count, queue, ttft = now.classes.get(name, (0, 0.0, 0.0))
+        count0, queue0, ttft0 = before.classes.get(name, (0, 0.0, 0.0))
+        fresh = count - count0
+        means[f"queue_{name}_s"] = (queue - queue0) / fresh if fresh > 0 else None
+        means[f"ttft_{name}_s"] = (ttft - ttft0) / fresh if fresh > 0 else None
+    return means
 
 
 def snapshot_of(ts: float, metrics: dict[str, Any]) -> Snapshot:
@@ -40,6 +68,7 @@ def snapshot_of(ts: float, metrics: dict[str, Any]) -> Snapshot:
         int(cache.get("hit_tokens", 0)),
         int(spec.get("drafted", 0)),
         int(spec.get("accepted", 0)),
+        _classes(metrics),
     )
 
 
@@ -78,6 +107,7 @@ def sample_of(
             "spec_acceptance": _ratio(
                 now.accepted, previous.accepted, now.drafted, previous.drafted
             ),
+            **_class_means(now, previous),
         }
     sample = Sample(
         ts,

@@ -22,6 +22,7 @@ from dgpp.engine.server.histogram import (
     TTFT_BUCKETS_S,
     Histogram,
 )
+from dgpp.engine.stats import PROMPT_CLASSES
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
 TRACKER_KEY = "dgpp_tracker"
@@ -69,6 +70,20 @@ class Latencies:
     inter_token: Histogram
     e2e: Histogram
     queue: Histogram
+    # By prompt class ("short" / "long", the scheduler's rule on the prefill a request needed).
+    ttft_by_class: dict[str, Histogram]
+    queue_by_class: dict[str, Histogram]
+
+    def copy(self) -> Latencies:
+        return Latencies(
+            self.ttft_hit.copy(),
+            self.ttft_miss.copy(),
+            self.inter_token.copy(),
+            self.e2e.copy(),
+            self.queue.copy(),
+            {name: h.copy() for name, h in self.ttft_by_class.items()},
+            {name: h.copy() for name, h in self.queue_by_class.items()},
+        )
 
 
 class ServiceMetrics:
@@ -83,6 +98,8 @@ class ServiceMetrics:
             inter_token=Histogram(ITL_BUCKETS_S),
             e2e=Histogram(E2E_BUCKETS_S),
             queue=Histogram(TTFT_BUCKETS_S),
+            ttft_by_class={name: Histogram(TTFT_BUCKETS_S) for name in PROMPT_CLASSES},
+            queue_by_class={name: Histogram(TTFT_BUCKETS_S) for name in PROMPT_CLASSES},
         )
 
     def counters(self) -> ServiceCounters:
@@ -91,14 +108,7 @@ class ServiceMetrics:
 
     def latencies(self) -> Latencies:
         with self._lock:
-            lat = self._latencies
-            return Latencies(
-                lat.ttft_hit.copy(),
-                lat.ttft_miss.copy(),
-                lat.inter_token.copy(),
-                lat.e2e.copy(),
-                lat.queue.copy(),
-            )
+            return self._latencies.copy()
 
     def record_outcome(self, outcome: Outcome) -> None:
         with self._lock:
@@ -118,11 +128,17 @@ class ServiceMetrics:
             timings, lat = output.timings, self._latencies
             if timings is None:
                 return
+            prompt_class = output.prompt_class or ""
             if timings.first_scheduled is not None:
-                lat.queue.observe(max(0.0, timings.first_scheduled - timings.arrival))
+                queue = max(0.0, timings.first_scheduled - timings.arrival)
+                lat.queue.observe(queue)
+                if prompt_class in lat.queue_by_class:
+                    lat.queue_by_class[prompt_class].observe(queue)
             if timings.first_token is not None:
-                ttft = lat.ttft_hit if output.num_cached_tokens > 0 else lat.ttft_miss
-                ttft.observe(max(0.0, timings.first_token - timings.arrival))
+                ttft = max(0.0, timings.first_token - timings.arrival)
+                (lat.ttft_hit if output.num_cached_tokens > 0 else lat.ttft_miss).observe(ttft)
+                if prompt_class in lat.ttft_by_class:
+                    lat.ttft_by_class[prompt_class].observe(ttft)
             if timings.finished is not None:
                 lat.e2e.observe(max(0.0, timings.finished - timings.arrival))
                 if timings.first_token is not None and num_tokens > 1:

@@ -63,6 +63,16 @@ def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]
             "ttft_avg_hit_s": _average(cache.ttft_hit_sum_s, cache.ttft_hit_count),
             "ttft_avg_miss_s": _average(cache.ttft_miss_sum_s, cache.ttft_miss_count),
         },
+        "prompt_classes": {
+            name: {
+                "requests": latency.count,
+                "queue_sum_s": latency.queue_sum_s,
+                "ttft_sum_s": latency.ttft_sum_s,
+                "queue_avg_s": _average(latency.queue_sum_s, latency.count),
+                "ttft_avg_s": _average(latency.ttft_sum_s, latency.count),
+            }
+            for name, latency in counters.prompt_classes.items()
+        },
         "spec_decode": {
             "method": stats.speculative,
             "depth": stats.spec_depth,

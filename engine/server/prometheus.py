@@ -213,3 +213,21 @@ def _latency_families(model: str, metrics: ServiceMetrics) -> Iterator[Metric]:
         family = HistogramMetricFamily(name, doc, labels=LABELS)
         _histogram(family, [model], histogram)
         yield family
+    by_class = (
+        (
+            "dgpp:time_to_first_token_by_prompt_class_seconds",
+            "Arrival to first generated token, per finished choice, by prompt class: short when "
+            "the prefill it needed (after any cache hit) was at most short_prompt_tokens.",
+            lat.ttft_by_class,
+        ),
+        (
+            "dgpp:request_queue_time_by_prompt_class_seconds",
+            "Arrival to first scheduled, per finished choice, by prompt class (as above).",
+            lat.queue_by_class,
+        ),
+    )
+    for name, doc, histograms in by_class:
+        family = HistogramMetricFamily(name, doc, labels=[*LABELS, "prompt_class"])
+        for prompt_class, histogram in histograms.items():
+            _histogram(family, [model, prompt_class], histogram)
+        yield family

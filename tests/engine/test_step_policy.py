@@ -33,6 +33,14 @@ def test_a_short_prompt_arriving_during_a_long_prefill_runs_in_the_next_step() -
     assert sorted(chunk_summary(plan)) == [("long", 27, 16), ("short", 5, 1)]
 
 
+def test_the_prompt_class_is_the_prefill_left_at_admission() -> None:
+    sim = _sim(budget=16, short=8)
+    long_request, short_request = sim.add("long", 200, 1), sim.add("short", 8, 1)
+    assert long_request.prompt_class is None  # not admitted yet
+    sim.step()
+    assert (long_request.prompt_class, short_request.prompt_class) == ("long", "short")
+
+
 def test_the_oldest_long_prompt_keeps_its_share_under_steady_short_traffic() -> None:
     budget, share = 16, 0.25
     sim = _sim(budget=budget, short=8, share=share, blocks=4096)
@@ -97,3 +105,9 @@ def test_greedy_outputs_do_not_change_with_the_policy(checkpoint: Path, speculat
     assert [list(o.outputs[0].token_ids) for o in together] == alone
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.block_manager.num_used_blocks == 0
+    # Each request counted once in its prompt class (the metrics' split): the 100-token tail is
+    # long, the 3- and 12-token prompts short whatever the cache held.
+    classes = llm.engine.stats().counters.prompt_classes
+    assert sum(c.count for c in classes.values()) == len(prompts)
+    assert classes["long"].count >= 1 and classes["short"].count >= 2
+    assert all(c.ttft_sum_s >= c.queue_sum_s >= 0 for c in classes.values())

@@ -21,6 +21,9 @@ SPECULATIVE = {**KNOBS, "speculative": "ngram", "spec_ngram_min": 1}
 # 26 blocks for four requests of up to 16: preempted rows come back on other blocks, and the
 # step messages must carry those block-table changes to the other rank.
 PRESSURE = {**KNOBS, "kv_capacity": 104, "max_model_len": 100}
+# The interactive policy splitting the prompts (40 and 13 tokens long, 3 and 7 short), the
+# budget adapting to measured step times on rank 0: the step messages carry its chunks.
+INTERACTIVE = {**KNOBS, "short_prompt_tokens": 8, "long_prefill_share": 0.25}
 
 
 def _free_port() -> int:
@@ -68,9 +71,9 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, 
     try:
         engine = head.form()
         counters = engine.counters
-        results.put(
-            (_generate(engine), counters.spec_decode.draft_tokens, counters.num_preemptions)
-        )
+        tokens = _generate(engine)
+        longs = counters.prompt_classes["long"].count
+        results.put((tokens, counters.spec_decode.draft_tokens, counters.num_preemptions, longs))
     finally:
         head.dissolve(orderly=True)
 
@@ -83,8 +86,16 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, 
         (6, 3, 96, KNOBS),
         (6, 3, 96, SPECULATIVE),
         (4, 2, 64, PRESSURE),
+        (4, 2, 64, INTERACTIVE),
     ],
-    ids=["kv-split", "kv-replicated", "uneven-3-groups", "uneven-speculative", "preempting"],
+    ids=[
+        "kv-split",
+        "kv-replicated",
+        "uneven-3-groups",
+        "uneven-speculative",
+        "preempting",
+        "interactive-policy",
+    ],
 )
 def test_world_of_two_equals_world_of_one(
     tmp_path: Path,
@@ -114,7 +125,7 @@ def test_world_of_two_equals_world_of_one(
     for process in ranks:
         process.start()
     try:
-        got, drafted, preempted = results.get(timeout=180)
+        got, drafted, preempted, longs = results.get(timeout=180)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -124,3 +135,4 @@ def test_world_of_two_equals_world_of_one(
     assert got == expected
     assert (drafted > 0) == (knobs is SPECULATIVE)
     assert (preempted > 0) == (knobs is PRESSURE)
+    assert longs == (2 if knobs is INTERACTIVE else 0)  # 256 by default: every prompt is short

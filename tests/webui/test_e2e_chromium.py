@@ -256,6 +256,8 @@ def test_console_end_to_end(
     assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"], spec
     _wait("the acceptance chart drawing", lambda: points("spec") > 0, 60)
     assert page.locator("#chart-spec canvas").count() == 1
+    # That request was short: the prompt-class chart has its TTFT and queue time.
+    _wait("the prompt-class chart drawing", lambda: points("classes") > 0, 60)
     page.screenshot(path=str(shots / "05-overview-speculative.png"), full_page=True)
 
     # Switch to a second model: preview the diff, apply, follow it until /health is 200.

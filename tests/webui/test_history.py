@@ -41,6 +41,46 @@ def test_rates_come_from_two_snapshots() -> None:
     assert third.gen_tps is None and third.prefix_hit_rate is None and third.running == 2
 
 
+def _with_classes(metrics: dict, short: tuple, long: tuple) -> dict:
+    keys = ("requests", "queue_sum_s", "ttft_sum_s")
+    return {
+        **metrics,
+        "prompt_classes": {
+            "short": dict(zip(keys, short, strict=True)),
+            "long": dict(zip(keys, long, strict=True)),
+        },
+    }
+
+
+def test_latency_by_prompt_class_is_the_mean_since_the_previous_sample() -> None:
+    _, snapshot = sample_of(
+        100.0, _with_classes(_metrics(1, 1, 0), (4, 1.0, 2.0), (1, 0.5, 3.0)), True, None
+    )
+    now = _with_classes(_metrics(2, 2, 0), (6, 1.2, 2.6), (1, 0.5, 3.0))
+    sample, _ = sample_of(102.0, now, True, snapshot)
+    assert sample.queue_short_s == pytest.approx(0.1) and sample.ttft_short_s == pytest.approx(0.3)
+    assert sample.queue_long_s is None and sample.ttft_long_s is None  # none since the last one
+    # An engine without the split (older version) leaves the columns empty.
+    plain, _ = sample_of(104.0, _metrics(3, 3, 0), True, snapshot)
+    assert plain.ttft_short_s is None
+
+
+def test_a_history_from_an_older_console_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "history.sqlite"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE samples (ts REAL NOT NULL, serving REAL, gen_tps REAL)")
+    old.execute("INSERT INTO samples VALUES (50.0, 1, 3.0)")
+    old.commit()
+    old.close()
+    store = HistoryStore(path, retention_s=1e9, max_rows=100)
+    store.add(Sample(100.0, 1, gen_tps=5.0, ttft_short_s=0.2))
+    series = store.series(window_s=1e9, now=101.0)
+    store.close()
+    assert series["gen_tps"] == [3.0, 5.0] and series["ttft_short_s"] == [None, 0.2]
+
+
 def test_an_engine_down_is_a_gap(tmp_path: Path) -> None:
     sample, snapshot = sample_of(100.0, None, False, None)
     assert sample == Sample(100.0, 0) and snapshot is None

@@ -18,7 +18,7 @@ from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server.app import attach_state, create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.stats import EngineCounters, EngineStats, PrefixCacheCounters
+from dgpp.engine.stats import ClassLatency, EngineCounters, EngineStats, PrefixCacheCounters
 from tests.engine.server.scripted import FakeAdmission, ScriptedEngine
 
 TEXT = "Hello world!"  # the scripted pieces 3, 1, 7, 1: four tokens
@@ -51,6 +51,10 @@ STATS = EngineStats(
         prefix_cache=PrefixCacheCounters(
             queries=3, hits=1, misses=2, hit_tokens=80, ttft_hit_sum_s=0.2, ttft_hit_count=1
         ),
+        prompt_classes={
+            "short": ClassLatency(queue_sum_s=0.1, ttft_sum_s=0.5, count=2),
+            "long": ClassLatency(),
+        },
     ),
 )
 
@@ -82,7 +86,12 @@ class MeteredEngine(ScriptedEngine):
     ) -> AsyncIterator[RequestOutput]:
         self.admit()
         async for output in super().generate(prompt, params, request_id):
-            yield replace(output, num_cached_tokens=self.cached_tokens, timings=TIMINGS)
+            yield replace(
+                output,
+                num_cached_tokens=self.cached_tokens,
+                timings=TIMINGS,
+                prompt_class="short",
+            )
             if self.mode == "fail":
                 raise EngineFailureError("the engine failed while serving: boom")
 
@@ -123,6 +132,14 @@ def test_latency_histograms_follow_the_engine_timings(tokenizer: Any) -> None:
     assert samples[("dgpp:inter_token_latency_seconds_count", ())] == 3
     assert samples[("dgpp:inter_token_latency_seconds_sum", ())] == pytest.approx(2.0)
     assert samples[("dgpp:output_tokens_total", ())] == 4
+    # By prompt class: this one was short; the long histograms exist and are empty.
+    by_class = "dgpp:time_to_first_token_by_prompt_class_seconds"
+    assert samples[(f"{by_class}_count", (("prompt_class", "short"),))] == 1
+    assert samples[(f"{by_class}_sum", (("prompt_class", "short"),))] == pytest.approx(1.0)
+    assert samples[(f"{by_class}_count", (("prompt_class", "long"),))] == 0
+    queue = "dgpp:request_queue_time_by_prompt_class_seconds"
+    assert samples[(f"{queue}_sum", (("prompt_class", "short"),))] == pytest.approx(0.5)
+    assert samples[(f"{queue}_count", (("prompt_class", "long"),))] == 0
 
 
 def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
@@ -153,6 +170,22 @@ def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
     assert cache["min_tokens"] == 64 and cache["enabled"] is True
     assert cache["ttft_avg_hit_s"] == pytest.approx(0.2)
     assert cache["ttft_avg_miss_s"] is None
+    assert body["prompt_classes"] == {
+        "short": {
+            "requests": 2,
+            "queue_sum_s": pytest.approx(0.1),
+            "ttft_sum_s": pytest.approx(0.5),
+            "queue_avg_s": pytest.approx(0.05),
+            "ttft_avg_s": pytest.approx(0.25),
+        },
+        "long": {
+            "requests": 0,
+            "queue_sum_s": 0.0,
+            "ttft_sum_s": 0.0,
+            "queue_avg_s": None,
+            "ttft_avg_s": None,
+        },
+    }
 
 
 def test_n_choices_are_one_request_and_n_observations(tokenizer: Any) -> None:

@@ -55,6 +55,7 @@ JSON_KEYS = {
         "ttft_avg_hit_s",
         "ttft_avg_miss_s",
     },
+    "prompt_classes": {"short", "long"},
     "spec_decode": {
         "method",
         "depth",
