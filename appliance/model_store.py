@@ -30,6 +30,7 @@ from dgpp.appliance.default_model import (
 )
 from dgpp.appliance.paths import hf_hub_cache_dir, models_dir
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.quant.gguf_view import view_for
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -158,6 +159,9 @@ def resolve_model(reference: str) -> Path:
             )
         return path
     local = Path(reference).expanduser()
+    view = view_for(local)  # a GGUF file, or a directory holding one: served through a view
+    if view is not None:
+        return view
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise ModelLoadError(
@@ -165,7 +169,10 @@ def resolve_model(reference: str) -> Path:
             )
         return local
     if local.exists():
-        raise ModelLoadError(f"{local} is a file; give a checkpoint directory", param="model")
+        raise ModelLoadError(
+            f"{local} is a file but not a GGUF file; give a checkpoint directory or a .gguf file",
+            param="model",
+        )
     if reference.startswith(_PATH_PREFIXES):
         raise ModelLoadError(f"no such checkpoint directory: {local}", param="model")
     return _resolve_cached(reference)

@@ -13,7 +13,7 @@ uncached prompts):
 (c) the long prompt's own prefill time (to its first token) alone, and with short requests
     arriving every few steps meanwhile (the cost of fairness).
 
-FCFS is the same engine with `short_prompt_tokens=0` (no prompt is short) and
+FCFS is the same engine with `short_prompt_tokens=1` (no real prompt is short) and
 `step_target_ms=-1` (no step-time bound). See docs/benchmarks.md.
 """
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.quant.weight_formats import WeightFormats
 
 PrefillPrecision = Literal["fp32", "model"]
 Speculative = Literal["off", "ngram"]
@@ -63,6 +64,8 @@ class ModelConfig:
     checkpoint_dtype: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # packed weights (GGUF); none when dense
+    weight_formats: WeightFormats = field(default_factory=WeightFormats)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -98,6 +101,7 @@ class ModelConfig:
                 checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
+                weight_formats=WeightFormats.from_config(raw),
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks the required key {missing}") from None

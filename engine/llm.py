@@ -11,6 +11,7 @@ from typing import Any
 from dgpp.engine.config import EngineConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
+from dgpp.engine.quant.gguf_view import view_for
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
 
@@ -127,8 +128,12 @@ def checkpoint_directory(model: str) -> Path:
     path = Path(model).expanduser()
     if (path / "config.json").is_file():
         return path
+    view = view_for(path)  # a GGUF file, served as it is through a view directory
+    if view is not None:
+        return view
     raise ModelLoadError(
-        f"{model!r} is not a checkpoint directory (one with a config.json); names such as "
+        f"{model!r} is not a checkpoint directory (one with a config.json) or a GGUF file; "
+        "names such as "
         "`default` or a Hugging Face repo id are resolved by dgpp.appliance.offline.LLM",
         param="model",
     )

@@ -1,7 +1,9 @@
-"""Loads safetensors checkpoints into a model through each parameter's `weight_loader`."""
+"""Loads checkpoints into a model through each parameter's `weight_loader`: safetensors
+files, or the GGUF file of a GGUF view (`quant.gguf_view`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -9,6 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.quant.gguf_file import GgufFile, GgufTensor
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -16,6 +19,32 @@ def checkpoint_files(path: Path) -> list[Path]:
     if not files:
         raise ModelLoadError(f"{path} holds no *.safetensors weight files")
     return files
+
+
+def gguf_weights(path: Path) -> Path | None:
+    """The GGUF file a checkpoint directory takes its weights from (a GGUF view), if any."""
+    from dgpp.engine.quant.gguf_view import WEIGHTS_NAME
+
+    weights = path / WEIGHTS_NAME
+    return weights if weights.exists() and not any(path.glob("*.safetensors")) else None
+
+
+def named_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | GgufTensor]]:
+    """Every checkpoint tensor by its Hugging Face name; a GGUF tensor comes as its raw blocks,
+    for the parameter to take packed or dequantized (`_value_for`)."""
+    gguf = gguf_weights(path)
+    if gguf is not None:
+        for tensor in GgufFile(gguf).tensors():
+            yield tensor.name, tensor
+        return
+    for file in checkpoint_files(path):
+        try:
+            handle = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as err:
+            raise ModelLoadError(f"cannot read {file}: {err}") from None
+        with handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, handle.get_tensor(name)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -28,18 +57,12 @@ def load_weights(model: nn.Module, path: Path) -> None:
     mapping: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules_mapping", {})
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     loaded: set[str] = set()
-    for file in checkpoint_files(path):
-        try:
-            handle = safe_open(str(file), framework="pt", device="cpu")
-        except Exception as err:
-            raise ModelLoadError(f"cannot read {file}: {err}") from None
-        with handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if tied and name == "lm_head.weight":
-                    continue
-                if "rotary_emb.inv_freq" in name:
-                    continue
-                _load_one(params, mapping, name, handle.get_tensor(name), loaded)
+    for name, tensor in named_tensors(path):
+        if tied and name == "lm_head.weight":
+            continue
+        if "rotary_emb.inv_freq" in name:
+            continue
+        _load_one(params, mapping, name, tensor, loaded)
     if tied:
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
@@ -48,21 +71,38 @@ def load_weights(model: nn.Module, path: Path) -> None:
         raise ModelLoadError(f"checkpoint {path} is missing {len(missing)} weights: {shown}")
 
 
+def _value_for(param: nn.Parameter, tensor: torch.Tensor | GgufTensor) -> torch.Tensor:
+    """What `param` takes from a checkpoint tensor: a GGUF tensor's raw rows when the parameter
+    keeps that format packed, else its values (dequantized)."""
+    if not isinstance(tensor, GgufTensor):
+        return tensor
+    packed = getattr(param, "weight_format", None)
+    if packed == tensor.format.name:
+        return tensor.rows()
+    if packed is not None:
+        raise ModelLoadError(
+            f"tensor {tensor.gguf_name} is {tensor.format.name}, its layer expects {packed}"
+        )
+    return tensor.dequantize()
+
+
 def _load_one(
     params: dict[str, nn.Parameter],
     mapping: dict[str, tuple[str, str | int]],
     name: str,
-    tensor: torch.Tensor,
+    tensor: torch.Tensor | GgufTensor,
     loaded: set[str],
 ) -> None:
     for fragment, (fused, shard_id) in mapping.items():
         if f".{fragment}." in name:
             target = name.replace(f".{fragment}.", f".{fused}.")
             param = _param(params, target, name)
-            param.weight_loader(param, tensor, shard_id)  # type: ignore[attr-defined]
+            value = _value_for(param, tensor)
+            param.weight_loader(param, value, shard_id)  # type: ignore[attr-defined]
             loaded.add(target)
             return
     param = _param(params, name, name)
+    tensor = _value_for(param, tensor)
     loader = getattr(param, "weight_loader", None)
     if loader is None:
         if param.shape != tensor.shape:

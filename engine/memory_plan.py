@@ -27,6 +27,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.quant.weight_formats import packed_savings
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -241,6 +242,8 @@ def buffers_bytes(
     rotary = 2 * max_context * model.head_dim * FP32_BYTES  # cos and sin tables [P, D]
     dtype = getattr(torch, config.resolved_dtype)
     packs_lm_head = select_packer(torch.device(config.device), dtype) is not None
+    head = "model.embed_tokens" if model.tie_word_embeddings else "lm_head"
+    packs_lm_head = packs_lm_head and model.weight_formats.packed([head]) is None
     lm_head = shapes.vocab_rows * model.hidden_size
     return rotary + packs_lm_head * lm_head * DTYPE_BYTES[config.resolved_dtype]
 
@@ -256,7 +259,8 @@ def plan_memory(
     `memory` defaults to a reading of the device."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
     specs = rank_cache_specs(model, tp_size, tp_rank)
-    return _plan(config, model, shapes, specs, memory, config.effective_max_model_len(model))
+    saved = packed_savings(model, shapes, DTYPE_BYTES[config.resolved_dtype], tp_size, tp_rank)
+    return _plan(config, model, shapes, specs, memory, config.effective_max_model_len(model), saved)
 
 
 def _plan(
@@ -266,9 +270,10 @@ def _plan(
     specs: Sequence[CacheSpec],
     memory: DeviceMemory | None,
     max_context: int,
+    packed_saving: int = 0,
 ) -> MemoryPlan:
     memory = memory if memory is not None else read_device_memory(config.device)
-    weights = weight_elements(model, shapes) * DTYPE_BYTES[config.resolved_dtype]
+    weights = weight_elements(model, shapes) * DTYPE_BYTES[config.resolved_dtype] - packed_saving
     kv_tokens = config.num_kv_blocks * config.block_size
     kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
@@ -326,8 +331,9 @@ def size_kv_pool(
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
     specs = rank_cache_specs(model, tp_size, 0)
+    saved = packed_savings(model, shapes, DTYPE_BYTES[config.resolved_dtype], tp_size, 0)
     probe = _plan(
-        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context
+        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context, saved
     )
     fixed = probe.total_bytes - probe.kv_bytes
     room = int(probe.budget_bytes * (1 - SIZING_SLACK)) - fixed

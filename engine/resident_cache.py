@@ -45,7 +45,7 @@ from dgpp.engine.errors import DgppError
 # padding): every existing image then misses and is rebuilt.
 LOADER_FORMAT_VERSION = 1
 IMAGE_FORMAT = "dgpp-resident-image"
-KEY_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json")
+KEY_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.gguf", "config.json")
 MAX_HEADER_BYTES = 100 << 20
 ST_DTYPES = {
     "F32": torch.float32,

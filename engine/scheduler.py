@@ -19,7 +19,8 @@ from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
 from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.stats import EngineCounters
-from dgpp.engine.step_policy import StepPolicy, StepTimes
+from dgpp.engine.step_policy import StepPolicy
+from dgpp.engine.step_times import StepTimes
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ class Scheduler:
 
     def observe(self, plan: StepPlan, seconds: float) -> None:
         """What the step of `plan` took (the step-time bound learns from it)."""
-        self.times.observe(seconds, plan.num_tokens - plan.num_decodes, plan.num_decodes)
+        prompts = [(chunk.start, chunk.num_tokens) for chunk in plan.chunks[plan.num_decodes :]]
+        self.times.observe(seconds, plan.num_decodes, prompts)
 
     def _admission_order(self) -> list[Request]:
         """The waiting requests that may start this step (free concurrency slots), in the
@@ -173,10 +175,11 @@ class Scheduler:
     def _prompt_amounts(self) -> dict[int, int]:
         """Prompt tokens each prompt may compute this step (by request id), as the policy
         shares the budget among running prompts and the waiting requests that may start."""
-        has_decodes = any(r.num_pending_tokens == 1 for r in self.running)
-        budget = self.policy.budget(self.times, has_decodes)
+        num_decodes = sum(r.num_pending_tokens == 1 for r in self.running)
         running = [r for r in self.running if r.num_pending_tokens > 1]
-        return self.policy.share(budget, running, self._admission_order())
+        waiting = self._admission_order()
+        amounts = self.policy.share(self.policy.prefill_chunk_tokens, running, waiting)
+        return self.policy.bound(amounts, running + waiting, num_decodes, self.times)
 
     def _admit(self, request: Request, num_tokens: int) -> ScheduledChunk | None:
         hit_tokens = 0

@@ -1,7 +1,7 @@
 """How one step's prompt-token budget is shared: the interactive policy.
 
-Every running stream gets its decode row first (scheduler). The prompt budget then goes to
-prompts in this order:
+Every running stream gets its decode row first (scheduler). The prompt budget
+(`prefill_chunk_tokens`) then goes to prompts in this order:
 
 1. short prompts (at most `short_prompt_tokens` left to compute), running ones before waiting
    ones, each in arrival order: a one-line request arriving during a long prefill is computed
@@ -12,41 +12,25 @@ While short prompts wait, `long_prefill_share` of the budget is kept for the old
 so it advances every step and finishes in bounded time however many short ones arrive; with no
 short prompt waiting it takes the whole budget.
 
-Step time: while streams are decoding, the budget shrinks so a step with prompt work stays near
-`step_target_ms` (0: twice the measured decode-only step), from running averages of the
-decode-only step time and of the time per prompt token; inter-token latency then stays bounded
-when a long prompt arrives. With no stream decoding, the whole `prefill_chunk_tokens` is used.
+Step time: when a step carries latency-sensitive work (decode rows, short prompts), its long
+prompts get only the tokens that keep the step within `step_target_ms`, by default
+`STRETCH` times the predicted time of the sensitive work alone (`step_times`), so
+inter-token latency and a short prompt's first token stay within about twice what they are
+without the long prompt. The oldest long prompt always gets at least `MIN_CHUNK` tokens. With
+nothing sensitive in the step, the whole budget is used.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dgpp.engine.request import Request
+from dgpp.engine.step_times import StepTimes
 
-EWMA = 0.2  # weight of the newest step in the running averages
-MIN_CHUNK = 16  # prompt tokens a step may always compute, whatever the timings say
-
-
-@dataclass
-class StepTimes:
-    """Running averages of what steps cost: decode-only steps, and per prompt token."""
-
-    decode_step_s: float | None = None
-    prompt_token_s: float | None = None
-
-    def observe(self, seconds: float, num_prompt_tokens: int, num_decodes: int) -> None:
-        if num_prompt_tokens == 0:
-            self.decode_step_s = _average(self.decode_step_s, seconds)
-            return
-        base = self.decode_step_s if num_decodes and self.decode_step_s is not None else 0.0
-        per_token = max(seconds - base, 0.0) / num_prompt_tokens
-        self.prompt_token_s = _average(self.prompt_token_s, per_token)
-
-
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EWMA) * old + EWMA * new
+MIN_CHUNK = 4  # prompt tokens the oldest long prompt may always compute, whatever the timings
+STRETCH = 1.75  # a bounded step's target: this many times its latency-sensitive work alone
 
 
 @dataclass(frozen=True)
@@ -54,22 +38,41 @@ class StepPolicy:
     prefill_chunk_tokens: int = 512
     short_prompt_tokens: int = 256
     long_prefill_share: float = 0.25
-    step_target_ms: float = 0.0  # 0: twice the decode-only step; < 0: no step-time bound
+    step_target_ms: float = 0.0  # 0: STRETCH x the sensitive work; < 0: no step-time bound
 
-    def budget(self, times: StepTimes, has_decodes: bool) -> int:
-        """The prompt tokens this step may compute."""
-        full = self.prefill_chunk_tokens
-        if not has_decodes or self.step_target_ms < 0 or times.prompt_token_s is None:
-            return full
-        if self.step_target_ms > 0:
-            target = self.step_target_ms / 1000.0
-        elif times.decode_step_s is not None:
-            target = 2.0 * times.decode_step_s
-        else:
-            return full
-        spare = target - (times.decode_step_s or 0.0)
-        tokens = math.floor(spare / times.prompt_token_s + 1e-6) if times.prompt_token_s else full
-        return max(min(tokens, full), min(MIN_CHUNK, full))
+    def bound(
+        self,
+        amounts: dict[int, int],
+        prompts: Sequence[Request],
+        num_decodes: int,
+        times: StepTimes,
+    ) -> dict[int, int]:
+        """`amounts` (from `share`) with long prompts cut to the step-time bound, when the step
+        carries decode rows or short prompts (see the module docstring)."""
+        planned = [r for r in self.order([], list(prompts)) if id(r) in amounts]
+        shorts = [r for r in planned if self.is_short(r)]
+        if self.step_target_ms < 0 or not times.ready or not (num_decodes or shorts):
+            return amounts
+        assert times.decode_step_s is not None
+        sensitive = times.decode_step_s + sum(
+            times.prompt_seconds(amounts[id(r)], r.num_computed_tokens) for r in shorts
+        )
+        target = self.step_target_ms / 1000.0 if self.step_target_ms > 0 else STRETCH * sensitive
+        spare = target - sensitive
+        bounded = dict(amounts)
+        oldest = True
+        for request in (r for r in planned if not self.is_short(r)):
+            start, most = request.num_computed_tokens, amounts[id(request)]
+            tokens = times.tokens_within(spare, start, most)
+            if oldest:
+                tokens = max(tokens, min(MIN_CHUNK, most))
+                oldest = False
+            if tokens <= 0:
+                del bounded[id(request)]
+                continue
+            bounded[id(request)] = tokens
+            spare -= times.prompt_seconds(tokens, start)
+        return bounded
 
     def is_short(self, request: Request) -> bool:
         return request.num_pending_tokens <= self.short_prompt_tokens

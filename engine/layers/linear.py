@@ -1,5 +1,9 @@
 """Tensor-parallel linear layers; each parameter carries a `weight_loader` that takes the full
-checkpoint tensor and copies this rank's shard into place."""
+checkpoint tensor and copies this rank's shard into place.
+
+A layer built with a `weight_format` (a GGML type, `quant.weight_formats`) keeps its weight packed:
+a uint8 [rows, bytes] parameter of whole blocks, loaded from the checkpoint's raw rows (the same
+row slicing; input columns are cut at block boundaries) and multiplied by `kernels.ggml_linear`."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from torch import nn
 
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.quant.ggml_blocks import FORMATS
+from dgpp.kernels.ggml_linear import ggml_linear_cpu
 from dgpp.kernels.linear import LinearFn, LinearPacker
 
 
@@ -20,6 +26,24 @@ def _attach_loader(param: nn.Parameter, loader: object) -> None:
 
 def _new_param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def weight_param(rows: int, cols: int, weight_format: str | None) -> nn.Parameter:
+    """A [rows, cols] weight: dense, or packed as `weight_format` blocks (uint8 [rows, bytes])."""
+    if weight_format is None:
+        return _new_param(rows, cols)
+    spec = FORMATS[weight_format]
+    param = _new_param(rows, cols // spec.block_size * spec.type_size, dtype=torch.uint8)
+    param.weight_format = weight_format  # type: ignore[attr-defined]  # what the loader reads
+    return param
+
+
+def packed_columns(weight_format: str | None, start: int, size: int) -> tuple[int, int]:
+    """Columns start .. start + size of a weight as (start, size) along its stored dim 1."""
+    if weight_format is None:
+        return start, size
+    spec = FORMATS[weight_format]
+    return start // spec.block_size * spec.type_size, size // spec.block_size * spec.type_size
 
 
 class PackableLinear(nn.Module):
@@ -33,8 +57,12 @@ class PackableLinear(nn.Module):
     weight: nn.Parameter | None
     bias: nn.Parameter | None
     packed: LinearFn | None = None
+    weight_format: str | None = None  # GGML type of a packed weight; None: dense
+    in_features: int = 0
 
     def pack(self, packer: LinearPacker, with_bias: bool = True, keep_dense: bool = False) -> None:
+        if self.weight_format is not None:
+            return  # already packed, in its checkpoint's blocks
         assert self.weight is not None and self.packed is None, "pack() called twice"
         self.packed = packer(self.weight.detach(), self.bias if with_bias else None)
         if not keep_dense:
@@ -44,19 +72,30 @@ class PackableLinear(nn.Module):
         packed = self.packed  # read once: another thread may be packing this layer
         if packed is not None:
             return packed(x)
-        return F.linear(x, self.weight, self.bias if with_bias else None)
+        bias = self.bias if with_bias else None
+        if self.weight_format is not None:
+            assert self.weight is not None
+            y = ggml_linear_cpu(x, self.weight, self.weight_format, self.in_features)
+            return y if bias is None else y + bias
+        return F.linear(x, self.weight, bias)
 
 
 class ColumnParallelLinear(PackableLinear):
     """Y = X W^T with W's output rows split across ranks; each rank returns its slice of Y."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool, parallel: ParallelContext
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        parallel: ParallelContext,
+        weight_format: str | None = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
         self.output_size_local = parallel.shard(output_size, "output_size")
-        self.weight = _new_param(self.output_size_local, input_size)
+        self.weight_format, self.in_features = weight_format, input_size
+        self.weight = weight_param(self.output_size_local, input_size, weight_format)
         _attach_loader(self.weight, self.load_rows)
         self.bias = _new_param(self.output_size_local) if bias else None
         if self.bias is not None:
@@ -82,9 +121,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         output_sizes: Sequence[int],
         bias: bool,
         parallel: ParallelContext,
+        weight_format: str | None = None,
     ) -> None:
         self.output_sizes_local = [parallel.shard(size, "output_size") for size in output_sizes]
-        super().__init__(input_size, sum(output_sizes), bias, parallel)
+        super().__init__(input_size, sum(output_sizes), bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int
@@ -107,6 +147,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         bias: bool,
         parallel: ParallelContext,
+        weight_format: str | None = None,
     ) -> None:
         self.head_dim = head_dim
         heads = partition_heads(num_heads, num_kv_heads, parallel.tp_size, parallel.tp_rank)
@@ -114,7 +155,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads_local = heads.num_q
         self.num_kv_heads_local = heads.num_kv
         total_local = (heads.num_q + 2 * heads.num_kv) * head_dim
-        super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel)
+        super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str
@@ -142,6 +183,7 @@ class RowParallelLinear(PackableLinear):
         bias: bool,
         parallel: ParallelContext,
         input_range: tuple[int, int] | None = None,
+        weight_format: str | None = None,
     ) -> None:
         """`input_range` (start, size) gives this rank's input columns when the split is not
         even (attention heads, see `partition_heads`); by default they are split evenly."""
@@ -151,12 +193,14 @@ class RowParallelLinear(PackableLinear):
             size = parallel.shard(input_size, "input_size")
             input_range = (parallel.tp_rank * size, size)
         self.input_start, self.input_size_local = input_range
-        self.weight = _new_param(output_size, self.input_size_local)
+        self.weight_format, self.in_features = weight_format, self.input_size_local
+        self.weight = weight_param(output_size, self.input_size_local, weight_format)
         _attach_loader(self.weight, self.load_columns)
         self.bias = _new_param(output_size) if bias else None
 
     def load_columns(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        param.data.copy_(loaded.narrow(1, self.input_start, self.input_size_local))
+        start, size = packed_columns(self.weight_format, self.input_start, self.input_size_local)
+        param.data.copy_(loaded.narrow(1, start, size))
 
     def pack(self, packer: LinearPacker, with_bias: bool = False, keep_dense: bool = False) -> None:
         # The bias is added once, after the reduction.

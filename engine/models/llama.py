@@ -34,8 +34,10 @@ class DecoderAttention(nn.Module):
         config: ModelConfig,
         parallel: ParallelContext,
         attention: PagedAttentionBackend,
+        prefix: str = "",
     ) -> None:
         super().__init__()
+        formats = config.weight_formats
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             config.head_dim,
@@ -43,17 +45,20 @@ class DecoderAttention(nn.Module):
             config.num_kv_heads,
             config.qkv_bias,
             parallel,
+            formats.packed([f"{prefix}.{name}" for name in ("q_proj", "k_proj", "v_proj")]),
         )
         self.num_heads = self.qkv_proj.num_heads_local
         self.num_kv_heads = self.qkv_proj.num_kv_heads_local
         self.head_dim = config.head_dim
         heads = self.qkv_proj.heads
+        input_range = (heads.q_start * config.head_dim, heads.num_q * config.head_dim)
         self.o_proj = RowParallelLinear(
             config.num_heads * config.head_dim,
             config.hidden_size,
             False,
             parallel,
-            input_range=(heads.q_start * config.head_dim, heads.num_q * config.head_dim),
+            input_range=input_range,
+            weight_format=formats.packed([f"{prefix}.o_proj"], *input_range),
         )
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -87,15 +92,25 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config: ModelConfig, parallel: ParallelContext) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelContext, prefix: str = "") -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        formats = config.weight_formats
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, config.mlp_bias, parallel
+            config.hidden_size,
+            [config.intermediate_size] * 2,
+            config.mlp_bias,
+            parallel,
+            formats.packed([f"{prefix}.gate_proj", f"{prefix}.up_proj"]),
         )
+        local = config.intermediate_size // parallel.tp_size
         self.down_proj = RowParallelLinear(
-            config.intermediate_size, config.hidden_size, config.mlp_bias, parallel
+            config.intermediate_size,
+            config.hidden_size,
+            config.mlp_bias,
+            parallel,
+            weight_format=formats.packed([f"{prefix}.down_proj"], parallel.tp_rank * local, local),
         )
         self.act = SiluAndMul()
 
@@ -109,12 +124,13 @@ class DecoderLayer(nn.Module):
         config: ModelConfig,
         parallel: ParallelContext,
         attention: PagedAttentionBackend,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, parallel, attention)
+        self.self_attn = DecoderAttention(config, parallel, attention, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DecoderMLP(config, parallel)
+        self.mlp = DecoderMLP(config, parallel, f"{prefix}.mlp")
 
     def forward(
         self,
@@ -135,10 +151,16 @@ class DecoderModel(nn.Module):
         attention: PagedAttentionBackend,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size,
+            config.hidden_size,
+            parallel,
+            config.weight_formats.packed(["model.embed_tokens"]),
+        )
         self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, parallel, attention) for _ in range(config.num_layers)
+            DecoderLayer(config, parallel, attention, f"model.layers.{index}")
+            for index in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -177,7 +199,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, parallel, max_position, attention)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, parallel)
+        head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            parallel,
+            config.weight_formats.packed([head]),
+        )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.step_policy import StepPolicy, StepTimes
+from dgpp.engine.step_policy import MIN_CHUNK, StepPolicy
+from dgpp.engine.step_times import StepTimes
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.test_scheduler import Simulation, chunk_summary
 
@@ -64,17 +65,61 @@ def test_a_budget_too_small_to_share_goes_to_the_older_prompt() -> None:
     assert chunk_summary(sim.step()) == [("long", 1, 1)]  # the long one is older
 
 
-def test_the_budget_shrinks_to_the_step_target_while_streams_decode() -> None:
+def _times(decode_s: float, per_token_s: float, slope_s: float = 0.0) -> StepTimes:
+    """Step times learned from steps costing `decode_s` plus, per prompt token at position p,
+    `per_token_s + slope_s * p`."""
     times = StepTimes()
-    for _ in range(10):
-        times.observe(0.020, num_prompt_tokens=0, num_decodes=4)  # 20 ms decode-only steps
-        times.observe(0.020 + 0.001 * 512, num_prompt_tokens=512, num_decodes=4)  # 1 ms/token
-    policy = StepPolicy(prefill_chunk_tokens=512)
-    assert policy.budget(times, has_decodes=False) == 512  # nobody waits on a token
-    assert policy.budget(times, has_decodes=True) == 20  # (2 x 20 ms - 20 ms) / 1 ms
-    assert StepPolicy(512, step_target_ms=120).budget(times, has_decodes=True) == 100
-    assert StepPolicy(512, step_target_ms=-1).budget(times, has_decodes=True) == 512
-    assert StepPolicy(512, step_target_ms=21).budget(times, has_decodes=True) == 16  # a floor
+    for index in range(40):
+        times.observe(decode_s, num_decodes=4, prompt_chunks=[])
+        start, n = 512 * (index % 8), 512
+        cost = n * (per_token_s + slope_s * (start + n / 2))
+        times.observe(decode_s + cost, num_decodes=4, prompt_chunks=[(start, n)])
+    return times
+
+
+def test_the_step_time_model_fits_base_and_position_cost() -> None:
+    times = _times(0.020, 0.001, slope_s=1e-7)
+    assert times.decode_step_s == pytest.approx(0.020)
+    a, b = times.token_cost()
+    assert a == pytest.approx(0.001, rel=1e-6) and b == pytest.approx(1e-7, rel=1e-6)
+    assert times.prompt_seconds(100, 1000) == pytest.approx(100 * (0.001 + 1e-7 * 1050))
+    assert times.tokens_within(times.prompt_seconds(100, 1000), 1000, 512) == 100
+    assert times.tokens_within(1.0, 0, 64) == 64 and times.tokens_within(-1.0, 0, 64) == 0
+
+
+def _requests(*lengths: int) -> list:
+    from dgpp.engine.request import Request
+
+    return [
+        Request(f"r{i}", list(range(n)), SamplingParams(), max_tokens=1)
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_long_prompts_are_cut_to_the_step_target_while_latency_matters() -> None:
+    times = _times(0.020, 0.001)  # 20 ms decode-only steps, 1 ms per prompt token
+    policy = StepPolicy(prefill_chunk_tokens=512, short_prompt_tokens=64)
+    (long_request,) = _requests(4000)
+    full = {id(long_request): 512}
+    # Nobody waits on a token: the whole budget.
+    assert policy.bound(full, [long_request], 0, times) == full
+    # Streams decode: (1.75 - 1) x 20 ms of prompt work, 15 tokens.
+    assert policy.bound(full, [long_request], 4, times) == {id(long_request): 15}
+    # A target the floor overrides: the oldest long prompt still gets MIN_CHUNK tokens.
+    floor = StepPolicy(512, step_target_ms=20.5).bound(full, [long_request], 4, times)
+    assert floor == {id(long_request): MIN_CHUNK}
+    # A short prompt of 40 tokens in the step: 0.75 x (20 + 40) ms -> 45 long tokens.
+    other_long, short_request = _requests(4000, 40)
+    amounts = {id(other_long): 472, id(short_request): 40}
+    bounded = policy.bound(amounts, [other_long, short_request], 0, times)
+    assert bounded == {id(other_long): 45, id(short_request): 40}
+    # An explicit target, or none.
+    assert StepPolicy(512, step_target_ms=120).bound(full, [long_request], 4, times) == {
+        id(long_request): 100
+    }
+    assert StepPolicy(512, step_target_ms=-1).bound(
+        {id(long_request): 512}, [long_request], 4, times
+    ) == {id(long_request): 512}
 
 
 @pytest.fixture(scope="module")

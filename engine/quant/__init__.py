@@ -1,0 +1,1 @@
+"""Quantized checkpoints: formats, readers and packed weights (docs/quantization.md)."""

@@ -1,0 +1,223 @@
+// y = x W^T for W stored as GGML blocks (Q4_0, Q4_1, Q8_0), W never expanded in memory.
+//
+// Decode-sized products (few rows of x): each thread takes a range of output rows, decodes each
+// 32-weight block once into float registers and multiplies it with every row of x in float32
+// (the same arithmetic as dequantize-then-F.linear, up to summation order). Larger products
+// dequantize a tile of output rows into a scratch buffer and hand it to ATen's GEMM, which is
+// compute-bound there anyway. Plain C++ written for the compiler's auto-vectorizer
+// (-O3 -march=native): AVX2 on x86, NEON on Arm; no intrinsics to port.
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define DGPP_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t QK = 32;
+enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+int64_t type_size(int64_t format) {
+  switch (format) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q8_0: return 34;
+  }
+  TORCH_CHECK(false, "unsupported GGML format ", format);
+}
+
+// One block's 32 weights as floats, exactly as ggml_blocks' dequantizers compute them (Q4_0 is
+// d * (q - 8), not d * q - 8 d).
+inline void dequant_block(int64_t format, const uint8_t* block, float* out) {
+  const float d = half_at(block);
+  if (format == Q8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+    for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j]) * d;
+  } else if (format == Q4_0) {
+    const uint8_t* qs = block + 2;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * static_cast<float>(static_cast<int>(qs[j] & 0x0F) - 8);
+      out[j + 16] = d * static_cast<float>(static_cast<int>(qs[j] >> 4) - 8);
+    }
+  } else {
+    const float m = half_at(block + 2);
+    const uint8_t* qs = block + 4;
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
+      out[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+    }
+  }
+}
+
+#ifdef DGPP_AVX2
+// The 32 codes of a block as four vectors of 8 floats: Q4 codes (0..15, low nibbles then high
+// ones) or Q8 codes (-128..127).
+inline void codes_avx2(int64_t format, const uint8_t* block, __m256 q[4]) {
+  if (format == Q8_0) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    return;
+  }
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (format == Q4_1 ? 4 : 2)));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Rows n0 .. n1 of y for M <= 4 rows of x: y = sum over blocks of d * (q . x) + offset * sum(x),
+// where w = d * q + offset (Q4_1: offset m; Q4_0: -8 d; Q8_0: 0).
+void gemv_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes,
+                    int64_t format, int64_t ts, int64_t n0, int64_t n1, float* y, int64_t N,
+                    const float* xsum) {
+  const int64_t nb = K / QK;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float offset_acc[4] = {0, 0, 0, 0};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* block = row + b * ts;
+      const float d = half_at(block);
+      const float offset = format == Q4_1 ? half_at(block + 2) : (format == Q4_0 ? -8.0f * d : 0.0f);
+      __m256 q[4];
+      codes_avx2(format, block, q);
+      const __m256 dv = _mm256_set1_ps(d);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xb = x + m * K + b * QK;
+        __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+        t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
+        acc[m] = _mm256_fmadd_ps(dv, t, acc[m]);
+        offset_acc[m] += offset * xsum[m * nb + b];
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = hsum(acc[m]) + offset_acc[m];
+  }
+}
+#endif
+
+void gemv_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes,
+               int64_t format, int64_t ts, int64_t n0, int64_t n1, float* y, int64_t N) {
+  const int64_t nb = K / QK;
+  alignas(64) float wf[32];
+  std::vector<float> acc(M);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t b = 0; b < nb; ++b) {
+      dequant_block(format, row + b * ts, wf);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* xb = x + m * K + b * QK;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < 32; ++j) s += wf[j] * xb[j];
+        acc[m] += s;
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) y[m * N + n] = acc[m];
+  }
+}
+
+}  // namespace
+
+// x: float32 [M, K] contiguous; w: uint8 [N, K / 32 * type_size]; returns float32 [M, N].
+torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int64_t gemm_rows) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2, "x must be float32 [M, K]");
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2, "w must be uint8 [N, bytes]");
+  x = x.contiguous();
+  w = w.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t ts = type_size(format);
+  TORCH_CHECK(K % QK == 0 && w.size(1) == K / QK * ts, "w does not hold K = ", K, " weights per row");
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t row_bytes = w.size(1);
+  if (M < gemm_rows) {
+#ifdef DGPP_AVX2
+    if (M <= 4) {
+      // Per-block sums of x, for the offset term.
+      const int64_t nb = K / QK;
+      std::vector<float> xsum(M * nb);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < nb; ++b) {
+          float s = 0.0f;
+          for (int j = 0; j < 32; ++j) s += xp[m * K + b * QK + j];
+          xsum[m * nb + b] = s;
+        }
+      at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+        gemv_rows_avx2(xp, M, K, wp, row_bytes, format, ts, n0, n1, yp, N, xsum.data());
+      });
+      return y;
+    }
+#endif
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      gemv_rows(xp, M, K, wp, row_bytes, format, ts, n0, n1, yp, N);
+    });
+    return y;
+  }
+  // Large M: dequantize 256 output rows at a time and multiply with ATen's GEMM.
+  constexpr int64_t TILE = 256;
+  auto scratch = torch::empty({std::min(TILE, N), K}, x.options());
+  for (int64_t n0 = 0; n0 < N; n0 += TILE) {
+    const int64_t rows = std::min(TILE, N - n0);
+    float* sp = scratch.data_ptr<float>();
+    at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < K / QK; ++b)
+          dequant_block(format, wp + (n0 + r) * row_bytes + b * ts, sp + r * K + b * QK);
+    });
+    y.narrow(1, n0, rows).copy_(torch::mm(x, scratch.narrow(0, 0, rows).t()));
+  }
+  return y;
+}
+
+// Dequantize whole rows (the embedding lookup): w uint8 [R, bytes] -> float32 [R, K].
+torch::Tensor ggml_dequantize(torch::Tensor w, int64_t format, int64_t K) {
+  w = w.contiguous();
+  const int64_t R = w.size(0), ts = type_size(format);
+  TORCH_CHECK(K % QK == 0 && w.size(1) == K / QK * ts, "w does not hold K = ", K, " weights per row");
+  auto out = torch::empty({R, K}, torch::dtype(torch::kFloat32));
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < K / QK; ++b)
+        dequant_block(format, wp + r * w.size(1) + b * ts, op + r * K + b * QK);
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("ggml_linear", &ggml_linear, "y = x W^T for W in GGML blocks (Q4_0, Q4_1, Q8_0)");
+  m.def("ggml_dequantize", &ggml_dequantize, "GGML rows to float32");
+}

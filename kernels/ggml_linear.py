@@ -1,0 +1,85 @@
+"""Linear layers on GGML-block weights (GGUF's Q4_0, Q4_1, Q8_0, ...), kept packed in memory.
+
+`ggml_linear_torch` is the PyTorch twin of every kernel here: dequantize (bit-exact,
+`engine.quant.ggml_blocks`) and `F.linear`. On CPUs `ggml_linear_cpu` runs a small compiled
+kernel (kernels/cpu/ggml_linear.cpp, built once per machine with the system C++ compiler into
+dgpp's cache) that decodes each block in registers instead of expanding the weight; where it
+cannot be built, layers fall back to the twin and say so once. Choice and figures:
+docs/quantization.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
+
+SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
+CPU_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # what the compiled kernel decodes
+# Below this many rows of x the kernel decodes blocks in registers (decode, small batches);
+# from it on, it dequantizes tiles for ATen's GEMM (prefill): measured in docs/quantization.md.
+GEMM_ROWS = 8
+
+log = logging.getLogger(__name__)
+
+
+def ggml_linear_torch(
+    x: torch.Tensor, raw: torch.Tensor, fmt: str, in_features: int
+) -> torch.Tensor:
+    """The twin: `F.linear(x, W)` with W dequantized from its raw rows [out, bytes]."""
+    weight = dequantize(raw, FORMATS[fmt], (raw.shape[0], in_features))
+    return F.linear(x, weight.to(x.dtype))
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dgpp" / "kernels"
+
+
+@cache
+def cpu_extension() -> ModuleType | None:
+    """The compiled CPU kernel, built on first use; None (logged once) when it cannot be."""
+    from torch.utils.cpp_extension import load
+
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build = _cache_dir() / f"ggml-{digest}"
+    build.mkdir(parents=True, exist_ok=True)
+    flags = ["-O3", "-march=native", "-fopenmp"]
+    try:
+        return load(
+            name=f"dgpp_ggml_{digest}",
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
+    except Exception as err:  # no compiler, no ninja, a toolchain error: serve slower, not fail
+        log.warning("GGML CPU kernel unavailable (%s); quantized layers use the PyTorch twin", err)
+        return None
+
+
+def ggml_linear_cpu(x: torch.Tensor, raw: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """The CPU kernel: same result as the twin up to float32 summation order."""
+    ext = cpu_extension()
+    if ext is None or fmt not in CPU_FORMATS or x.dtype != torch.float32:
+        return ggml_linear_torch(x, raw, fmt, in_features)
+    shape = x.shape
+    y = ext.ggml_linear(x.reshape(-1, shape[-1]), raw, FORMATS[fmt].ggml_type, GEMM_ROWS)
+    return y.reshape(*shape[:-1], raw.shape[0])
+
+
+def ggml_rows_cpu(raw: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
+    """Dequantized rows (an embedding lookup's), by the kernel where it can, else the twin."""
+    ext = cpu_extension()
+    if ext is None or fmt not in CPU_FORMATS:
+        return dequantize(raw, FORMATS[fmt], (raw.shape[0], in_features))
+    return ext.ggml_dequantize(raw, FORMATS[fmt].ggml_type, in_features)

