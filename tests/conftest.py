@@ -67,12 +67,8 @@ TINY_COMMON = dict(
 )
 
 
-def build_tiny_checkpoint(
-    out: Path, tokenizer_dir: Path, architecture: str, seed: int = 0, **overrides: object
-) -> Path:
-    """Save a random-weight model of `architecture` with the real SmolLM2 tokenizer beside it."""
-    import shutil
-
+def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
+    """A random-weight transformers model of `architecture` (TINY_COMMON plus `overrides`)."""
     import transformers
 
     config_class = {
@@ -97,6 +93,16 @@ def build_tiny_checkpoint(
                 param.uniform_(0.8, 1.2)
             else:
                 param.normal_(0.0, 0.05)
+    return model
+
+
+def build_tiny_checkpoint(
+    out: Path, tokenizer_dir: Path, architecture: str, seed: int = 0, **overrides: object
+) -> Path:
+    """Save a random-weight model of `architecture` with the real SmolLM2 tokenizer beside it."""
+    import shutil
+
+    model = tiny_model(architecture, seed, **overrides)
     model.save_pretrained(str(out), safe_serialization=True)
     for item in tokenizer_dir.iterdir():
         shutil.copy(item, out / item.name)

@@ -13,7 +13,7 @@ import torch
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
 from dgpp.engine.llm import checkpoint_directory
-from tests.conftest import GGUF_NAME, TINY_COMMON, smollm2_gguf_dir
+from tests.conftest import GGUF_NAME, smollm2_gguf_dir, tiny_model
 from tests.engine.parity import hf_greedy
 from tests.engine.quant.gguf_build import write_gguf
 
@@ -44,27 +44,7 @@ def _views_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 def _tiny(architecture: str, **overrides: object) -> torch.nn.Module:
-    import transformers
-
-    config_class = {
-        "LlamaForCausalLM": transformers.LlamaConfig,
-        "Qwen2ForCausalLM": transformers.Qwen2Config,
-        "Qwen3ForCausalLM": transformers.Qwen3Config,
-    }[architecture]
-    settings = {**TINY_COMMON, **overrides}
-    if architecture == "Qwen3ForCausalLM":
-        settings.setdefault("head_dim", 32)
-    torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config_class(**settings)).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                param.normal_(0.0, 0.08)
-            elif "norm" in name:
-                param.uniform_(0.8, 1.2)
-            else:
-                param.normal_(0.0, 0.05)
-    return model
+    return tiny_model(architecture, 0, **overrides)
 
 
 def _reference(path: Path, prompts: list[list[int]], steps: int) -> list[list[int]]:
@@ -155,8 +135,8 @@ def test_unsupported_architecture_and_tensor_type_are_refused_by_name(
     writer.close()
     with pytest.raises(
         ModelLoadError,
-        match="tensor token_embd.weight has GGUF type IQ2_XXS, "
-        "which dgpp does not read; supported: F32, F16",
+        match=r"tensor token_embd\.weight has GGUF type IQ2_XXS, "
+        r"which dgpp does not read; supported: F32, F16",
     ):
         checkpoint_directory(str(path))
 
@@ -170,3 +150,30 @@ def test_a_truncated_file_is_refused_with_a_clear_error(
     path.write_bytes(data[: len(data) - 5000])
     with pytest.raises(ModelLoadError, match=r"t\.gguf"):
         LLM(str(path), kv_capacity=256)
+
+
+def test_a_warm_start_maps_the_packed_weights_from_the_resident_image(
+    tmp_path: Path, tokenizer_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors import safe_open
+
+    from dgpp.engine import loader
+
+    model = _tiny("LlamaForCausalLM")
+    path = write_gguf(model, "LlamaForCausalLM", tmp_path / "w.gguf", "Q4_1", tokenizer_gguf)
+    cache = tmp_path / "resident"
+    knobs = {"kv_capacity": 512, "block_size": 4, "resident_cache_dir": str(cache)}
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    cold = [list(o.outputs[0].token_ids) for o in LLM(str(path), **knobs).generate(PROMPTS, params)]
+    (image,) = sorted(cache.glob("*.safetensors"))
+    with safe_open(str(image), framework="pt") as handle:
+        stored = handle.get_slice("model.layers.0.mlp.gate_up_proj.weight")
+        assert stored.get_dtype() == "U8"  # the image holds the blocks, not floats
+        assert stored.get_shape() == [256, 2 * 20]  # 2 x 128 rows of two Q4_1 blocks each
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the GGUF file was read on a warm start")
+
+    monkeypatch.setattr(loader, "load_weights", refuse)
+    warm = [list(o.outputs[0].token_ids) for o in LLM(str(path), **knobs).generate(PROMPTS, params)]
+    assert warm == cold
