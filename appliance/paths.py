@@ -8,6 +8,8 @@ variables into `huggingface_hub.constants` when it is first imported.
 import os
 from pathlib import Path
 
+from dgpp.engine.cache_dir import dgpp_cache_dir
+
 
 def _env_path(name: str) -> Path | None:
     """The path in environment variable `name`, `~` and `$VARS` expanded; None if unset/empty."""
@@ -52,9 +54,7 @@ def resident_dir() -> Path:
     configured = _env_path("DGPP_RESIDENT_DIR")
     if configured is not None:
         return configured
-    xdg = _env_path("XDG_CACHE_HOME")
-    cache = xdg if xdg is not None and xdg.is_absolute() else Path.home() / ".cache"
-    return cache / "dgpp" / "resident"
+    return dgpp_cache_dir() / "resident"
 
 
 def log_root() -> Path:

@@ -8,8 +8,8 @@ a real decode step) and its LM head, in one run:
 - float32 weights through oneDNN's packed linear (what dgpp uses for float32 checkpoints) and
   plain `F.linear`;
 - PyTorch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, the int4 path torchao builds on), with
-  bfloat16 activations (its float32 path is about 8x slower) on random int4 codes of the same
-  shapes: speed only, its numbers are not Q4_1's.
+  float32 and with bfloat16 activations, on random int4 codes of the same shapes: speed only,
+  its numbers are not Q4_1's.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def main() -> None:
     for n, k in dense:
         codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
         weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        int4[(n, k)] = (weight, torch.randn(k // 32, n, 2, dtype=torch.bfloat16))
+        scales = torch.randn(k // 32, n, 2, dtype=torch.bfloat16)
+        int4[(n, k)] = (weight, scales, scales.float())
     onednn = {s: pack_onednn(torch.from_numpy(w), None) for s, w in dense.items()}
     floats = {s: torch.from_numpy(w) for s, w in dense.items()}
 
@@ -75,6 +76,12 @@ def main() -> None:
             ],
             "float32 oneDNN": [lambda s=s: onednn[s](x[s[1]]) for s in shapes],
             "float32 F.linear": [lambda s=s: F.linear(x[s[1]], floats[s]) for s in shapes],
+            "int4pack float32": [
+                lambda s=s: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    x[s[1]], int4[s][0], 32, int4[s][2]
+                )
+                for s in shapes
+            ],
             "int4pack bf16": [
                 lambda s=s: torch.ops.aten._weight_int4pack_mm_for_cpu(
                     x[s[1]].bfloat16(), int4[s][0], 32, int4[s][1]

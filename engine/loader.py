@@ -12,6 +12,7 @@ from torch import nn
 
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.gguf_file import GgufFile, GgufTensor
+from dgpp.engine.quant.gguf_view import WEIGHTS_NAME
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -23,8 +24,6 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 def gguf_weights(path: Path) -> Path | None:
     """The GGUF file a checkpoint directory takes its weights from (a GGUF view), if any."""
-    from dgpp.engine.quant.gguf_view import WEIGHTS_NAME
-
     weights = path / WEIGHTS_NAME
     return weights if weights.exists() and not any(path.glob("*.safetensors")) else None
 

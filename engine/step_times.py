@@ -35,11 +35,6 @@ class StepTimes:
     def ready(self) -> bool:
         return self.decode_step_s is not None and self._y is not None
 
-    @property
-    def prompt_token_s(self) -> float | None:
-        """The mean cost of a prompt token, over recent prompt steps."""
-        return self._y
-
     def observe(
         self, seconds: float, num_decodes: int, prompt_chunks: Sequence[tuple[int, int]]
     ) -> None:

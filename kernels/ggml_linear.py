@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from dgpp.engine.cache_dir import dgpp_cache_dir
 from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
 
 SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
@@ -39,18 +39,13 @@ def ggml_linear_torch(
     return F.linear(x, weight.to(x.dtype))
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dgpp" / "kernels"
-
-
 @cache
 def cpu_extension() -> ModuleType | None:
     """The compiled CPU kernel, built on first use; None (logged once) when it cannot be."""
     from torch.utils.cpp_extension import load
 
     digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build = _cache_dir() / f"ggml-{digest}"
+    build = dgpp_cache_dir() / "kernels" / f"ggml-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-march=native", "-fopenmp"]
     try:

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
-from dgpp.engine.quant.ggml_blocks import BY_TYPE, FORMATS, BlockFormat
+from dgpp.engine.quant.ggml_blocks import BY_TYPE, FORMATS, BlockFormat, dequantize
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -43,7 +43,7 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_GLOBAL_NAMES = {
+GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
@@ -55,11 +55,11 @@ _SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short
 
 def hf_name(name: str) -> str | None:
     """The Hugging Face name of a GGUF tensor; None for one the engine does not use."""
-    if name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[name]
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
     match = _BLOCK.fullmatch(name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    if match and match.group(2) in LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
     return None
 
 
@@ -85,8 +85,6 @@ class GgufTensor:
         return raw.reshape(heads, half, 2, -1).transpose(1, 2).reshape(raw.shape)
 
     def dequantize(self) -> torch.Tensor:
-        from dgpp.engine.quant.ggml_blocks import dequantize
-
         return dequantize(self.rows(), self.format, self.shape)
 
 

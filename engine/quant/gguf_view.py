@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dgpp.engine.cache_dir import dgpp_cache_dir
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.gguf_file import GgufFile
 
@@ -29,8 +30,7 @@ VIEW_FORMAT = 1  # bump when what a view holds changes: older views are rebuilt
 
 
 def default_views_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dgpp" / "gguf"
+    return dgpp_cache_dir() / "gguf"
 
 
 def gguf_in(directory: Path) -> Path | None:

@@ -13,37 +13,22 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
 from dgpp.engine.quant.ggml_blocks import FORMATS
+from dgpp.engine.quant.gguf_file import GLOBAL_NAMES, LAYER_NAMES
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 QUANTIZABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 # float16 scale bytes of each K-quant block, and the scale size that keeps weights near 0.1
 K_SCALES = {"Q4_K": ((0, 2), (2, 4)), "Q5_K": ((0, 2), (2, 4)), "Q6_K": ((208, 210),)}
 K_SCALE_SIZE = {"Q4_K": 1.5e-4, "Q5_K": 8e-5, "Q6_K": 1e-3}
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
+# The engine's own GGUF -> Hugging Face names, inverted: transformers' GGUF loader (the reference)
+# reads these files with its own mapping, so a wrong name cannot pass unnoticed.
+_LAYER = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
+_GLOBAL = {hf: gguf for gguf, hf in GLOBAL_NAMES.items()}
 
 
 def gguf_name(name: str) -> str:
-    if name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if name == "model.norm.weight":
-        return "output_norm.weight"
-    if name == "lm_head.weight":
-        return "output.weight"
+    if name in _GLOBAL:
+        return _GLOBAL[name]
     parts = name.split(".")  # model.layers.N.<rest>
     return f"blk.{parts[2]}.{_LAYER['.'.join(parts[3:])]}"
 
