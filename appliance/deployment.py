@@ -46,6 +46,18 @@ class EngineSection(_Section):
     long_prefill_share: float = Field(0.25, gt=0.0, le=1.0)
     step_target_ms: float = 0.0  # 0: twice the decode-only step; negative: unbounded
     prefill_precision: Literal["fp32", "model"] = "fp32"
+    # auto: as the checkpoint stores it; a method name refuses a checkpoint stored otherwise
+    quantization: Literal[
+        "auto",
+        "none",
+        "gguf",
+        "gptq",
+        "awq",
+        "auto-round",
+        "compressed-tensors",
+        "fp8",
+        "modelopt",
+    ] = "auto"
     prefix_cache: bool = True
     prefix_min_tokens: int = Field(1024, ge=0)
     seed: int | None = None

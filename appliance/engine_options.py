@@ -42,6 +42,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--prefill-precision", choices=["fp32", "model"], default=None)
     group.add_argument(
+        "--quantization",
+        default=None,
+        help="auto (the default): as the checkpoint stores it; a method (gguf, gptq, awq, "
+        "auto-round, compressed-tensors, fp8, modelopt, none) refuses any other",
+    )
+    group.add_argument(
         "--no-prefix-cache",
         dest="prefix_cache",
         action="store_false",
@@ -116,6 +122,7 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "long_prefill_share",
         "step_target_ms",
         "prefill_precision",
+        "quantization",
         "prefix_cache",
         "prefix_min_tokens",
         "seed",

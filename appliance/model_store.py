@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import huggingface_hub
 from huggingface_hub.errors import (
@@ -31,6 +31,7 @@ from dgpp.appliance.default_model import (
 from dgpp.appliance.paths import hf_hub_cache_dir, models_dir
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.gguf_view import view_for
+from dgpp.engine.quant.quant_schemes import describe_quantization
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -59,6 +60,7 @@ class ModelEntry:
     architecture: str | None
     size_bytes: int
     source: Literal["dgpp", "hf-cache"]
+    quantization: str = "none"  # `describe_quantization`: GGUF Q4_1, GPTQ int4 g128, ...
 
 
 def _hub_offline() -> bool:
@@ -178,16 +180,35 @@ def resolve_model(reference: str) -> Path:
     return _resolve_cached(reference)
 
 
-def _architecture(checkpoint_dir: Path) -> str | None:
-    """config.json's first architecture, or None if it names none or cannot be read."""
+def _config(checkpoint_dir: Path) -> dict[str, Any]:
+    """config.json, or {} when it cannot be read."""
     try:
         config = json.loads((checkpoint_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return None
-    architectures = config.get("architectures") if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _architecture(checkpoint_dir: Path) -> str | None:
+    """config.json's first architecture, or None if it names none or cannot be read."""
+    architectures = _config(checkpoint_dir).get("architectures")
     if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
         return architectures[0]
     return None
+
+
+def quantization(checkpoint_dir: Path) -> str:
+    """How the checkpoint's weights are stored (`none` for a dense one)."""
+    try:
+        return describe_quantization(_config(checkpoint_dir), checkpoint_dir)
+    except ModelLoadError:
+        return "unreadable hf_quant_config.json"
+
+
+def _entry(
+    name: str, path: Path, size_bytes: int, source: Literal["dgpp", "hf-cache"]
+) -> ModelEntry:
+    return ModelEntry(name, path, _architecture(path), size_bytes, source, quantization(path))
 
 
 def _tree_size(directory: Path) -> int:
@@ -199,7 +220,7 @@ def _dgpp_models() -> list[ModelEntry]:
     if not root.is_dir():
         return []
     return [
-        ModelEntry(child.name, child, _architecture(child), _tree_size(child), "dgpp")
+        _entry(child.name, child, _tree_size(child), "dgpp")
         for child in sorted(root.iterdir())
         if child.is_dir() and not child.name.startswith(".") and (child / "config.json").is_file()
     ]
@@ -218,15 +239,7 @@ def _hf_cache_models() -> list[ModelEntry]:
         revision = max(repo.revisions, key=lambda rev: ("main" in rev.refs, rev.last_modified))
         snapshot = revision.snapshot_path
         if (snapshot / "config.json").is_file():
-            entries.append(
-                ModelEntry(
-                    repo.repo_id,
-                    snapshot,
-                    _architecture(snapshot),
-                    revision.size_on_disk,
-                    "hf-cache",
-                )
-            )
+            entries.append(_entry(repo.repo_id, snapshot, revision.size_on_disk, "hf-cache"))
     return entries
 
 

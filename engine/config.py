@@ -10,11 +10,22 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.loader import checkpoint_files
+from dgpp.engine.quant.group_codes import GroupFormat
+from dgpp.engine.quant.quant_schemes import (
+    GROUP_METHODS,
+    QuantSchemes,
+    check_method,
+    quant_config,
+    schemes_from_meta,
+    tensor_meta,
+)
 from dgpp.engine.quant.weight_formats import WeightFormats
 
 PrefillPrecision = Literal["fp32", "model"]
@@ -64,8 +75,27 @@ class ModelConfig:
     checkpoint_dtype: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
-    # packed weights (GGUF); none when dense
+    # packed weights: GGUF's per-module GGML types, or a quantized safetensors checkpoint's
+    # schemes (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt); both empty when dense
     weight_formats: WeightFormats = field(default_factory=WeightFormats)
+    quant_schemes: QuantSchemes = field(default_factory=QuantSchemes)
+
+    def weight_format(
+        self, modules: Sequence[str], cols: int, in_start: int = 0, in_total: int = 0
+    ) -> str | GroupFormat | None:
+        """How a layer fusing checkpoint `modules` keeps its weight: a GGML type, a
+        group-quantized form, or None (dense). The rank reads `cols` input columns, from
+        `in_start` of `in_total` when its input is split."""
+        if self.weight_formats:
+            return self.weight_formats.packed(modules, in_start, cols if in_total else 0)
+        return self.quant_schemes.group_format(modules, cols, in_start, in_total)
+
+    @property
+    def quant_method(self) -> str:
+        """How the weights are stored: `none`, `gguf`, or a `QuantSchemes` method."""
+        if self.weight_formats:
+            return "gguf"
+        return self.quant_schemes.method if self.quant_schemes else "none"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -73,6 +103,7 @@ class ModelConfig:
         if not architectures:
             raise ModelLoadError("config.json names no architectures; cannot pick a model class")
         architecture = architectures[0]
+        check_method(quant_config(raw))
         try:
             num_heads = int(raw["num_attention_heads"])
             hidden_size = int(raw["hidden_size"])
@@ -115,7 +146,13 @@ class ModelConfig:
             raw = json.loads(config_file.read_text())
         except json.JSONDecodeError as err:
             raise ModelLoadError(f"{config_file} is not valid JSON: {err}") from None
-        return cls.from_dict(raw)
+        config = cls.from_dict(raw)
+        quant = quant_config(raw, path)
+        method = check_method(quant)
+        if quant is None or method not in GROUP_METHODS:
+            return config
+        meta = tensor_meta(checkpoint_files(path))
+        return replace(config, quant_schemes=schemes_from_meta(method, quant, meta))
 
 
 def read_generation_config(checkpoint: Path) -> dict[str, Any]:
@@ -205,6 +242,9 @@ class EngineConfig:
     resident_cache: bool = True
     resident_cache_dir: str | None = None
     speculative: Speculative = "off"
+    # "auto" serves the checkpoint as it is stored; naming a method (or "none") refuses a
+    # checkpoint stored otherwise, before loading (vLLM's --quantization)
+    quantization: str = "auto"
     spec_depth: int = 4
     spec_ngram_max: int = 4
     spec_ngram_min: int = 2

@@ -22,6 +22,7 @@ from dgpp.engine.models.registry import model_class
 from dgpp.engine.output_processor import OutputProcessor
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
+from dgpp.engine.quant.quant_schemes import check_quantization
 from dgpp.engine.reasoning_budget import ReasoningBudget
 from dgpp.engine.request import FinishReason, Request, RequestOutput
 from dgpp.engine.sampler import Sampler
@@ -49,6 +50,7 @@ class LLMEngine:
         ranks run `serve_commands`; without them the engine is a world of one. `resident_dir`:
         see `ModelRunner`."""
         model_config = ModelConfig.from_checkpoint(checkpoint)
+        check_quantization(config.quantization, model_config.quant_method)
         model_class(model_config)  # refuse unknown architectures before any heavy loading
         # memory_fraction: the KV pool is sized here, once; other ranks must run the result.
         config = size_kv_pool(config, model_config, parallel.tp_size if parallel else 1)

@@ -1,5 +1,8 @@
 """Loads checkpoints into a model through each parameter's `weight_loader`: safetensors
-files, or the GGUF file of a GGUF view (`quant.gguf_view`)."""
+files, or the GGUF file of a GGUF view (`quant.gguf_view`). A quantized safetensors module's
+tensors (`quant.quant_schemes`) are gathered until all have arrived, converted to one packed
+weight (`quant.checkpoint_formats`) and loaded as the module's `weight`: packed into a layer
+that keeps that form, dequantized into one that does not."""
 
 from __future__ import annotations
 
@@ -11,8 +14,13 @@ from safetensors import safe_open
 from torch import nn
 
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.quant.checkpoint_formats import PackedModule, packed_module
 from dgpp.engine.quant.gguf_file import GgufFile, GgufTensor
 from dgpp.engine.quant.gguf_view import WEIGHTS_NAME
+from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
+from dgpp.engine.quant.quant_schemes import IGNORED_SUFFIXES, QuantSchemes
+
+Loaded = torch.Tensor | GgufTensor | PackedModule
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -54,14 +62,34 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     mapping: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules_mapping", {})
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    config = getattr(model, "config", None)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    schemes: QuantSchemes = getattr(config, "quant_schemes", None) or QuantSchemes()
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
     for name, tensor in named_tensors(path):
         if tied and name == "lm_head.weight":
             continue
         if "rotary_emb.inv_freq" in name:
             continue
+        module, _, suffix = name.rpartition(".")
+        scheme = schemes.of(module) if schemes else None
+        if schemes and suffix in IGNORED_SUFFIXES:
+            continue
+        if scheme is not None and suffix in scheme.suffixes:
+            assert isinstance(tensor, torch.Tensor)
+            parts = pending.setdefault(module, {})
+            parts[suffix] = tensor
+            if len(parts) == len(scheme.suffixes):
+                value = packed_module(module, scheme, pending.pop(module))
+                _load_one(params, mapping, f"{module}.weight", value, loaded)
+            continue
         _load_one(params, mapping, name, tensor, loaded)
+    for module, parts in pending.items():
+        scheme = schemes.of(module)
+        assert scheme is not None
+        lacking = sorted(set(scheme.suffixes) - set(parts))
+        raise ModelLoadError(f"quantized module {module} lacks {', '.join(lacking)}")
     if tied:
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
@@ -70,12 +98,14 @@ def load_weights(model: nn.Module, path: Path) -> None:
         raise ModelLoadError(f"checkpoint {path} is missing {len(missing)} weights: {shown}")
 
 
-def _value_for(param: nn.Parameter, tensor: torch.Tensor | GgufTensor) -> torch.Tensor:
-    """What `param` takes from a checkpoint tensor: a GGUF tensor's raw rows when the parameter
-    keeps that format packed, else its values (dequantized)."""
+def _value_for(param: nn.Parameter, tensor: Loaded) -> torch.Tensor | GroupWeight:
+    """What `param` takes from a checkpoint tensor: a GGUF tensor's raw rows, or a quantized
+    module's packed weight, when the parameter keeps that form, else its values (dequantized)."""
+    packed = getattr(param, "weight_format", None)
+    if isinstance(tensor, PackedModule):
+        return tensor.weight if isinstance(packed, GroupFormat) else tensor.dense()
     if not isinstance(tensor, GgufTensor):
         return tensor
-    packed = getattr(param, "weight_format", None)
     if packed == tensor.format.name:
         return tensor.rows()
     if packed is not None:
@@ -89,7 +119,7 @@ def _load_one(
     params: dict[str, nn.Parameter],
     mapping: dict[str, tuple[str, str | int]],
     name: str,
-    tensor: torch.Tensor | GgufTensor,
+    tensor: Loaded,
     loaded: set[str],
 ) -> None:
     for fragment, (fused, shard_id) in mapping.items():
@@ -98,7 +128,7 @@ def _load_one(
             param = _param(params, target, name)
             value = _value_for(param, tensor)
             param.weight_loader(param, value, shard_id)  # type: ignore[attr-defined]
-            loaded.add(target)
+            _mark_loaded(params, target, value, loaded)
             return
     param = _param(params, name, name)
     tensor = _value_for(param, tensor)
@@ -111,7 +141,19 @@ def _load_one(
         param.data.copy_(tensor)
     else:
         loader(param, tensor)
+    _mark_loaded(params, name, tensor, loaded)
+
+
+def _mark_loaded(
+    params: dict[str, nn.Parameter],
+    name: str,
+    value: torch.Tensor | GroupWeight,
+    loaded: set[str],
+) -> None:
+    """A packed weight loads its layer's scale, zero, global-scale and order parameters too."""
     loaded.add(name)
+    if isinstance(value, GroupWeight):
+        loaded.update(f"{name}_{part}" for part in ("scale", "zero", "global_scale", "perm"))
 
 
 def _param(params: dict[str, nn.Parameter], target: str, source: str) -> nn.Parameter:

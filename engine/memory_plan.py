@@ -27,7 +27,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.quant.weight_formats import packed_savings
+from dgpp.engine.quant.packed_memory import packed_savings
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

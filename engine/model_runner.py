@@ -92,6 +92,9 @@ class ModelRunner:
             for module in self.model.modules()
             if isinstance(module, PackableLinear | ParallelLMHead)
         ]
+        for module in packable:
+            if isinstance(module, PackableLinear):
+                module.select_kernels()
         self.packing: threading.Thread | None = None
         if packer is not None and warm:
             # Warm weights are memory-mapped from the image: serve on them at once and pack on

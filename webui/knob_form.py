@@ -23,6 +23,11 @@ KNOBS: tuple[tuple[str, str, str], ...] = (
     ("engine.max_model_len", "Max context", "tokens per request; empty: the model's own limit"),
     ("engine.prefill_precision", "Prefill precision", "fp32 is exact; model is faster"),
     ("engine.prefill_chunk_tokens", "Prefill chunk", "prompt tokens computed per step"),
+    (
+        "engine.quantization",
+        "Quantization",
+        "auto serves the checkpoint as stored; a method refuses any other",
+    ),
     ("engine.short_prompt_tokens", "Short prompt", "prompts this short go before long ones"),
     (
         "engine.long_prefill_share",

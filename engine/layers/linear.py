@@ -1,9 +1,12 @@
 """Tensor-parallel linear layers; each parameter carries a `weight_loader` that takes the full
 checkpoint tensor and copies this rank's shard into place.
 
-A layer built with a `weight_format` (a GGML type, `quant.weight_formats`) keeps its weight packed:
-a uint8 [rows, bytes] parameter of whole blocks, loaded from the checkpoint's raw rows (the same
-row slicing; input columns are cut at block boundaries) and multiplied by `kernels.ggml_linear`."""
+A layer built with a `weight_format` keeps its weight packed: a GGML type (`quant.weight_formats`)
+is a uint8 [rows, bytes] parameter of whole blocks, loaded from the checkpoint's raw rows (the same
+row slicing; input columns are cut at block boundaries) and multiplied by `kernels.ggml_linear`;
+a `GroupFormat` (GPTQ, AWQ, compressed-tensors, FP8, NVFP4, MXFP4: `quant.quant_schemes`) is
+codes plus scales (`layers.group_weight`), loaded from a module's converted `GroupWeight` and
+multiplied by `kernels.group_linear`."""
 
 from __future__ import annotations
 
@@ -13,11 +16,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.layers.group_weight import (
+    add_group_params,
+    copy_group_columns,
+    copy_group_rows,
+    group_weight,
+)
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.quant.ggml_blocks import FORMATS
+from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
 from dgpp.kernels.ggml_linear import ggml_linear_cpu
+from dgpp.kernels.group_linear import GroupLinearFn, group_linear_torch, select_group_linear
 from dgpp.kernels.linear import LinearFn, LinearPacker
+
+WeightFormat = str | GroupFormat | None  # a GGML type, a group-quantized form, or dense
 
 
 def _attach_loader(param: nn.Parameter, loader: object) -> None:
@@ -28,14 +41,35 @@ def _new_param(*shape: int, dtype: torch.dtype | None = None) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
-def weight_param(rows: int, cols: int, weight_format: str | None) -> nn.Parameter:
-    """A [rows, cols] weight: dense, or packed as `weight_format` blocks (uint8 [rows, bytes])."""
+def weight_param(rows: int, cols: int, weight_format: WeightFormat) -> nn.Parameter:
+    """A [rows, cols] weight: dense, packed as `weight_format` blocks (uint8 [rows, bytes]), or
+    a group-quantized form's codes (its scales: `add_group_params`)."""
     if weight_format is None:
         return _new_param(rows, cols)
+    if isinstance(weight_format, GroupFormat):
+        param = _new_param(rows, weight_format.code_bytes(cols), dtype=torch.uint8)
+        param.weight_format = weight_format  # type: ignore[attr-defined]
+        return param
     spec = FORMATS[weight_format]
     param = _new_param(rows, cols // spec.block_size * spec.type_size, dtype=torch.uint8)
     param.weight_format = weight_format  # type: ignore[attr-defined]  # what the loader reads
     return param
+
+
+def _copy_rows(
+    layer: nn.Module,
+    param: nn.Parameter,
+    loaded: torch.Tensor | GroupWeight,
+    dst: int,
+    src: int,
+    size: int,
+) -> None:
+    """Rows src .. src + size of a checkpoint tensor (or a module's packed weight) into rows
+    dst .. dst + size of `param`."""
+    if isinstance(loaded, GroupWeight):
+        copy_group_rows(layer, loaded, dst, src, size)
+    else:
+        param.data.narrow(0, dst, size).copy_(loaded.narrow(0, src, size))
 
 
 def packed_columns(weight_format: str | None, start: int, size: int) -> tuple[int, int]:
@@ -57,8 +91,21 @@ class PackableLinear(nn.Module):
     weight: nn.Parameter | None
     bias: nn.Parameter | None
     packed: LinearFn | None = None
-    weight_format: str | None = None  # GGML type of a packed weight; None: dense
+    weight_format: WeightFormat = None
     in_features: int = 0
+    group_kernel: GroupLinearFn = staticmethod(group_linear_torch)  # chosen in `select_kernels`
+
+    def init_weight(self, rows: int, cols: int, weight_format: WeightFormat) -> None:
+        self.weight_format, self.in_features = weight_format, cols
+        self.weight = weight_param(rows, cols, weight_format)
+        if isinstance(weight_format, GroupFormat):
+            add_group_params(self, rows, cols, weight_format)
+
+    def select_kernels(self) -> None:
+        """Pick the group-quantized kernel for the device the weights are on (once)."""
+        if isinstance(self.weight_format, GroupFormat):
+            assert self.weight is not None
+            self.group_kernel = select_group_linear(self.weight.device)
 
     def pack(self, packer: LinearPacker, with_bias: bool = True, keep_dense: bool = False) -> None:
         if self.weight_format is not None:
@@ -73,6 +120,9 @@ class PackableLinear(nn.Module):
         if packed is not None:
             return packed(x)
         bias = self.bias if with_bias else None
+        if isinstance(self.weight_format, GroupFormat):
+            y = self.group_kernel(x, group_weight(self), self.weight_format)
+            return y if bias is None else y + bias
         if self.weight_format is not None:
             assert self.weight is not None
             y = ggml_linear_cpu(x, self.weight, self.weight_format, self.in_features)
@@ -89,21 +139,20 @@ class ColumnParallelLinear(PackableLinear):
         output_size: int,
         bias: bool,
         parallel: ParallelContext,
-        weight_format: str | None = None,
+        weight_format: WeightFormat = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
         self.output_size_local = parallel.shard(output_size, "output_size")
-        self.weight_format, self.in_features = weight_format, input_size
-        self.weight = weight_param(self.output_size_local, input_size, weight_format)
+        self.init_weight(self.output_size_local, input_size, weight_format)
         _attach_loader(self.weight, self.load_rows)
         self.bias = _new_param(self.output_size_local) if bias else None
         if self.bias is not None:
             _attach_loader(self.bias, self.load_rows)
 
-    def load_rows(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    def load_rows(self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight) -> None:
         rows = param.shape[0]
-        param.data.copy_(loaded.narrow(0, self.parallel.tp_rank * rows, rows))
+        _copy_rows(self, param, loaded, 0, self.parallel.tp_rank * rows, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x)
@@ -121,18 +170,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         output_sizes: Sequence[int],
         bias: bool,
         parallel: ParallelContext,
-        weight_format: str | None = None,
+        weight_format: WeightFormat = None,
     ) -> None:
         self.output_sizes_local = [parallel.shard(size, "output_size") for size in output_sizes]
         super().__init__(input_size, sum(output_sizes), bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int
+        self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight, shard_id: int
     ) -> None:
         size = self.output_sizes_local[shard_id]
         offset = sum(self.output_sizes_local[:shard_id])
-        shard = loaded.narrow(0, self.parallel.tp_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(shard)
+        _copy_rows(self, param, loaded, offset, self.parallel.tp_rank * size, size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -147,7 +195,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         bias: bool,
         parallel: ParallelContext,
-        weight_format: str | None = None,
+        weight_format: WeightFormat = None,
     ) -> None:
         self.head_dim = head_dim
         heads = partition_heads(num_heads, num_kv_heads, parallel.tp_size, parallel.tp_rank)
@@ -158,7 +206,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
-        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str
+        self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight, shard_id: str
     ) -> None:
         heads, head_dim = self.heads, self.head_dim
         q_size = heads.num_q * head_dim
@@ -169,7 +217,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset, size, start = q_size, kv_size, heads.kv_start * head_dim
         else:
             offset, size, start = q_size + kv_size, kv_size, heads.kv_start * head_dim
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+        _copy_rows(self, param, loaded, offset, start, size)
 
 
 class RowParallelLinear(PackableLinear):
@@ -183,7 +231,7 @@ class RowParallelLinear(PackableLinear):
         bias: bool,
         parallel: ParallelContext,
         input_range: tuple[int, int] | None = None,
-        weight_format: str | None = None,
+        weight_format: WeightFormat = None,
     ) -> None:
         """`input_range` (start, size) gives this rank's input columns when the split is not
         even (attention heads, see `partition_heads`); by default they are split evenly."""
@@ -193,12 +241,15 @@ class RowParallelLinear(PackableLinear):
             size = parallel.shard(input_size, "input_size")
             input_range = (parallel.tp_rank * size, size)
         self.input_start, self.input_size_local = input_range
-        self.weight_format, self.in_features = weight_format, self.input_size_local
-        self.weight = weight_param(output_size, self.input_size_local, weight_format)
+        self.init_weight(output_size, self.input_size_local, weight_format)
         _attach_loader(self.weight, self.load_columns)
         self.bias = _new_param(output_size) if bias else None
 
-    def load_columns(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+    def load_columns(self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight) -> None:
+        if isinstance(loaded, GroupWeight):
+            copy_group_columns(self, loaded, self.input_start, self.input_size_local)
+            return
+        assert not isinstance(self.weight_format, GroupFormat)
         start, size = packed_columns(self.weight_format, self.input_start, self.input_size_local)
         param.data.copy_(loaded.narrow(1, start, size))
 

@@ -37,7 +37,7 @@ class DecoderAttention(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        formats = config.weight_formats
+        qkv = [f"{prefix}.{name}" for name in ("q_proj", "k_proj", "v_proj")]
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             config.head_dim,
@@ -45,7 +45,7 @@ class DecoderAttention(nn.Module):
             config.num_kv_heads,
             config.qkv_bias,
             parallel,
-            formats.packed([f"{prefix}.{name}" for name in ("q_proj", "k_proj", "v_proj")]),
+            config.weight_format(qkv, config.hidden_size),
         )
         self.num_heads = self.qkv_proj.num_heads_local
         self.num_kv_heads = self.qkv_proj.num_kv_heads_local
@@ -58,7 +58,12 @@ class DecoderAttention(nn.Module):
             False,
             parallel,
             input_range=input_range,
-            weight_format=formats.packed([f"{prefix}.o_proj"], *input_range),
+            weight_format=config.weight_format(
+                [f"{prefix}.o_proj"],
+                input_range[1],
+                input_range[0],
+                config.num_heads * config.head_dim,
+            ),
         )
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -96,13 +101,12 @@ class DecoderMLP(nn.Module):
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
-        formats = config.weight_formats
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size,
             [config.intermediate_size] * 2,
             config.mlp_bias,
             parallel,
-            formats.packed([f"{prefix}.gate_proj", f"{prefix}.up_proj"]),
+            config.weight_format([f"{prefix}.gate_proj", f"{prefix}.up_proj"], config.hidden_size),
         )
         local = config.intermediate_size // parallel.tp_size
         self.down_proj = RowParallelLinear(
@@ -110,7 +114,9 @@ class DecoderMLP(nn.Module):
             config.hidden_size,
             config.mlp_bias,
             parallel,
-            weight_format=formats.packed([f"{prefix}.down_proj"], parallel.tp_rank * local, local),
+            weight_format=config.weight_format(
+                [f"{prefix}.down_proj"], local, parallel.tp_rank * local, config.intermediate_size
+            ),
         )
         self.act = SiluAndMul()
 

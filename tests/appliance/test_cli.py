@@ -269,7 +269,7 @@ def test_model_list_shows_installed_checkpoints(run_cli: RunCli, private_env: Pa
     (private_env / "dgpp" / "models" / "not-a-checkpoint").mkdir()
     code, out, err = run_cli("model", "list")
     assert code == 0, err
-    assert out.splitlines() == [f"mine\tLlamaForCausalLM\t3 MiB\t{model}"]
+    assert out.splitlines() == [f"mine\tLlamaForCausalLM\tnone\t3 MiB\t{model}"]
 
 
 def test_model_pull_offline_is_an_error(run_cli: RunCli) -> None:

