@@ -10,7 +10,6 @@ docs/quantization.md.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from functools import cache
 from pathlib import Path
@@ -19,8 +18,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from dgpp.engine.cache_dir import dgpp_cache_dir
 from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
+from dgpp.kernels.cpu_build import load_cpu_extension
 
 SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
 CPU_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # what the compiled kernel decodes
@@ -42,24 +41,9 @@ def ggml_linear_torch(
 @cache
 def cpu_extension() -> ModuleType | None:
     """The compiled CPU kernel, built on first use; None (logged once) when it cannot be."""
-    from torch.utils.cpp_extension import load
-
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build = dgpp_cache_dir() / "kernels" / f"ggml-{digest}"
-    build.mkdir(parents=True, exist_ok=True)
-    flags = ["-O3", "-march=native", "-fopenmp"]
-    try:
-        return load(
-            name=f"dgpp_ggml_{digest}",
-            sources=[str(SOURCE)],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
-    except Exception as err:  # no compiler, no ninja, a toolchain error: serve slower, not fail
-        log.warning("GGML CPU kernel unavailable (%s); quantized layers use the PyTorch twin", err)
-        return None
+    return load_cpu_extension(
+        SOURCE, "ggml", "GGML CPU kernel", log, "quantized layers use the PyTorch twin"
+    )
 
 
 def ggml_linear_cpu(x: torch.Tensor, raw: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Linear layers on group-quantized weights (`engine.quant.group_codes`: int4, FP8, NVFP4, MXFP4).
 
 `group_linear_torch` is the PyTorch twin of every kernel here: dequantize (exactly,
-`dequantize_group`) and `F.linear`. `select_group_linear` picks the kernel once per device; see
-docs/quantization.md for the choice and its figures.
+`dequantize_group`) and `F.linear`. `select_group_linear` picks the kernel once per device: on
+CPUs the compiled kernel (`kernels.group_linear_cpu`), on CUDA the Triton dequantize-GEMM
+(`kernels.group_linear_triton`); docs/quantization.md has the choice and its figures.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def group_linear_torch(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -
 def select_group_linear(device: torch.device) -> GroupLinearFn:
     """The kernel layers on `device` use for group-quantized weights."""
     if device.type == "cuda":
-        from dgpp.kernels.group_linear_triton import group_linear_triton
+        from dgpp.kernels.group_linear_triton import group_linear_triton  # needs triton
 
         return group_linear_triton
+    if device.type == "cpu":
+        from dgpp.kernels.group_linear_cpu import group_linear_cpu  # imports this module
+
+        return group_linear_cpu
     return group_linear_torch

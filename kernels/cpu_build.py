@@ -1,0 +1,44 @@
+"""Building dgpp's small C++ CPU kernels (kernels/cpu/*.cpp) with the system compiler.
+
+Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache, in
+a directory and under a module name that carry a hash of the source and the torch version: an
+edited source or another torch never loads a stale build. `-march=native` because the build is
+for this machine only (the cache is per machine); OpenMP for ATen's parallel_for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from dgpp.engine.cache_dir import dgpp_cache_dir
+
+FLAGS = ("-O3", "-march=native", "-fopenmp")
+
+
+def load_cpu_extension(
+    source: Path, tag: str, what: str, log: logging.Logger, fallback: str
+) -> ModuleType | None:
+    """`source` built and imported as `dgpp_<tag>_<digest>`; None, with one warning on `log`
+    ("<what> unavailable (<error>); <fallback>"), when it cannot be built. Callers cache it."""
+    from torch.utils.cpp_extension import load
+
+    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build = dgpp_cache_dir() / "kernels" / f"{tag}-{digest}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(
+            name=f"dgpp_{tag}_{digest}",
+            sources=[str(source)],
+            extra_cflags=list(FLAGS),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
+    except Exception as err:  # no compiler, no ninja, a toolchain error: serve slower, not fail
+        log.warning("%s unavailable (%s); %s", what, err, fallback)
+        return None
