@@ -2,7 +2,8 @@
 
 `group_linear_torch` is the PyTorch twin of every kernel here: dequantize (exactly,
 `dequantize_group`) and `F.linear`. `select_group_linear` picks the kernel once per device: on
-CPUs the compiled kernel (`kernels.group_linear_cpu`), on CUDA the Triton dequantize-GEMM
+CPUs the compiled kernel (`kernels.group_linear_cpu`); on CUDA an FP8 GEMM (`kernels.fp8_linear`)
+for per-channel FP8 on GPUs that have one, else the Triton dequantize-GEMM
 (`kernels.group_linear_triton`); docs/quantization.md has the choice and its figures.
 """
 
@@ -25,9 +26,14 @@ def group_linear_torch(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -
     return F.linear(x, dequantize_group(weight, fmt).to(x.dtype))
 
 
-def select_group_linear(device: torch.device) -> GroupLinearFn:
-    """The kernel layers on `device` use for group-quantized weights."""
+def select_group_linear(weight: GroupWeight, fmt: GroupFormat) -> GroupLinearFn:
+    """The kernel a layer uses for its group-quantized weight, on the weight's device."""
+    device = weight.codes.device
     if device.type == "cuda":
+        from dgpp.kernels.fp8_linear import fp8_linear_scaled_mm, scaled_mm_usable
+
+        if scaled_mm_usable(weight, fmt, device):
+            return fp8_linear_scaled_mm
         from dgpp.kernels.group_linear_triton import group_linear_triton  # needs triton
 
         return group_linear_triton

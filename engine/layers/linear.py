@@ -105,7 +105,7 @@ class PackableLinear(nn.Module):
         """Pick the group-quantized kernel for the device the weights are on (once)."""
         if isinstance(self.weight_format, GroupFormat):
             assert self.weight is not None
-            self.group_kernel = select_group_linear(self.weight.device)
+            self.group_kernel = select_group_linear(group_weight(self), self.weight_format)
 
     def pack(self, packer: LinearPacker, with_bias: bool = True, keep_dense: bool = False) -> None:
         if self.weight_format is not None:

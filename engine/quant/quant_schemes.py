@@ -130,13 +130,22 @@ def quant_config(raw: dict[str, Any], path: Path | None = None) -> dict[str, Any
     return None
 
 
+def canonical_method(quant: dict[str, Any]) -> str:
+    """`quant_method` as dgpp names it (spellings differ between writers)."""
+    method = str(quant.get("quant_method", "")).lower().replace("_", "-")
+    if method in ("auto-round", "intel/auto-round"):
+        return "auto-round"
+    if method == "modelopt-fp4":  # ModelOpt's NVFP4 exports in transformers' naming
+        quant.setdefault("quant_algo", "NVFP4")
+        return "modelopt"
+    return method
+
+
 def check_method(quant: dict[str, Any] | None) -> str | None:
     """The quantization method, refused before loading when dgpp cannot serve it."""
     if quant is None:
         return None
-    method = str(quant.get("quant_method", "")).lower().replace("_", "-")
-    if method in ("auto-round", "intel/auto-round"):
-        method = "auto-round"
+    method = canonical_method(quant)
     if method not in METHODS:
         raise ModelLoadError(
             f"quantization method {quant.get('quant_method')!r} is not supported; supported: "
@@ -318,7 +327,7 @@ def describe_quantization(raw: dict[str, Any], path: Path | None = None) -> str:
     quant = quant_config(raw, path)
     if quant is None:
         return "none"
-    method = str(quant.get("quant_method", "?"))
+    method = canonical_method(quant)
     if method == "gguf":
         counts: dict[str, int] = {}
         for fmt in (quant.get("weight_formats") or {}).values():

@@ -284,3 +284,27 @@ def test_split_layers_stay_packed_only_at_group_boundaries() -> None:
     channel = QuantSchemes("fp8", (("a", replace(scheme, group_size=0)),))
     fmt = channel.group_format(["a"], 48, 48, 96)
     assert fmt is not None and fmt.group_size == 48  # one scale per row fits any split
+
+
+def test_quantization_is_described_from_the_config() -> None:
+    from dgpp.engine.quant.quant_schemes import describe_quantization
+
+    def described(quant: dict[str, object] | None) -> str:
+        return describe_quantization({} if quant is None else {"quantization_config": quant})
+
+    assert described(None) == "none"
+    assert described({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}) == (
+        "GPTQ int4 g128 act-order"
+    )
+    assert described({"quant_method": "awq", "bits": 4, "group_size": 64}) == "AWQ int4 g64"
+    assert described({"quant_method": "fp8", "weight_block_size": [128, 128]}) == (
+        "FP8 block 128x128"
+    )
+    assert described({"quant_method": "modelopt_fp4"}) == "ModelOpt NVFP4"
+    ct = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"type": "float", "num_bits": 4, "group_size": 16}}},
+    }
+    assert described(ct) == "compressed-tensors float4 g16"
+    gguf = {"quant_method": "gguf", "weight_formats": {"a": "Q4_K", "b": "Q4_K", "c": "Q6_K"}}
+    assert described(gguf) == "GGUF Q4_K (+Q6_K)"
