@@ -78,8 +78,17 @@ def _servable(weight: GroupWeight, fmt: GroupFormat) -> bool:
     )
 
 
-def _zeros(weight: GroupWeight) -> torch.Tensor:
-    return _empty(torch.uint8) if weight.zeros is None else weight.zeros.contiguous()
+def _packed(weight: GroupWeight, fmt: GroupFormat) -> tuple[object, ...]:
+    """The kernel's leading arguments: codes, scales, zero codes, code table, bits, group."""
+    zeros = _empty(torch.uint8) if weight.zeros is None else weight.zeros.contiguous()
+    return (
+        weight.codes.contiguous(),
+        weight.scales.contiguous(),
+        zeros,
+        codebook_values(fmt.codebook),
+        fmt.bits,
+        fmt.group_size,
+    )
 
 
 def group_linear_cpu(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -> torch.Tensor:
@@ -95,16 +104,7 @@ def group_linear_cpu(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -> 
     shape = x.shape
     global_scale, global_mode = _global(weight, fmt)
     y = ext.group_linear(
-        x.reshape(-1, shape[-1]),
-        weight.codes.contiguous(),
-        weight.scales.contiguous(),
-        _zeros(weight),
-        codebook_values(fmt.codebook),
-        fmt.bits,
-        fmt.group_size,
-        global_scale,
-        global_mode,
-        GEMM_ROWS,
+        x.reshape(-1, shape[-1]), *_packed(weight, fmt), global_scale, global_mode, GEMM_ROWS
     )
     return y.reshape(*shape[:-1], weight.codes.shape[0])
 
@@ -116,14 +116,4 @@ def group_dequantize_cpu(weight: GroupWeight, fmt: GroupFormat, cols: int) -> to
     if ext is None or not _servable(weight, fmt):
         return dequantize_group(weight, fmt)
     global_scale, global_mode = _global(weight, fmt)
-    return ext.group_dequantize(
-        weight.codes.contiguous(),
-        weight.scales.contiguous(),
-        _zeros(weight),
-        codebook_values(fmt.codebook),
-        fmt.bits,
-        fmt.group_size,
-        cols,
-        global_scale,
-        global_mode,
-    )
+    return ext.group_dequantize(*_packed(weight, fmt), cols, global_scale, global_mode)
