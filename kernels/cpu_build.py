@@ -1,6 +1,6 @@
 """Building dgpp's small C++ CPU kernels (kernels/cpu/*.cpp) with the system compiler.
 
-Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache, in
+Each source (with the headers beside it) is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache, in
 a directory and under a module name that carry a hash of the source and the torch version: an
 edited source or another torch never loads a stale build. `-march=native` because the build is
 for this machine only (the cache is per machine); OpenMP for ATen's parallel_for.
@@ -27,7 +27,10 @@ def load_cpu_extension(
     ("<what> unavailable (<error>); <fallback>"), when it cannot be built. Callers cache it."""
     from torch.utils.cpp_extension import load
 
-    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    # the headers beside the source are part of it: an edited header rebuilds too
+    parts = [source, *sorted(source.parent.glob("*.h"))]
+    content = b"".join(part.read_bytes() for part in parts) + torch.__version__.encode()
+    digest = hashlib.sha256(content).hexdigest()[:12]
     build = dgpp_cache_dir() / "kernels" / f"{tag}-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     try:
