@@ -1,9 +1,10 @@
 """Building dgpp's small C++ CPU kernels (kernels/cpu/*.cpp) with the system compiler.
 
-Each source (with the headers beside it) is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache, in
-a directory and under a module name that carry a hash of the source and the torch version: an
-edited source or another torch never loads a stale build. `-march=native` because the build is
-for this machine only (the cache is per machine); OpenMP for ATen's parallel_for.
+Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache,
+in a directory and under a module name that carry a hash of the source, the headers beside it and
+the torch version: an edited source or header, or another torch, never loads a stale build.
+`-march=native` because the build is for this machine only (the cache is per machine); OpenMP
+for ATen's parallel_for.
 """
 
 from __future__ import annotations
