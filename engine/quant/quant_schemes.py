@@ -163,6 +163,14 @@ def check_method(quant: dict[str, Any] | None) -> str | None:
                 f"compressed-tensors format {fmt!r} is not supported; supported: "
                 + ", ".join(CT_FORMATS)
             )
+        for name, group in (quant.get("config_groups") or {}).items():
+            weights = (group or {}).get("weights") or {}
+            kind = (str(weights.get("type", "int")), int(weights.get("num_bits", 4)))
+            if kind not in (("int", 4), ("float", 8), ("float", 4)):
+                raise ModelLoadError(
+                    f"compressed-tensors group {name!r} has {kind[1]}-bit {kind[0]} weights; "
+                    "supported: 4-bit int, 8-bit float (FP8), 4-bit float (NVFP4, MXFP4)"
+                )
     if method == "modelopt" and str(quant.get("quant_algo", "")).upper() not in ("NVFP4", "FP8"):
         raise ModelLoadError(
             f"ModelOpt quant_algo {quant.get('quant_algo')!r} is not supported; supported: "

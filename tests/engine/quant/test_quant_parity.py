@@ -231,6 +231,14 @@ def test_unsupported_methods_are_refused_by_name(tmp_path: Path, tokenizer_dir: 
         ({"quant_method": "gptq", "bits": 8, "group_size": 32}, "8-bit weights is not supported"),
         ({"quant_method": "awq", "bits": 4, "version": "gemv"}, "AWQ version 'gemv'"),
         ({"quant_method": "compressed-tensors", "format": "marlin-24"}, "format 'marlin-24'"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {"g": {"weights": {"type": "int", "num_bits": 8}}},
+            },
+            "group 'g' has 8-bit int weights",
+        ),
         ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "quant_algo 'W4A8_AWQ'"),
     ]:
         config_file.write_text(json.dumps({**config, "quantization_config": quant}))
