@@ -1,8 +1,9 @@
 """Building dgpp's small C++ CPU kernels (kernels/cpu/*.cpp) with the system compiler.
 
 Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache,
-in a directory and under a module name that carry a hash of the source, the headers beside it and
-the torch version: an edited source or header, or another torch, never loads a stale build.
+in a directory and under a module name that carry a hash of the source, the headers beside it, its
+path and the torch version: an edited source or header, or another torch, never loads a stale
+build, and each checkout keeps its own.
 `-march=native` because the build is for this machine only (the cache is per machine); OpenMP
 for ATen's parallel_for.
 """
@@ -31,6 +32,9 @@ def load_cpu_extension(
     # the headers beside the source are part of it: an edited header rebuilds too
     parts = [source, *sorted(source.parent.glob("*.h"))]
     content = b"".join(part.read_bytes() for part in parts) + torch.__version__.encode()
+    # and where it lives: PyTorch's builder rebuilds when a build directory's sources move, so
+    # two checkouts sharing one directory would rebuild each other's kernel at every switch
+    content += str(source.resolve()).encode()
     digest = hashlib.sha256(content).hexdigest()[:12]
     build = dgpp_cache_dir() / "kernels" / f"{tag}-{digest}"
     build.mkdir(parents=True, exist_ok=True)
