@@ -18,7 +18,6 @@ from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
 
 _BITS_DTYPE = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32}
-_OPTIONAL = ("weight_zero", "weight_global_scale", "weight_perm")
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -61,7 +60,8 @@ def _bits(scales: torch.Tensor, fmt: GroupFormat) -> torch.Tensor:
 
 
 def _check_parts(layer: nn.Module, loaded: GroupWeight) -> None:
-    for name, tensor in zip(_OPTIONAL, (loaded.zeros, loaded.global_scale), strict=False):
+    parts = (("weight_zero", loaded.zeros), ("weight_global_scale", loaded.global_scale))
+    for name, tensor in parts:
         if (getattr(layer, name) is None) != (tensor is None):
             raise ModelLoadError(f"a fused shard differs from its layer in having {name}")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ class QuantSchemes:
     def __bool__(self) -> bool:
         return bool(self.items)
 
-    @property
+    @cached_property  # built once: looked up for every layer and checkpoint tensor
     def schemes(self) -> Mapping[str, LayerScheme]:
         return dict(self.items)
 

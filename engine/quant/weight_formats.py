@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from dgpp.engine.errors import ModelLoadError
@@ -25,7 +26,7 @@ class WeightFormats:
 
     items: tuple[tuple[str, str], ...] = ()  # sorted pairs: hashable, like ModelConfig
 
-    @property
+    @cached_property  # built once: looked up for every layer and checkpoint tensor
     def formats(self) -> Mapping[str, str]:
         return dict(self.items)
 
