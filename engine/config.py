@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +72,7 @@ class ModelConfig:
     mlp_bias: bool = False
     qk_norm: bool = False
     hidden_act: str = "silu"
+    partial_rotary_factor: float = 1.0  # GLM: rotary on the first half of each head
     checkpoint_dtype: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
@@ -79,6 +80,9 @@ class ModelConfig:
     # schemes (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt); both empty when dense
     weight_formats: WeightFormats = field(default_factory=WeightFormats)
     quant_schemes: QuantSchemes = field(default_factory=QuantSchemes)
+    # the whole config.json, for the family-specific keys a model file parses itself
+    # (MoE routing, MLA ranks, sliding windows: see `dgpp.engine.models`)
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def weight_format(
         self, modules: Sequence[str], cols: int, in_start: int = 0, in_total: int = 0
@@ -89,6 +93,11 @@ class ModelConfig:
         if self.weight_formats:
             return self.weight_formats.packed(modules, in_start, cols if in_total else 0)
         return self.quant_schemes.group_format(modules, cols, in_start, in_total)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's dims the rotary embedding turns."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def quant_method(self) -> str:
@@ -127,12 +136,19 @@ class ModelConfig:
                 qkv_bias=architecture == "Qwen2ForCausalLM"
                 or bool(raw.get("attention_bias", False)),
                 mlp_bias=bool(raw.get("mlp_bias", False)),
-                qk_norm=architecture == "Qwen3ForCausalLM",
+                qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+                or bool(raw.get("use_qk_norm", False)),
                 hidden_act=str(raw.get("hidden_act", "silu")),
+                partial_rotary_factor=float(
+                    (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
+                    or raw.get("partial_rotary_factor")
+                    or 1.0
+                ),
                 checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 eos_token_ids=eos_ids,
                 bos_token_id=raw.get("bos_token_id"),
                 weight_formats=WeightFormats.from_config(raw),
+                raw=raw,
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks the required key {missing}") from None

@@ -6,7 +6,8 @@ that keeps that form, dequantized into one that does not."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -21,6 +22,17 @@ from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
 from dgpp.engine.quant.quant_schemes import IGNORED_SUFFIXES, QuantSchemes
 
 Loaded = torch.Tensor | GgufTensor | PackedModule
+# A model's own name rule, tried before `packed_modules_mapping`: the parameter a checkpoint
+# name loads into and the shard id its loader takes (MoE experts), or None.
+TargetRule = Callable[[str], "tuple[str, object] | None"]
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _extra_layer(name: str, num_layers: int) -> bool:
+    """Layers past `num_hidden_layers`: the multi-token-prediction layers GLM-4.5 and
+    DeepSeek-V3 checkpoints append, which the main model does not run."""
+    found = _LAYER_INDEX.match(name)
+    return found is not None and int(found.group(1)) >= num_layers
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -58,19 +70,22 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Copy every checkpoint tensor into `model`; raise if any parameter is left unloaded.
 
     Names are mapped through the model's `packed_modules_mapping` (q/k/v -> qkv_proj, gate/up ->
-    gate_up_proj). With tied embeddings, a stored `lm_head.weight` is the same tensor and skipped.
+    gate_up_proj) after the model's own `checkpoint_target` rule, if it has one. With tied
+    embeddings, a stored `lm_head.weight` is the same tensor and skipped.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     mapping: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules_mapping", {})
     config = getattr(model, "config", None)
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    num_layers = int(getattr(config, "num_layers", 0) or 0)
+    rule: TargetRule | None = getattr(model, "checkpoint_target", None)
     schemes: QuantSchemes = getattr(config, "quant_schemes", None) or QuantSchemes()
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
     for name, tensor in named_tensors(path):
         if tied and name == "lm_head.weight":
             continue
-        if "rotary_emb.inv_freq" in name:
+        if "rotary_emb.inv_freq" in name or (num_layers and _extra_layer(name, num_layers)):
             continue
         module, _, suffix = name.rpartition(".")
         scheme = schemes.of(module) if schemes else None
@@ -82,9 +97,9 @@ def load_weights(model: nn.Module, path: Path) -> None:
             parts[suffix] = tensor
             if len(parts) == len(scheme.suffixes):
                 value = packed_module(module, scheme, pending.pop(module))
-                _load_one(params, mapping, f"{module}.weight", value, loaded)
+                _load_one(params, mapping, f"{module}.weight", value, loaded, rule)
             continue
-        _load_one(params, mapping, name, tensor, loaded)
+        _load_one(params, mapping, name, tensor, loaded, rule)
     for module, parts in pending.items():
         scheme = schemes.of(module)
         assert scheme is not None
@@ -121,7 +136,16 @@ def _load_one(
     name: str,
     tensor: Loaded,
     loaded: set[str],
+    rule: TargetRule | None = None,
 ) -> None:
+    own = rule(name) if rule is not None else None
+    if own is not None:
+        target, shard = own
+        param = _param(params, target, name)
+        value = _value_for(param, tensor)
+        param.weight_loader(param, value, shard)  # type: ignore[attr-defined]
+        _mark_loaded(params, target, value, loaded)
+        return
     for fragment, (fused, shard_id) in mapping.items():
         if f".{fragment}." in name:
             target = name.replace(f".{fragment}.", f".{fused}.")

@@ -75,6 +75,8 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "LlamaForCausalLM": transformers.LlamaConfig,
         "Qwen2ForCausalLM": transformers.Qwen2Config,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
+        "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+        "Glm4MoeForCausalLM": transformers.Glm4MoeConfig,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
@@ -93,6 +95,9 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
                 param.uniform_(0.8, 1.2)
             else:
                 param.normal_(0.0, 0.05)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # MoE routers: a non-zero choice bias
+                buffer.normal_(0.0, 0.1)
     return model
 
 

@@ -2,10 +2,14 @@
 
 Tensor-parallel layout: fused QKV and gate/up projections are column-parallel, the attention output
 and down projections row-parallel, the embedding and LM head vocabulary-parallel.
+
+The mixture-of-experts families that share this decoder (Qwen3-MoE, GLM-4.5) subclass
+`LlamaForCausalLM` and override `build_mlp`, the one place a layer's MLP is chosen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -50,6 +54,7 @@ class DecoderAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads_local
         self.num_kv_heads = self.qkv_proj.num_kv_heads_local
         self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
         heads = self.qkv_proj.heads
         input_range = (heads.q_start * config.head_dim, heads.num_q * config.head_dim)
         self.o_proj = RowParallelLinear(
@@ -86,42 +91,67 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
         v = qkv[:, num_heads + num_kv_heads :]  # [T, H_kv, D]
         if self.q_norm is not None and self.k_norm is not None:
-            q = apply_rotary(self.q_norm(qkv[:, :num_heads]), angles)
-            k = apply_rotary(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), angles)
+            q = self._rotate(self.q_norm(qkv[:, :num_heads]), angles)
+            k = self._rotate(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), angles)
         else:
             # q and k are adjacent heads in the fused output: rotate them in one pass.
-            qk = apply_rotary(qkv[:, : num_heads + num_kv_heads], angles)
+            qk = self._rotate(qkv[:, : num_heads + num_kv_heads], angles)
             q, k = qk[:, :num_heads], qk[:, num_heads:]
         out = self.attn(q, k, v, metadata)  # [T, H, D]
         return self.o_proj(out.view(num_tokens, num_heads * head_dim))
 
+    def _rotate(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        """Rotary on the first `rotary_dim` dims of each head (all of them but for GLM's partial
+        rotary); the rest pass through."""
+        if self.rotary_dim == self.head_dim:
+            return apply_rotary(x, angles)
+        rotated = apply_rotary(x[..., : self.rotary_dim], angles)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config: ModelConfig, parallel: ParallelContext, prefix: str = "") -> None:
+    """The SwiGLU MLP; `intermediate_size` overrides the config's (MoE shared experts)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        prefix: str = "",
+        intermediate_size: int | None = None,
+    ) -> None:
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        intermediate = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size,
-            [config.intermediate_size] * 2,
+            [intermediate] * 2,
             config.mlp_bias,
             parallel,
             config.weight_format([f"{prefix}.gate_proj", f"{prefix}.up_proj"], config.hidden_size),
         )
-        local = config.intermediate_size // parallel.tp_size
+        local = intermediate // parallel.tp_size
         self.down_proj = RowParallelLinear(
-            config.intermediate_size,
+            intermediate,
             config.hidden_size,
             config.mlp_bias,
             parallel,
             weight_format=config.weight_format(
-                [f"{prefix}.down_proj"], local, parallel.tp_rank * local, config.intermediate_size
+                [f"{prefix}.down_proj"], local, parallel.tp_rank * local, intermediate
             ),
         )
         self.act = SiluAndMul()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(hidden)))
+
+    def partial(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output, not yet summed over the ranks (no bias): for a
+        block that joins it with other partial sums in one all-reduce."""
+        return self.down_proj.matmul(self.act(self.gate_up_proj(hidden)), with_bias=False)
+
+
+MlpBuilder = Callable[[ModelConfig, ParallelContext, int, str], nn.Module]
 
 
 class DecoderLayer(nn.Module):
@@ -130,13 +160,14 @@ class DecoderLayer(nn.Module):
         config: ModelConfig,
         parallel: ParallelContext,
         attention: PagedAttentionBackend,
-        prefix: str = "",
+        prefix: str,
+        mlp: nn.Module,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DecoderAttention(config, parallel, attention, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DecoderMLP(config, parallel, f"{prefix}.mlp")
+        self.mlp = mlp
 
     def forward(
         self,
@@ -155,6 +186,7 @@ class DecoderModel(nn.Module):
         parallel: ParallelContext,
         max_position: int,
         attention: PagedAttentionBackend,
+        build_mlp: MlpBuilder,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -163,9 +195,15 @@ class DecoderModel(nn.Module):
             parallel,
             config.weight_formats.packed(["model.embed_tokens"]),
         )
-        self.rotary = RotaryEmbedding(config.head_dim, max_position, config.rope)
+        self.rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, parallel, attention, f"model.layers.{index}")
+            DecoderLayer(
+                config,
+                parallel,
+                attention,
+                f"model.layers.{index}",
+                build_mlp(config, parallel, index, f"model.layers.{index}.mlp"),
+            )
             for index in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -204,7 +242,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, parallel, max_position, attention)
+        self.model = DecoderModel(config, parallel, max_position, attention, self.build_mlp)
         head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -214,6 +252,14 @@ class LlamaForCausalLM(nn.Module):
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def build_mlp(
+        config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
+    ) -> nn.Module:
+        """Layer `index`'s MLP (dense here; the MoE families override this)."""
+        del index
+        return DecoderMLP(config, parallel, prefix)
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

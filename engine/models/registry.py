@@ -10,7 +10,9 @@ from dgpp.engine.backends.base import PagedAttentionBackend
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import UnsupportedModelError
+from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
+from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.parallel import ParallelContext
 
 
@@ -32,6 +34,8 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }
 
 

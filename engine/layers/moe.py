@@ -1,0 +1,166 @@
+"""The mixture-of-experts block: a replicated router picks each token's top-k experts, the
+experts run on the tokens routed to them only (grouped by expert: one batched product per expert
+that has tokens), shared experts are added, and one all-reduce joins the ranks.
+
+Tensor parallel: every rank holds a slice of every expert's intermediate dimension (gate/up rows,
+down columns), so the block's partial sums add up like a row-parallel MLP's. Expert weights are
+stacked at load into [E, 2 * I_local, H] (gate rows, then up rows) and [E, H, I_local] tensors,
+from per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) or from gpt-oss's fused
+[E, H, 2 * I] layout (gate and up interleaved). `expert_forward` is the PyTorch implementation;
+a fused GPU kernel takes the same (hidden, weights, ids) and the same stacked tensors.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.engine.layers.router import Router
+from dgpp.engine.models.moe_config import MoeSpec
+from dgpp.engine.parallel import ParallelContext
+
+_EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_PROJECTION = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def expert_target(name: str) -> tuple[str, tuple[int, int]] | None:
+    """A per-expert checkpoint tensor's stacked parameter and (expert, part): gate 0, up 1,
+    down 0; None for every other name."""
+    found = _EXPERT_NAME.match(name)
+    if found is None:
+        return None
+    stem, expert, projection = found.groups()
+    fused, part = _PROJECTION.get(projection, ("down_proj", 0))
+    return f"{stem}.{fused}", (int(expert), part)
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape), requires_grad=False)
+
+
+class Experts(nn.Module):
+    """This rank's slice of every routed expert, stacked."""
+
+    def __init__(self, spec: MoeSpec, hidden_size: int, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.spec = spec
+        num_experts = spec.router.num_experts
+        self.num_experts = num_experts
+        self.local = parallel.shard(spec.intermediate_size, "moe_intermediate_size")
+        self.start = parallel.tp_rank * self.local
+        self.gate_up_proj = _param(num_experts, 2 * self.local, hidden_size)
+        self.down_proj = _param(num_experts, hidden_size, self.local)
+        self.gate_up_proj.weight_loader = self.load_gate_up  # type: ignore[attr-defined]
+        self.down_proj.weight_loader = self.load_down  # type: ignore[attr-defined]
+        self.gate_up_proj_bias: nn.Parameter | None = None
+        self.down_proj_bias: nn.Parameter | None = None
+        if spec.expert_bias:
+            self.gate_up_proj_bias = _param(num_experts, 2 * self.local)
+            self.down_proj_bias = _param(num_experts, hidden_size)  # added once, after the sum
+            self.gate_up_proj_bias.weight_loader = self.load_gate_up  # type: ignore[attr-defined]
+
+    def _own(self, rows: torch.Tensor, dim: int) -> torch.Tensor:
+        return rows.narrow(dim, self.start, self.local)
+
+    def load_gate_up(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, int] | None = None
+    ) -> None:
+        """Expert e's gate (part 0) or up (part 1) [I, H]; or, without a shard, gpt-oss's
+        fused tensor for every expert: weights [E, H, 2I], biases [E, 2I], gate/up interleaved."""
+        local = self.local
+        if shard is not None:
+            expert, part = shard
+            param.data[expert, part * local : (part + 1) * local].copy_(self._own(loaded, 0))
+            return
+        fused = loaded.transpose(1, 2) if loaded.dim() == 3 else loaded  # [E, 2I, (H)]
+        param.data[:, :local].copy_(self._own(fused[:, 0::2], 1))
+        param.data[:, local:].copy_(self._own(fused[:, 1::2], 1))
+
+    def load_down(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, int] | None = None
+    ) -> None:
+        """Expert e's down [H, I]; or, without a shard, gpt-oss's [E, I, H] for every expert."""
+        if shard is not None:
+            param.data[shard[0]].copy_(self._own(loaded, 1))
+            return
+        param.data.copy_(self._own(loaded.transpose(1, 2), 2))
+
+    def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.split(self.local, dim=-1)
+        if self.spec.activation == "silu":
+            return F.silu(gate) * up
+        limit = self.spec.swiglu_limit
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * gate * torch.sigmoid(gate * self.spec.swiglu_alpha)
+
+    def forward(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """hidden [T, H], routing weights and expert ids [T, k] -> this rank's partial sum of
+        the weighted expert outputs [T, H] (biases of the down projection not included)."""
+        top_k = ids.shape[1]
+        flat = ids.reshape(-1)  # [T * k]
+        order = torch.argsort(flat, stable=True)  # assignments grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // top_k
+        routed = hidden.index_select(0, tokens)  # [T * k, H]
+        out = torch.empty_like(routed)
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            rows = routed[start : start + count]
+            bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[expert]
+            inner = self._activate(F.linear(rows, self.gate_up_proj[expert], bias))
+            out[start : start + count] = F.linear(inner, self.down_proj[expert])
+            start += count
+        out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
+        return torch.zeros_like(hidden).index_add_(0, tokens, out)
+
+    def bias_term(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The routing-weighted down-projection biases [T, H] (gpt-oss), added after the sum."""
+        assert self.down_proj_bias is not None
+        chosen = self.down_proj_bias[ids]  # [T, k, H]
+        return (weights.unsqueeze(-1).to(chosen.dtype) * chosen).sum(dim=1)
+
+
+class SparseMoeBlock(nn.Module):
+    """router -> top-k -> routed experts (+ shared experts) -> one all-reduce.
+
+    `router_name` is the checkpoint's name for the gate (`gate`; gpt-oss: `router`); `shared`
+    is the shared-expert MLP (its `partial(x)` must not reduce), or None."""
+
+    def __init__(
+        self,
+        spec: MoeSpec,
+        hidden_size: int,
+        parallel: ParallelContext,
+        shared: nn.Module | None = None,
+        router_name: str = "gate",
+    ) -> None:
+        super().__init__()
+        self.parallel = parallel
+        self.router_name = router_name
+        self.add_module(router_name, Router(spec.router, hidden_size))
+        self.experts = Experts(spec, hidden_size, parallel)
+        self.shared_experts = shared
+
+    @property
+    def router(self) -> Router:
+        router = getattr(self, self.router_name)
+        assert isinstance(router, Router)
+        return router
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.router(hidden)  # [T, k] each
+        out = self.experts(hidden, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts.partial(hidden)
+        out = self.parallel.all_reduce(out)
+        if self.experts.down_proj_bias is not None:
+            out = out + self.experts.bias_term(weights, ids)
+        return out

@@ -1,0 +1,123 @@
+"""The mixture-of-experts facts of a checkpoint, read from its `config.json` under each family's
+spellings (Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dgpp.engine.errors import ModelLoadError
+
+RouterKind = Literal["softmax", "sigmoid_grouped", "topk_softmax"]
+ExpertActivation = Literal["silu", "swiglu_oai"]
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """How a token picks its experts.
+
+    `softmax` (Qwen3-MoE): softmax over every expert, the top k, renormalised when
+    `norm_topk_prob`. `sigmoid_grouped` (GLM-4.5, DeepSeek-V3): sigmoid scores, the choice made on
+    scores plus `e_score_correction_bias` among the `topk_group` best of `num_groups` groups (a
+    group's score: its two best), weights the plain sigmoid scores of the chosen, renormalised
+    when `norm_topk_prob`, times `scaling`. `topk_softmax` (gpt-oss): the top k logits (the router
+    has a bias), softmax over those k.
+    """
+
+    kind: RouterKind
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool = False
+    num_groups: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0
+    has_bias: bool = False  # gpt-oss: a bias on the router's logits
+    has_correction_bias: bool = False  # GLM/DeepSeek: e_score_correction_bias
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """One family's sparse block: its router, expert width, shared experts and which layers are
+    sparse (`is_sparse`)."""
+
+    router: RouterSpec
+    intermediate_size: int  # per expert
+    shared_intermediate_size: int = 0  # 0: no shared experts
+    activation: ExpertActivation = "silu"
+    expert_bias: bool = False  # gpt-oss: biases on both expert projections
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    first_dense: int = 0  # layers below this index are dense (first_k_dense_replace)
+    dense_layers: frozenset[int] = frozenset()  # mlp_only_layers
+    sparse_step: int = 1  # decoder_sparse_step
+
+    def is_sparse(self, layer: int) -> bool:
+        if layer < self.first_dense or layer in self.dense_layers:
+            return False
+        return (layer + 1) % self.sparse_step == 0
+
+
+def _require(raw: Mapping[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if raw.get(key) is not None:
+            return raw[key]
+    raise ModelLoadError(f"config.json lacks {' / '.join(keys)} (a mixture-of-experts model)")
+
+
+def qwen3_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
+    router = RouterSpec(
+        kind="softmax",
+        num_experts=int(_require(raw, "num_experts", "num_local_experts")),
+        top_k=int(_require(raw, "num_experts_per_tok")),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+    )
+    return MoeSpec(
+        router=router,
+        intermediate_size=int(_require(raw, "moe_intermediate_size")),
+        dense_layers=frozenset(int(i) for i in raw.get("mlp_only_layers") or ()),
+        sparse_step=int(raw.get("decoder_sparse_step") or 1),
+    )
+
+
+def grouped_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
+    """GLM-4.5/4.6 and DeepSeek-V3: sigmoid router with correction bias, group-limited top-k,
+    shared experts, the first `first_k_dense_replace` layers dense."""
+    num_experts = int(_require(raw, "n_routed_experts", "num_local_experts"))
+    num_groups = int(raw.get("n_group") or 1)
+    if num_experts % num_groups:
+        raise ModelLoadError(f"n_routed_experts={num_experts} is not a multiple of n_group")
+    router = RouterSpec(
+        kind="sigmoid_grouped",
+        num_experts=num_experts,
+        top_k=int(_require(raw, "num_experts_per_tok")),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        num_groups=num_groups,
+        topk_group=int(raw.get("topk_group") or 1),
+        scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        has_correction_bias=True,
+    )
+    intermediate = int(_require(raw, "moe_intermediate_size"))
+    return MoeSpec(
+        router=router,
+        intermediate_size=intermediate,
+        shared_intermediate_size=intermediate * int(raw.get("n_shared_experts") or 0),
+        first_dense=int(raw.get("first_k_dense_replace") or 0),
+    )
+
+
+def gpt_oss_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
+    router = RouterSpec(
+        kind="topk_softmax",
+        num_experts=int(_require(raw, "num_local_experts")),
+        top_k=int(_require(raw, "num_experts_per_tok", "experts_per_token")),
+        has_bias=True,
+    )
+    return MoeSpec(
+        router=router,
+        intermediate_size=int(_require(raw, "intermediate_size")),
+        activation="swiglu_oai",
+        expert_bias=True,
+        swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+    )
