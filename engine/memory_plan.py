@@ -21,13 +21,13 @@ from typing import Protocol
 
 import torch
 
+from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
-from dgpp.engine.models.registry import layer_cache_specs
+from dgpp.engine.models.registry import build_model, layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.quant.packed_memory import packed_savings
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -166,22 +166,18 @@ class RankShapes:
         )
 
 
-def weight_elements(model: ModelConfig, shapes: RankShapes) -> int:
-    """Parameters one rank holds; a tied LM head shares the embedding table."""
-    hidden, head_dim, inter = model.hidden_size, model.head_dim, shapes.intermediate_size
-    qkv_rows = (shapes.num_heads + 2 * shapes.num_kv_heads) * head_dim
-    per_layer = (
-        2 * hidden  # input and post-attention RMSNorm (replicated)
-        + qkv_rows * (hidden + model.qkv_bias)  # column-parallel fused q/k/v
-        + hidden * shapes.num_heads * head_dim  # row-parallel o_proj, no bias
-        + 2 * head_dim * model.qk_norm  # per-head q/k RMSNorm (replicated)
-        + 2 * inter * (hidden + model.mlp_bias)  # column-parallel fused gate/up
-        + hidden * inter
-        + hidden * model.mlp_bias  # row-parallel down; its bias is replicated
+def rank_weight_bytes(model: ModelConfig, tp_size: int, tp_rank: int, dtype_bytes: int) -> int:
+    """Bytes of the parameters rank `tp_rank` holds, counted on the model itself built on the
+    meta device (no memory): every family's layers, packed weights in their packed bytes, float
+    parameters in the run dtype, a tied LM head once."""
+    parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
+    meta = torch.device("meta")
+    with meta:
+        built = build_model(model, parallel, 1, TorchPagedAttention(meta))
+    return sum(
+        param.numel() * (dtype_bytes if param.is_floating_point() else param.element_size())
+        for param in built.parameters()
     )
-    embedding = shapes.vocab_rows * hidden
-    lm_head = 0 if model.tie_word_embeddings else embedding
-    return model.num_layers * per_layer + embedding + lm_head + hidden  # + final norm
 
 
 def kv_bytes_per_token(config: EngineConfig, specs: Sequence[CacheSpec]) -> int:
@@ -259,8 +255,9 @@ def plan_memory(
     `memory` defaults to a reading of the device."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
     specs = rank_cache_specs(model, tp_size, tp_rank)
-    saved = packed_savings(model, shapes, DTYPE_BYTES[config.resolved_dtype], tp_size, tp_rank)
-    return _plan(config, model, shapes, specs, memory, config.effective_max_model_len(model), saved)
+    weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
+    max_context = config.effective_max_model_len(model)
+    return _plan(config, model, shapes, specs, memory, max_context, weights)
 
 
 def _plan(
@@ -270,10 +267,9 @@ def _plan(
     specs: Sequence[CacheSpec],
     memory: DeviceMemory | None,
     max_context: int,
-    packed_saving: int = 0,
+    weights: int,
 ) -> MemoryPlan:
     memory = memory if memory is not None else read_device_memory(config.device)
-    weights = weight_elements(model, shapes) * DTYPE_BYTES[config.resolved_dtype] - packed_saving
     kv_tokens = config.num_kv_blocks * config.block_size
     kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
@@ -331,9 +327,9 @@ def size_kv_pool(
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
     specs = rank_cache_specs(model, tp_size, 0)
-    saved = packed_savings(model, shapes, DTYPE_BYTES[config.resolved_dtype], tp_size, 0)
+    weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype])
     probe = _plan(
-        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context, saved
+        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context, weights
     )
     fixed = probe.total_bytes - probe.kv_bytes
     room = int(probe.budget_bytes * (1 - SIZING_SLACK)) - fixed

@@ -32,7 +32,6 @@ from dgpp.engine.memory_plan import (
     size_kv_pool,
     workspace_bytes,
 )
-from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
@@ -72,6 +71,28 @@ VARIANTS = [
     pytest.param({"tie_word_embeddings": False, "mlp_bias": True}, id="llama-untied-mlp-bias"),
     pytest.param({"architectures": ["Qwen2ForCausalLM"]}, id="qwen2-qkv-bias"),
     pytest.param({"architectures": ["Qwen3ForCausalLM"], "head_dim": 32}, id="qwen3-qk-norm"),
+    pytest.param(
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "mlp_only_layers": [1],
+        },
+        id="qwen3-moe",
+    ),
+    pytest.param(
+        {
+            "architectures": ["Glm4MoeForCausalLM"],
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "partial_rotary_factor": 0.5,
+        },
+        id="glm4-moe",
+    ),
 ]
 
 
@@ -240,7 +261,9 @@ def test_engine_with_an_impossible_pool_fails_before_building_the_model(
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was built although the plan cannot fit")
 
-    monkeypatch.setattr(LlamaForCausalLM, "__init__", never)
+    # The plan counts weights on a model built on the meta device; the runner's own build, the
+    # one that allocates, must not happen.
+    monkeypatch.setattr("dgpp.engine.model_runner.build_model", never)
     # 10**12 tokens are terabytes of KV for any model: no machine running this test has them.
     config = EngineConfig(model=str(checkpoint), kv_capacity=10**12, max_model_len=512)
     with pytest.raises(ConfigError, match="does not fit"):
