@@ -139,7 +139,7 @@ def _load_one(
     rule: TargetRule | None = None,
 ) -> None:
     own = rule(name) if rule is not None else None
-    if own is not None:
+    if own is not None and own[0] in params:  # else the model keeps it under its own name
         target, shard = own
         param = _param(params, target, name)
         value = _value_for(param, tensor)

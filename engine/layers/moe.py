@@ -6,13 +6,18 @@ Tensor parallel: every rank holds a slice of every expert's intermediate dimensi
 down columns), so the block's partial sums add up like a row-parallel MLP's. Expert weights are
 stacked at load into [E, 2 * I_local, H] (gate rows, then up rows) and [E, H, I_local] tensors,
 from per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) or from gpt-oss's fused
-[E, H, 2 * I] layout (gate and up interleaved). `expert_forward` is the PyTorch implementation;
+[E, H, 2 * I] layout (gate and up interleaved). `Experts.forward` is the PyTorch implementation;
 a fused GPU kernel takes the same (hidden, weights, ids) and the same stacked tensors.
+
+Quantized experts (GPTQ, AWQ, FP8, NVFP4 ... checkpoints, one module per expert) stay packed:
+`PackedExperts` keeps each expert as a gate/up + down pair of packed linears (their loaders,
+kernels and memory as for any other layer) and runs the same grouping over them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +44,31 @@ def expert_target(name: str) -> tuple[str, tuple[int, int]] | None:
 
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape), requires_grad=False)
+
+
+def grouped_by_expert(
+    hidden: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    num_experts: int,
+    expert: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """sum_k weights[t, k] * expert(ids[t, k], hidden[t]) for every token t [T, H], calling
+    `expert(e, rows)` once per expert that has tokens, on all of its rows at once."""
+    top_k = ids.shape[1]
+    flat = ids.reshape(-1)  # [T * k]
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    tokens = order // top_k
+    routed = hidden.index_select(0, tokens)  # [T * k, H]
+    out = torch.empty_like(routed)
+    start = 0
+    for index, count in enumerate(counts):
+        if count:
+            out[start : start + count] = expert(index, routed[start : start + count])
+            start += count
+    out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
+    return torch.zeros_like(hidden).index_add_(0, tokens, out)
 
 
 class Experts(nn.Module):
@@ -102,24 +132,12 @@ class Experts(nn.Module):
     ) -> torch.Tensor:
         """hidden [T, H], routing weights and expert ids [T, k] -> this rank's partial sum of
         the weighted expert outputs [T, H] (biases of the down projection not included)."""
-        top_k = ids.shape[1]
-        flat = ids.reshape(-1)  # [T * k]
-        order = torch.argsort(flat, stable=True)  # assignments grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        tokens = order // top_k
-        routed = hidden.index_select(0, tokens)  # [T * k, H]
-        out = torch.empty_like(routed)
-        start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            rows = routed[start : start + count]
-            bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[expert]
-            inner = self._activate(F.linear(rows, self.gate_up_proj[expert], bias))
-            out[start : start + count] = F.linear(inner, self.down_proj[expert])
-            start += count
-        out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
-        return torch.zeros_like(hidden).index_add_(0, tokens, out)
+        return grouped_by_expert(hidden, weights, ids, self.num_experts, self._expert)
+
+    def _expert(self, index: int, rows: torch.Tensor) -> torch.Tensor:
+        bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[index]
+        inner = self._activate(F.linear(rows, self.gate_up_proj[index], bias))
+        return F.linear(inner, self.down_proj[index])
 
     def bias_term(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The routing-weighted down-projection biases [T, H] (gpt-oss), added after the sum."""
@@ -128,11 +146,34 @@ class Experts(nn.Module):
         return (weights.unsqueeze(-1).to(chosen.dtype) * chosen).sum(dim=1)
 
 
+class PackedExperts(nn.Module):
+    """Routed experts that keep their checkpoint's quantized form: `experts[e]` is expert e's
+    slice as an MLP with packed linears and a non-reducing `partial(x)` (the checkpoint's own
+    per-expert names load into it unchanged)."""
+
+    down_proj_bias = None
+
+    def __init__(self, experts: list[nn.Module]) -> None:
+        super().__init__()
+        self.num_experts = len(experts)
+        for index, expert in enumerate(experts):
+            self.add_module(str(index), expert)
+
+    def forward(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        modules = list(self.children())
+        return grouped_by_expert(
+            hidden, weights, ids, self.num_experts, lambda e, rows: modules[e].partial(rows)
+        )
+
+
 class SparseMoeBlock(nn.Module):
     """router -> top-k -> routed experts (+ shared experts) -> one all-reduce.
 
     `router_name` is the checkpoint's name for the gate (`gate`; gpt-oss: `router`); `shared`
-    is the shared-expert MLP (its `partial(x)` must not reduce), or None."""
+    is the shared-expert MLP (its `partial(x)` must not reduce), or None; `packed` the routed
+    experts as `PackedExperts` when the checkpoint quantized them, else they are stacked."""
 
     def __init__(
         self,
@@ -141,12 +182,15 @@ class SparseMoeBlock(nn.Module):
         parallel: ParallelContext,
         shared: nn.Module | None = None,
         router_name: str = "gate",
+        packed: PackedExperts | None = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
         self.router_name = router_name
         self.add_module(router_name, Router(spec.router, hidden_size))
-        self.experts = Experts(spec, hidden_size, parallel)
+        self.experts: Experts | PackedExperts = (
+            packed if packed is not None else Experts(spec, hidden_size, parallel)
+        )
         self.shared_experts = shared
 
     @property

@@ -10,8 +10,9 @@ from __future__ import annotations
 from torch import nn
 
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
-from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
+from dgpp.engine.layers.moe import expert_target
+from dgpp.engine.models.llama import LlamaForCausalLM
+from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import grouped_moe_spec
 from dgpp.engine.parallel import ParallelContext
 
@@ -21,15 +22,7 @@ def grouped_moe_block(
 ) -> nn.Module:
     """Layer `index`'s MLP in the GLM-4.5 / DeepSeek-V3 layout: dense below
     `first_k_dense_replace`, else routed experts plus shared experts."""
-    spec = grouped_moe_spec(config.raw)
-    if not spec.is_sparse(index):
-        return DecoderMLP(config, parallel, prefix)
-    shared = None
-    if spec.shared_intermediate_size:
-        shared = DecoderMLP(
-            config, parallel, f"{prefix}.shared_experts", spec.shared_intermediate_size
-        )
-    return SparseMoeBlock(spec, config.hidden_size, parallel, shared)
+    return moe_mlp(config, parallel, grouped_moe_spec(config.raw), index, prefix)
 
 
 class Glm4MoeForCausalLM(LlamaForCausalLM):

@@ -7,8 +7,9 @@ from __future__ import annotations
 from torch import nn
 
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
-from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
+from dgpp.engine.layers.moe import expert_target
+from dgpp.engine.models.llama import LlamaForCausalLM
+from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.parallel import ParallelContext
 
@@ -20,7 +21,4 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     def build_mlp(
         config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
     ) -> nn.Module:
-        spec = qwen3_moe_spec(config.raw)
-        if not spec.is_sparse(index):
-            return DecoderMLP(config, parallel, prefix)
-        return SparseMoeBlock(spec, config.hidden_size, parallel)
+        return moe_mlp(config, parallel, qwen3_moe_spec(config.raw), index, prefix)

@@ -275,7 +275,12 @@ def _fp8(
         return None
     rows, cols = tensors["weight"][1]
     scale_shape = tensors[scale_name][1]
-    if len(scale_shape) == 2 and scale_shape[1] > 1:  # block scales
+    # Block scales: several column blocks, or one (a weight no wider than a block) over
+    # fewer rows than the weight has.
+    blocked = len(scale_shape) == 2 and (
+        scale_shape[1] > 1 or (block is not None and scale_shape[0] != rows)
+    )
+    if blocked:
         if block is None:
             block = (-(-rows // scale_shape[0]), -(-cols // scale_shape[1]))
         return LayerScheme(
