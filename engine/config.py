@@ -69,6 +69,7 @@ class ModelConfig:
     rope: RopeConfig
     tie_word_embeddings: bool
     qkv_bias: bool = False
+    o_proj_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
     hidden_act: str = "silu"
@@ -104,7 +105,12 @@ class ModelConfig:
         """How the weights are stored: `none`, `gguf`, or a `QuantSchemes` method."""
         if self.weight_formats:
             return "gguf"
-        return self.quant_schemes.method if self.quant_schemes else "none"
+        if self.quant_schemes:
+            return self.quant_schemes.method
+        quant = self.raw.get("quantization_config")
+        if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "mxfp4":
+            return "mxfp4"  # gpt-oss: its experts, kept by the model itself
+        return "none"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -135,6 +141,9 @@ class ModelConfig:
                 # Qwen2 always carries q/k/v biases; Llama and Qwen3 declare it.
                 qkv_bias=architecture == "Qwen2ForCausalLM"
                 or bool(raw.get("attention_bias", False)),
+                # `attention_bias` covers the output projection too, but for Qwen2 and GLM
+                o_proj_bias=bool(raw.get("attention_bias", False))
+                and architecture not in ("Qwen2ForCausalLM", "Glm4MoeForCausalLM"),
                 mlp_bias=bool(raw.get("mlp_bias", False)),
                 qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
                 or bool(raw.get("use_qk_norm", False)),

@@ -143,7 +143,8 @@ def _load_one(
         target, shard = own
         param = _param(params, target, name)
         value = _value_for(param, tensor)
-        param.weight_loader(param, value, shard)  # type: ignore[attr-defined]
+        loader = param.weight_loader  # type: ignore[attr-defined]
+        loader(param, value) if shard is None else loader(param, value, shard)
         _mark_loaded(params, target, value, loaded)
         return
     for fragment, (fused, shard_id) in mapping.items():

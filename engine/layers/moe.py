@@ -172,8 +172,9 @@ class SparseMoeBlock(nn.Module):
     """router -> top-k -> routed experts (+ shared experts) -> one all-reduce.
 
     `router_name` is the checkpoint's name for the gate (`gate`; gpt-oss: `router`); `shared`
-    is the shared-expert MLP (its `partial(x)` must not reduce), or None; `packed` the routed
-    experts as `PackedExperts` when the checkpoint quantized them, else they are stacked."""
+    is the shared-expert MLP (its `partial(x)` must not reduce), or None; `experts` the routed
+    experts when the checkpoint keeps them quantized (`PackedExperts`, gpt-oss's MXFP4), else
+    they are stacked dense `Experts`."""
 
     def __init__(
         self,
@@ -182,25 +183,17 @@ class SparseMoeBlock(nn.Module):
         parallel: ParallelContext,
         shared: nn.Module | None = None,
         router_name: str = "gate",
-        packed: PackedExperts | None = None,
+        experts: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.parallel = parallel
         self.router_name = router_name
         self.add_module(router_name, Router(spec.router, hidden_size))
-        self.experts: Experts | PackedExperts = (
-            packed if packed is not None else Experts(spec, hidden_size, parallel)
-        )
+        self.experts = experts if experts is not None else Experts(spec, hidden_size, parallel)
         self.shared_experts = shared
 
-    @property
-    def router(self) -> Router:
-        router = getattr(self, self.router_name)
-        assert isinstance(router, Router)
-        return router
-
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.router(hidden)  # [T, k] each
+        weights, ids = self._modules[self.router_name](hidden)  # [T, k] each
         out = self.experts(hidden, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts.partial(hidden)

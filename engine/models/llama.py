@@ -9,8 +9,8 @@ The mixture-of-experts families that share this decoder (Qwen3-MoE, GLM-4.5) sub
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -33,12 +33,16 @@ from dgpp.engine.parallel import ParallelContext
 
 
 class DecoderAttention(nn.Module):
+    """`options` are the layer's own attention options (gpt-oss: `sliding_window`,
+    `has_sinks`), passed to its `PagedAttention`."""
+
     def __init__(
         self,
         config: ModelConfig,
         parallel: ParallelContext,
         attention: PagedAttentionBackend,
         prefix: str = "",
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         qkv = [f"{prefix}.{name}" for name in ("q_proj", "k_proj", "v_proj")]
@@ -60,7 +64,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_heads * config.head_dim,
             config.hidden_size,
-            False,
+            config.o_proj_bias,
             parallel,
             input_range=input_range,
             weight_format=config.weight_format(
@@ -78,6 +82,8 @@ class DecoderAttention(nn.Module):
             config.head_dim,
             config.head_dim**-0.5,
             attention,
+            first_head=heads.q_start,
+            **(options or {}),
         )
 
     def forward(
@@ -152,6 +158,13 @@ class DecoderMLP(nn.Module):
 
 
 MlpBuilder = Callable[[ModelConfig, ParallelContext, int, str], nn.Module]
+AttentionOptions = Callable[[ModelConfig, int], Mapping[str, Any]]
+
+
+def no_attention_options(config: ModelConfig, index: int) -> Mapping[str, Any]:
+    """Plain causal attention in every layer."""
+    del config, index
+    return {}
 
 
 class DecoderLayer(nn.Module):
@@ -162,10 +175,13 @@ class DecoderLayer(nn.Module):
         attention: PagedAttentionBackend,
         prefix: str,
         mlp: nn.Module,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, parallel, attention, f"{prefix}.self_attn")
+        self.self_attn = DecoderAttention(
+            config, parallel, attention, f"{prefix}.self_attn", options
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
 
@@ -187,6 +203,7 @@ class DecoderModel(nn.Module):
         max_position: int,
         attention: PagedAttentionBackend,
         build_mlp: MlpBuilder,
+        attention_options: AttentionOptions = no_attention_options,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -203,6 +220,7 @@ class DecoderModel(nn.Module):
                 attention,
                 f"model.layers.{index}",
                 build_mlp(config, parallel, index, f"model.layers.{index}.mlp"),
+                attention_options(config, index),
             )
             for index in range(config.num_layers)
         )
@@ -242,7 +260,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, parallel, max_position, attention, self.build_mlp)
+        self.model = DecoderModel(
+            config, parallel, max_position, attention, self.build_mlp, self.attention_options
+        )
         head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -260,6 +280,8 @@ class LlamaForCausalLM(nn.Module):
         """Layer `index`'s MLP (dense here; the MoE families override this)."""
         del index
         return DecoderMLP(config, parallel, prefix)
+
+    attention_options = staticmethod(no_attention_options)
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

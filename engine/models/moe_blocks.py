@@ -41,4 +41,4 @@ def moe_mlp(
             config, parallel, f"{prefix}.shared_experts", spec.shared_intermediate_size
         )
     packed = packed_experts(config, parallel, spec, prefix)
-    return SparseMoeBlock(spec, config.hidden_size, parallel, shared, packed=packed)
+    return SparseMoeBlock(spec, config.hidden_size, parallel, shared, experts=packed)

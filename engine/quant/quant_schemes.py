@@ -23,7 +23,8 @@ from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.group_codes import Codebook, GlobalMode, GroupFormat
 
 GROUP_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "fp8", "modelopt")
-METHODS = ("gguf", *GROUP_METHODS)
+# mxfp4: gpt-oss's own export (experts only; `layers.mxfp4_experts`)
+METHODS = ("gguf", *GROUP_METHODS, "mxfp4")
 CT_FORMATS = (
     "pack-quantized",
     "float-quantized",
@@ -362,6 +363,8 @@ def describe_quantization(raw: dict[str, Any], path: Path | None = None) -> str:
         return f"FP8 block {block[0]}x{block[1]}" if block else "FP8"
     if method == "modelopt":
         return f"ModelOpt {quant.get('quant_algo', '?')}"
+    if method == "mxfp4":
+        return "MXFP4 experts"
     if method == "compressed-tensors":
         kinds = []
         for entry in (quant.get("config_groups") or {}).values():

@@ -13,7 +13,12 @@ from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layers.router import Router
-from dgpp.engine.models.moe_config import MoeSpec, grouped_moe_spec, qwen3_moe_spec
+from dgpp.engine.models.moe_config import (
+    MoeSpec,
+    gpt_oss_moe_spec,
+    grouped_moe_spec,
+    qwen3_moe_spec,
+)
 from tests.conftest import build_tiny_checkpoint, tiny_model
 from tests.engine.parity import hf_greedy, max_logit_difference
 
@@ -73,6 +78,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             norm_topk_prob=False,
         ),
     ),
+    "gpt-oss": (
+        "GptOssForCausalLM",
+        # sliding (window 8) and full layers alternating, sinks, biases, YaRN, clamped SwiGLU;
+        # prompts up to 40 tokens cross the window in prefill chunks and decode
+        dict(
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            intermediate_size=32,
+            head_dim=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ),
 }
 
 
@@ -109,7 +127,7 @@ def test_greedy_tokens_match_transformers(
     assert llm.engine.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "glm4-moe"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "glm4-moe", "gpt-oss"])
 def test_prefix_cache_hits_give_the_same_tokens(
     tmp_path: Path, tokenizer_dir: Path, family: str
 ) -> None:
@@ -127,6 +145,8 @@ def test_prefix_cache_hits_give_the_same_tokens(
 
 def _router_spec(family: str) -> MoeSpec:
     architecture, overrides = FAMILIES[family]
+    if architecture.startswith("GptOss"):
+        return gpt_oss_moe_spec(overrides)
     return (qwen3_moe_spec if architecture.startswith("Qwen3") else grouped_moe_spec)(overrides)
 
 
@@ -136,7 +156,8 @@ def test_router_choice_equals_transformers(family: str) -> None:
     hf_model = tiny_model(architecture, **overrides)
     spec = _router_spec(family)
     layer = next(i for i in range(3) if spec.is_sparse(i))
-    hf_router = hf_model.model.layers[layer].mlp.gate
+    mlp = hf_model.model.layers[layer].mlp
+    hf_router = mlp.router if architecture.startswith("GptOss") else mlp.gate
     router = Router(spec.router, 64)
     router.load_state_dict(
         dict(hf_router.state_dict()), strict=True
@@ -144,13 +165,13 @@ def test_router_choice_equals_transformers(family: str) -> None:
     hidden = torch.randn(257, 64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         weights, ids = router(hidden)
-        _, hf_weights, hf_ids = hf_router(hidden)
+        hf_weights, hf_ids = hf_router(hidden)[-2:]
     order, hf_order = ids.argsort(dim=-1), hf_ids.argsort(dim=-1)
     assert torch.equal(ids.gather(1, order), hf_ids.gather(1, hf_order))
     torch.testing.assert_close(weights.gather(1, order), hf_weights.float().gather(1, hf_order))
 
 
-@pytest.mark.parametrize("family", ["qwen3-moe", "glm4-moe"])
+@pytest.mark.parametrize("family", ["qwen3-moe", "glm4-moe", "gpt-oss"])
 def test_world_of_two_equals_world_of_one(
     tmp_path: Path, tokenizer_dir: Path, family: str
 ) -> None:
