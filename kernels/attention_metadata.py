@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dgpp.kernels.decode_inputs import DecodeContext, DecodeWindows
+
 
 @dataclass(frozen=True)
 class PagedAttentionMetadata:
@@ -33,7 +35,19 @@ class PagedAttentionMetadata:
     # Verify rows only (some decode row has several queries), else None:
     decode_query_index: torch.Tensor | None = None  # [B_dec, Q_max] int64 into decode queries
     decode_output_index: torch.Tensor | None = None  # [T_dec] int64 into [B_dec * Q_max] outputs
+    # Decode rows' slots and masks for sliding-window layers, built once per window per step:
+    decode_windows: DecodeWindows | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_host)
+
+    def decode_context(self, window: int | None = None) -> DecodeContext:
+        """The decode rows' slots [B_dec, S] and mask (`decode_slots`, `decode_mask` for full
+        attention) for a layer that sees the last `window` positions, None: all of them."""
+        assert self.decode_slots is not None, "decode rows need decode_slots"
+        longest = max(self.seq_lens_host[: self.num_decodes])
+        if window is None or longest <= window:
+            return self.decode_slots, self.decode_mask
+        assert self.decode_windows is not None, "sliding-window decode rows need decode_windows"
+        return self.decode_windows.context(window)

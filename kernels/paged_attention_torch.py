@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.attention_sinks import sdpa_with_sinks, sink_bias
 
 
 def store_kv(
@@ -35,32 +36,61 @@ def paged_attention(
     value_cache: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of query [T, H, D] over each sequence's cached keys; returns [T, H, D]."""
+    """Causal attention of query [T, H, D] over each sequence's cached keys; returns [T, H, D].
+
+    `sinks` [H]: a learned logit per head that joins each softmax's denominator and adds no
+    value (gpt-oss). `sliding_window`: a query at position p sees only keys k with
+    p - window < k <= p; keys before a row's window are not read (decode rows gather only the
+    window's slots, prefill chunks start at the window's first block)."""
     out = torch.empty_like(query)
     block_size = key_cache.shape[1]
     starts = metadata.query_start_loc_host
     num_decodes = metadata.num_decodes
     if num_decodes:
         decoded = starts[num_decodes]  # decode query rows (verify rows have several)
-        out[:decoded] = _decode(query[:decoded], key_cache, value_cache, metadata, scale)
+        out[:decoded] = _decode(
+            query[:decoded], key_cache, value_cache, metadata, scale, sinks, sliding_window
+        )
     for row in range(num_decodes, metadata.num_seqs):
         begin, end = starts[row], starts[row + 1]
         seq_len = metadata.seq_lens_host[row]
-        num_blocks = -(-seq_len // block_size)
-        table = metadata.block_tables[row, :num_blocks]
-        keys = _gather(key_cache, table, seq_len)  # [S, H_kv, D]
-        values = _gather(value_cache, table, seq_len)
+        # A window as long as the sequence excludes nothing: full attention, byte for byte.
+        window = sliding_window if sliding_window is not None and seq_len > sliding_window else None
+        first_key = 0 if window is None else max(0, seq_len - (end - begin) - window + 1)
+        first_block, num_blocks = first_key // block_size, -(-seq_len // block_size)
+        table = metadata.block_tables[row, first_block:num_blocks]
+        offset = first_block * block_size  # position of the first key gathered
+        keys = _gather(key_cache, table, seq_len - offset)  # [S, H_kv, D]
+        values = _gather(value_cache, table, seq_len - offset)
         out[begin:end] = _prefill(
-            query[begin:end], keys, values, scale, metadata.prefill_softmax_fp32
+            query[begin:end],
+            keys,
+            values,
+            scale,
+            metadata.prefill_softmax_fp32,
+            offset,
+            window,
+            sinks,
         )
     return out
 
 
 def _prefill(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, fp32: bool
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    fp32: bool,
+    offset: int,
+    window: int | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    q_len, seq_len = query.shape[0], keys.shape[0]
+    """Query [Q, H, D] at the last Q positions over keys/values [S, H_kv, D] at positions
+    offset .. offset + S - 1."""
+    q_len, num_keys = query.shape[0], keys.shape[0]
     dtype = query.dtype
     if fp32:
         query, keys, values = query.float(), keys.float(), values.float()
@@ -69,13 +99,20 @@ def _prefill(
     q = query.transpose(0, 1).unsqueeze(0)  # [1, H, Q, D]
     k = keys.transpose(0, 1).unsqueeze(0)  # [1, H_kv, S, D]
     v = values.transpose(0, 1).unsqueeze(0)
-    if q_len == seq_len:
+    if q_len == num_keys and window is None and sinks is None:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:
-        # Queries are the last q_len positions: query i sees keys 0 .. seq_len - q_len + i.
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device).unsqueeze(1)
-        mask = torch.arange(seq_len, device=query.device).unsqueeze(0) <= q_pos  # [Q, S]
+        return o[0].transpose(0, 1).to(dtype)
+    # Queries are the last q_len positions: query i sits at seq_len - q_len + i.
+    seq_len = offset + num_keys
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device).unsqueeze(1)
+    k_pos = torch.arange(offset, seq_len, device=query.device).unsqueeze(0)
+    mask = k_pos <= q_pos  # [Q, S]
+    if window is not None:
+        mask &= q_pos - k_pos < window
+    if sinks is None:
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    else:
+        o = sdpa_with_sinks(q, k, v, mask, sinks, scale)
     return o[0].transpose(0, 1).to(dtype)
 
 
@@ -85,10 +122,14 @@ def _decode(
     value_cache: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    sinks: torch.Tensor | None,
+    sliding_window: int | None,
 ) -> torch.Tensor:
     """Decode rows, batched: one query each, or a verify row's few (padded to the longest)."""
-    slots = metadata.decode_slots
-    assert slots is not None, "decode rows need decode_slots"
+    slots, mask = metadata.decode_context(sliding_window)
+    if sinks is not None:
+        # One more key per row, zeroed after the gather: the sink's (see `attention_sinks`).
+        slots = F.pad(slots, (0, 1))
     num_rows, max_len = slots.shape
     num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     flat_slots = slots.view(-1)
@@ -103,68 +144,17 @@ def _decode(
         num_heads = query.shape[1]
         queries = query.index_select(0, index.view(-1))  # [B * Q, H, D]
         queries = queries.view(num_rows, -1, num_heads, head_dim).transpose(1, 2)  # [B, H, Q, D]
+    if sinks is not None:
+        keys[:, :, -1] = 0  # the gathered copy's, not the cache's
+        values[:, :, -1] = 0
+        everything = torch.ones(1, 1, max_len - 1, dtype=torch.bool, device=slots.device)
+        visible = mask[:, 0] if mask is not None else everything  # [B or 1, Q or 1, S]
+        mask = sink_bias(visible, sinks, queries.dtype)  # [B, H, Q, S + 1]
     o = F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=metadata.decode_mask, scale=scale, enable_gqa=True
+        queries, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )  # [B, H, Q, D]
     if index is None:
         return o.squeeze(2)  # [B, H, D]
     o = o.transpose(1, 2).reshape(-1, o.shape[1], head_dim)  # [B * Q, H, D]
     assert metadata.decode_output_index is not None
     return o.index_select(0, metadata.decode_output_index)  # [T_dec, H, D]
-
-
-def decode_gather_inputs(
-    block_tables: list[list[int]],
-    seq_lens: list[int],
-    block_size: int,
-    device: torch.device,
-    query_lens: list[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-step inputs of the decode path: the cache slot of every context token of every decode
-    row [B, S_max] (padding points at slot 0) and the attention mask [B, 1, Q_max, S_max], None
-    when every row has one query and the rows are equally long. With `query_lens` (verify rows:
-    the last `query_lens[b]` of row b's `seq_lens[b]` tokens are queries), query q of row b sees
-    the tokens before it and itself; padded queries repeat the row's last one."""
-    max_len = max(seq_lens)
-    positions = torch.arange(max_len)
-    tables = torch.tensor(
-        [
-            table[: -(-max_len // block_size)] + [0] * (-(-max_len // block_size) - len(table))
-            for table in block_tables
-        ]
-    )  # [B, blocks]
-    slots = tables[:, positions // block_size] * block_size + positions % block_size
-    lengths = torch.tensor(seq_lens)
-    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)  # [B, S]
-    slots = slots.masked_fill(~valid, 0)
-    if query_lens is None or max(query_lens) == 1:
-        mask = None if min(seq_lens) == max_len else valid[:, None, None, :].to(device)
-        return slots.to(device), mask
-    counts = torch.tensor(query_lens)  # [B]
-    steps = torch.arange(max(query_lens)).unsqueeze(0)  # [1, Q]
-    # Row b's query q sits at position seq_len - query_len + min(q, query_len - 1).
-    last = (lengths - counts).unsqueeze(1) + torch.minimum(steps, (counts - 1).unsqueeze(1))
-    mask = positions.view(1, 1, -1) <= last.unsqueeze(2)  # [B, Q, S]
-    return slots.to(device), mask.unsqueeze(1).to(device)
-
-
-def decode_query_index(
-    query_lens: list[int], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """For decode rows with several queries: where each padded query [B, Q_max] comes from in
-    the step's decode queries, and where each decode query's output sits in the padded [B *
-    Q_max] outputs. None when every row has exactly one query."""
-    width = max(query_lens)
-    if width == 1:
-        return None
-    gather: list[list[int]] = []
-    scatter: list[int] = []
-    start = 0
-    for row, count in enumerate(query_lens):
-        gather.append([start + min(q, count - 1) for q in range(width)])
-        scatter.extend(row * width + q for q in range(count))
-        start += count
-    return (
-        torch.tensor(gather, dtype=torch.int64, device=device),
-        torch.tensor(scatter, dtype=torch.int64, device=device),
-    )

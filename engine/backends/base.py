@@ -60,7 +60,10 @@ class PagedAttentionBackend(AttentionBackend, Protocol):
         cache: torch.Tensor,
         metadata: Any,
         scale: float,
+        sinks: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Store key/value [T, H_kv, D] at the step's slots, then attend with query [T, H, D];
-        returns [T, H, D]."""
+        returns [T, H, D]. `sinks` [H]: a logit per head in every softmax's denominator;
+        `sliding_window`: a query at position p sees keys p - window < k <= p only."""
         ...

@@ -7,12 +7,8 @@ import torch
 
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.paged_attention_torch import (
-    decode_gather_inputs,
-    decode_query_index,
-    paged_attention,
-    store_kv,
-)
+from dgpp.kernels.decode_inputs import DecodeWindows, decode_gather_inputs, decode_query_index
+from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 
 
 class TorchPagedAttention:
@@ -40,18 +36,18 @@ class TorchPagedAttention:
         def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        decode_slots, decode_mask, query_index = None, None, None
+        decode_slots, decode_mask, query_index, windows = None, None, None, None
         if layout.num_decodes:
             decodes = layout.rows[: layout.num_decodes]
             query_lens = [row.num_tokens for row in decodes]
+            decode_tables = [list(row.block_table) for row in decodes]
+            decode_lens = seq_lens[: layout.num_decodes]
             decode_slots, decode_mask = decode_gather_inputs(
-                [list(row.block_table) for row in decodes],
-                seq_lens[: layout.num_decodes],
-                block_size,
-                device,
-                query_lens,
+                decode_tables, decode_lens, block_size, device, query_lens
             )
             query_index = decode_query_index(query_lens, device)
+            # Sliding-window layers' slots and masks: built by the first layer of each window.
+            windows = DecodeWindows(decode_tables, decode_lens, query_lens, block_size, device)
         return PagedAttentionMetadata(
             slot_mapping=tensor(slots),
             block_tables=tensor(tables),
@@ -66,6 +62,7 @@ class TorchPagedAttention:
             decode_mask=decode_mask,
             decode_query_index=query_index[0] if query_index else None,
             decode_output_index=query_index[1] if query_index else None,
+            decode_windows=windows,
         )
 
     def forward(
@@ -76,7 +73,11 @@ class TorchPagedAttention:
         cache: torch.Tensor,
         metadata: PagedAttentionMetadata,
         scale: float,
+        sinks: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         key_cache, value_cache = cache[0], cache[1]
         store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return paged_attention(query, key_cache, value_cache, metadata, scale)
+        return paged_attention(
+            query, key_cache, value_cache, metadata, scale, sinks, sliding_window
+        )

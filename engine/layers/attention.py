@@ -7,11 +7,23 @@ from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
 from dgpp.engine.cache_spec import PagedKVSpec
+from dgpp.engine.errors import ModelLoadError
 
 
 class PagedAttention(nn.Module):
     """A cache layer (`dgpp.engine.cache_spec.CacheLayer`): the model runner binds its share of
-    a paged KV pool, [2, blocks, block_size, H_kv, D], before the first forward."""
+    a paged KV pool, [2, blocks, block_size, H_kv, D], before the first forward.
+
+    Options for gpt-oss-style layers (both off by default, leaving plain causal attention):
+    - `sliding_window`: a query at position p sees only keys k with p - window < k <= p. The
+      cache is the same paged pool (every position's keys stay cached, so a prefix-cache hit
+      serves sliding and full layers alike); the backend does not read keys before the window.
+    - `has_sinks`: the layer owns `sinks` [num_heads], a learned logit per head that joins each
+      softmax's denominator and adds no value. Its `weight_loader` takes the checkpoint's tensor
+      of every head and keeps this rank's, from query head `first_head` on
+      (`HeadPartition.q_start`)."""
+
+    sinks: nn.Parameter | None
 
     def __init__(
         self,
@@ -20,14 +32,26 @@ class PagedAttention(nn.Module):
         head_dim: int,
         scale: float,
         backend: PagedAttentionBackend,
+        *,
+        sliding_window: int | None = None,
+        has_sinks: bool = False,
+        first_head: int = 0,
     ) -> None:
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be at least 1")
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.first_head = first_head
         self._backend = backend
         self.cache: torch.Tensor | None = None
+        sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False) if has_sinks else None
+        self.register_parameter("sinks", sinks)
+        if sinks is not None:
+            sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
 
     @property
     def cache_spec(self) -> PagedKVSpec:
@@ -40,6 +64,18 @@ class PagedAttention(nn.Module):
     def bind_cache(self, cache: torch.Tensor) -> None:
         self.cache = cache
 
+    def load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: None = None) -> None:
+        """Copy heads first_head .. first_head + num_heads of the checkpoint's sinks [heads].
+        `shard_id` is what a model's `checkpoint_target` rule passes: there is no shard."""
+        del shard_id
+        end = self.first_head + self.num_heads
+        if loaded.dim() != 1 or loaded.shape[0] < end:
+            raise ModelLoadError(
+                f"attention sinks of shape {tuple(loaded.shape)}; this rank needs heads "
+                f"{self.first_head} .. {end - 1}"
+            )
+        param.data.copy_(loaded[self.first_head : end])
+
     def forward(
         self,
         query: torch.Tensor,
@@ -50,4 +86,13 @@ class PagedAttention(nn.Module):
         """query [T, H, D], key/value [T, H_kv, D]; returns [T, H, D]."""
         assert self.cache is not None, "the model runner binds every cache before a forward"
         backend = self._backend
-        return backend.forward(query, key, value, self.cache, metadata[backend.name], self.scale)
+        return backend.forward(
+            query,
+            key,
+            value,
+            self.cache,
+            metadata[backend.name],
+            self.scale,
+            self.sinks,
+            self.sliding_window,
+        )

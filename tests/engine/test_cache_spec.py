@@ -25,7 +25,7 @@ from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.memory_plan import plan_memory
 from dgpp.engine.models import registry
-from dgpp.engine.models.llama import DecoderLayer, LlamaForCausalLM
+from dgpp.engine.models.llama import DecoderLayer, DecoderMLP, LlamaForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy
@@ -69,10 +69,12 @@ class TwoWidthForCausalLM(LlamaForCausalLM):
         recording = RecordingBackend(attention)
         TwoWidthForCausalLM.backend = recording
         for index in range(config.num_layers):
+            prefix = f"model.layers.{index}"
+            mlp = DecoderMLP(config, parallel, f"{prefix}.mlp")
             if index % 2 == 0:
-                self.model.layers[index] = DecoderLayer(narrow, parallel, attention)
+                self.model.layers[index] = DecoderLayer(narrow, parallel, attention, prefix, mlp)
             else:
-                self.model.layers[index] = DecoderLayer(config, parallel, recording)
+                self.model.layers[index] = DecoderLayer(config, parallel, recording, prefix, mlp)
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

@@ -6,12 +6,8 @@ import pytest
 import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.paged_attention_torch import (
-    decode_gather_inputs,
-    decode_query_index,
-    paged_attention,
-    store_kv,
-)
+from dgpp.kernels.decode_inputs import decode_gather_inputs, decode_query_index
+from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
 
