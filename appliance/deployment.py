@@ -57,6 +57,7 @@ class EngineSection(_Section):
         "compressed-tensors",
         "fp8",
         "modelopt",
+        "mxfp4",
     ] = "auto"
     prefix_cache: bool = True
     prefix_min_tokens: int = Field(1024, ge=0)
@@ -90,6 +91,11 @@ class HttpSection(_Section):
     # "auto": sampling settings a request leaves out come from the checkpoint's
     # generation_config.json (as vLLM does); "none": the OpenAI/Anthropic defaults.
     generation_config: Literal["auto", "none"] = "auto"
+    # How the model writes tool calls and reasoning: "auto" tells it from the chat template
+    # (docs/api.md, tool-call formats); a name forces that format.
+    tool_call_parser: Literal[
+        "auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder"
+    ] = "auto"
 
     @model_validator(mode="after")
     def _reachable_needs_a_key(self, info: ValidationInfo) -> HttpSection:
@@ -250,6 +256,7 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
         stats_log_interval_s=http.stats_log_interval_s,
         default_chat_template_kwargs=dict(http.default_chat_template_kwargs),
         generation_config=http.generation_config,
+        tool_call_parser=http.tool_call_parser,
     )
 
 

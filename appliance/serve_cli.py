@@ -70,6 +70,13 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         help="auto (default): sampling settings a request leaves out come from the "
         "checkpoint's generation_config.json; none: the OpenAI defaults",
     )
+    group.add_argument(
+        "--tool-call-parser",
+        choices=["auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder"],
+        default=None,
+        help="how the model writes tool calls and reasoning; auto (default): from its chat "
+        "template",
+    )
     group.add_argument("--queue-limit", type=int, default=None, help="(256)")
     group.add_argument(
         "--stats-log-interval",
@@ -137,6 +144,7 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
         ("stats_log_interval_s", args.stats_log_interval),
         ("default_chat_template_kwargs", args.default_chat_template_kwargs),
         ("generation_config", args.generation_config),
+        ("tool_call_parser", args.tool_call_parser),
     ):
         if value is not None:
             http[key] = value

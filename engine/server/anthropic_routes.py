@@ -23,7 +23,7 @@ from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
-from dgpp.engine.server.parsing import THINK_CLOSE, ResponseParser
+from dgpp.engine.server.parsing import THINK_CLOSE, ResponseParser, decoding_params
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
@@ -108,7 +108,7 @@ async def messages(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
     defaults = state.sampling_defaults
-    parser = ResponseParser(state, prompt, tools is not None, forced)
+    parser = ResponseParser(state, prompt, tools, forced)
     params = SamplingParams(
         max_tokens=max_tokens,
         temperature=pick(request.temperature, defaults.temperature, 1.0),
@@ -120,6 +120,7 @@ async def messages(
         grammar=grammar,
         **_reasoning_budget(state, request, parser, grammar),
     )
+    params = decoding_params(state, params)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if request.stream:
         admission = state.engine.admit()  # refused with a status code, or room held

@@ -20,7 +20,7 @@ from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
-from dgpp.engine.server.parsing import ResponseParser
+from dgpp.engine.server.parsing import ResponseParser, decoding_params
 from dgpp.engine.server.protocol import ChatCompletionRequest
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import (
@@ -76,15 +76,19 @@ async def chat_completions(
     )
     logprobs = chat_logprobs(request)
     params = [
-        sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults, grammar)
+        decoding_params(
+            state,
+            sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults, grammar),
+        )
         for i in range(request.n)
     ]
+    skip_special = request.skip_special_tokens
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if request.stream:
         admission = state.engine.admit(len(params))  # refused with a status code, or room held
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        parsers = [ResponseParser(state, prompt, tools is not None, forced) for _ in params]
+        parsers = [ResponseParser(state, prompt, tools, forced, skip_special) for _ in params]
         events = _chat_stream(
             state,
             tracker,
@@ -108,7 +112,7 @@ async def chat_completions(
     reasoning_tokens = 0
     for index, output in enumerate(outputs):
         completion = output.outputs[0]
-        parser = ResponseParser(state, prompt, tools is not None, forced)
+        parser = ResponseParser(state, prompt, tools, forced, skip_special)
         parsed = parser.parse_whole(completion.text)
         content, reasoning = parsed.content, parsed.reasoning
         message: dict[str, Any] = {"role": "assistant", "content": content}

@@ -31,6 +31,9 @@ class ServerConfig:
     # "auto": settings a request leaves out come from the checkpoint's generation_config.json
     # (as vLLM's --generation-config auto); "none": the OpenAI/Anthropic defaults.
     generation_config: str = "auto"
+    # How the model writes tool calls and reasoning (output_format.py): "auto" tells it from the
+    # chat template; "hermes", "glm45", "deepseek_v3", "harmony" or "qwen3_coder" name it.
+    tool_call_parser: str = "auto"
 
 
 PATTERN_CHARACTERS = frozenset("*?[")

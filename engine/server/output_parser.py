@@ -1,10 +1,12 @@
 """Incremental parsing of one chat-completion choice into content, reasoning and tool calls.
 
-The model's text goes through `ReasoningSplitter` (when reasoning is parsed) and the content it
-yields through `ToolCallParser` (when the request offered tools). Both hold back only text that may
-still turn out to be markup, so feeding the output whole or in any chunks gives the same
-concatenated content, reasoning and tool calls (ids aside, which are random). Text inside reasoning
-is never searched for tool calls.
+For the tagged formats the model's text goes through `ReasoningSplitter` (when reasoning is
+parsed) and the content it yields through the format's tool-call parser (when the request offered
+tools); text inside reasoning is never searched for tool calls. Harmony output (gpt-oss) has its
+own parser for all three. Where the output was decoded with special tokens kept, their text is
+then stripped from content and reasoning. Every stage holds back only text that may still turn
+out to be markup, so feeding the output whole or in any chunks gives the same concatenated
+content, reasoning and tool calls (ids aside, which are random).
 
 Streaming: feed each text delta, send back what each call returns, then send what `finish` returns.
 Whole responses: `feed(text)` then `finish()`, merged with `merge`, and `tool_calls()` for the
@@ -13,78 +15,48 @@ message.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from dgpp.engine.server.output_format import ToolFormat, content_tool_parser
+from dgpp.engine.server.parsed_delta import ParsedDelta, merge
 from dgpp.engine.server.reasoning_parser import ReasoningSplit, ReasoningSplitter
-from dgpp.engine.server.tool_parser import ToolCallDelta, ToolCallParser, ToolParse
+from dgpp.engine.server.special_tokens import SpecialTokenFilter, SpecialTokenText
+from dgpp.engine.server.tool_arguments import ToolSchemas
+from dgpp.engine.server.tool_format_harmony import HarmonyParser
+from dgpp.engine.server.tool_parser import ToolCall, ToolCallDelta, ToolCallParser, ToolParse
 
 __all__ = ["OutputParser", "ParsedDelta", "ToolCallDelta", "merge"]
 
 
-@dataclass(frozen=True)
-class ParsedDelta:
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: tuple[ToolCallDelta, ...] = ()
+class _Stages(Protocol):
+    """Text in, parsed pieces out; `calls` are the complete calls so far."""
 
     @property
-    def is_empty(self) -> bool:
-        return not (self.content or self.reasoning or self.tool_calls)
+    def calls(self) -> tuple[ToolCall, ...]: ...
+
+    def feed(self, text: str) -> ParsedDelta: ...
+
+    def finish(self) -> ParsedDelta: ...
 
 
-def merge(deltas: Iterable[ParsedDelta]) -> ParsedDelta:
-    """The deltas of one choice joined in order, as if they had come out of a single call."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ToolCallDelta] = []
-    for delta in deltas:
-        content.append(delta.content)
-        reasoning.append(delta.reasoning)
-        calls.extend(delta.tool_calls)
-    return ParsedDelta("".join(content), "".join(reasoning), tuple(calls))
+class _TaggedOutput:
+    """`<think>` reasoning, then tool-call blocks in the content."""
 
-
-class OutputParser:
-    """Parses one choice's output as it is generated.
-
-    `reasoning`: split `<think>…</think>` off into reasoning (otherwise those tags are content).
-    `tools`: find tool calls in the content (otherwise tool markup is content).
-    `starts_in_reasoning`: the prompt ends inside an opened `<think>` (Qwen3 templates with thinking
-    on), so the output begins as reasoning and closes it with `</think>`; ignored when `reasoning`
-    is off, since everything is content then.
-    """
-
-    def __init__(self, *, reasoning: bool, tools: bool, starts_in_reasoning: bool = False) -> None:
-        self._splitter = (
-            ReasoningSplitter(starts_in_reasoning=starts_in_reasoning) if reasoning else None
-        )
-        self._tools = ToolCallParser() if tools else None
-        self._finished = False
+    def __init__(self, splitter: ReasoningSplitter | None, tools: ToolCallParser | None) -> None:
+        self._splitter = splitter
+        self._tools = tools
 
     @property
-    def num_tool_calls(self) -> int:
-        return len(self._tools.calls) if self._tools is not None else 0
-
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """The complete calls so far, in the `message.tool_calls` shape of a chat.completion."""
-        return [call.as_openai() for call in self._tools.calls] if self._tools is not None else []
+    def calls(self) -> tuple[ToolCall, ...]:
+        return self._tools.calls if self._tools is not None else ()
 
     def feed(self, text: str) -> ParsedDelta:
-        """Parse newly generated text; returns what became certain and holds back the rest."""
-        if self._finished:
-            raise RuntimeError("OutputParser.feed() called after finish()")
         split = (
             self._splitter.feed(text) if self._splitter is not None else ReasoningSplit("", text)
         )
         return self._route(split, final=False)
 
     def finish(self) -> ParsedDelta:
-        """End of output: everything still held back, decided. Later calls return nothing."""
-        if self._finished:
-            return ParsedDelta()
-        self._finished = True
         split = self._splitter.finish() if self._splitter is not None else ReasoningSplit()
         return self._route(split, final=True)
 
@@ -96,3 +68,75 @@ class OutputParser:
             rest = self._tools.finish()
             found = ToolParse(found.content + rest.content, found.calls + rest.calls)
         return ParsedDelta(content=found.content, reasoning=split.reasoning, tool_calls=found.calls)
+
+
+class OutputParser:
+    """Parses one choice's output as it is generated.
+
+    `reasoning`: split `<think>…</think>` off into reasoning (otherwise those tags are content).
+    `tools`: find tool calls in the content (otherwise tool markup is content).
+    `starts_in_reasoning`: the prompt ends inside an opened `<think>` (Qwen3 templates with thinking
+    on), so the output begins as reasoning and closes it with `</think>`; ignored when `reasoning`
+    is off, since everything is content then.
+    `tool_format`: how the model writes tool calls (output_format.py); harmony also decides
+    reasoning itself, by channel, so `reasoning` and `starts_in_reasoning` do not apply to it.
+    `schemas`: the offered tools' parameter schemas, for formats that write arguments as text.
+    `special_tokens`: strip these from content and reasoning (the output was decoded with them).
+    """
+
+    def __init__(
+        self,
+        *,
+        reasoning: bool,
+        tools: bool,
+        starts_in_reasoning: bool = False,
+        tool_format: ToolFormat = ToolFormat.HERMES,
+        schemas: ToolSchemas | None = None,
+        special_tokens: SpecialTokenText | None = None,
+    ) -> None:
+        self._stages: _Stages
+        if tool_format is ToolFormat.HARMONY:
+            self._stages = HarmonyParser(tools=tools)
+        else:
+            splitter = (
+                ReasoningSplitter(starts_in_reasoning=starts_in_reasoning) if reasoning else None
+            )
+            calls = content_tool_parser(tool_format, schemas or ToolSchemas()) if tools else None
+            self._stages = _TaggedOutput(splitter, calls)
+        self._filters = (
+            (SpecialTokenFilter(special_tokens), SpecialTokenFilter(special_tokens))
+            if special_tokens is not None
+            else None
+        )
+        self._finished = False
+
+    @property
+    def num_tool_calls(self) -> int:
+        return len(self._stages.calls)
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The complete calls so far, in the `message.tool_calls` shape of a chat.completion."""
+        return [call.as_openai() for call in self._stages.calls]
+
+    def feed(self, text: str) -> ParsedDelta:
+        """Parse newly generated text; returns what became certain and holds back the rest."""
+        if self._finished:
+            raise RuntimeError("OutputParser.feed() called after finish()")
+        return self._filtered(self._stages.feed(text), final=False)
+
+    def finish(self) -> ParsedDelta:
+        """End of output: everything still held back, decided. Later calls return nothing."""
+        if self._finished:
+            return ParsedDelta()
+        self._finished = True
+        return self._filtered(self._stages.finish(), final=True)
+
+    def _filtered(self, parsed: ParsedDelta, *, final: bool) -> ParsedDelta:
+        if self._filters is None:
+            return parsed
+        content, reasoning = self._filters
+        pieces = [ParsedDelta(content.feed(parsed.content), reasoning.feed(parsed.reasoning))]
+        pieces.append(ParsedDelta(tool_calls=parsed.tool_calls))
+        if final:
+            pieces.append(ParsedDelta(content.finish(), reasoning.finish()))
+        return merge(pieces)

@@ -1,35 +1,62 @@
-"""Chooses and drives the output parser of a request: reasoning if the template knows `<think>`,
-tool calls if tools are on, and a forced tool-call opening for `required`/named tool choices."""
+"""Chooses and drives the output parser of a request: the served model's format
+(output_format.py), reasoning if the template knows `<think>`, tool calls if tools are on, and a
+forced tool-call opening for `required`/named tool choices."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
+from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.output_format import ToolFormat
 from dgpp.engine.server.output_parser import OutputParser, ParsedDelta, merge
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_choice import HERMES_CLOSE, ForcedStart
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 
+def decoding_params(state: ServerState, params: SamplingParams) -> SamplingParams:
+    """`params` as the engine must decode for the served format: with special tokens kept
+    where its markers are special tokens (the parser strips the rest, see `ResponseParser`)."""
+    if not state.output_format.keeps_special_tokens or not params.skip_special_tokens:
+        return params
+    return replace(params, skip_special_tokens=False)
+
+
 class ResponseParser:
-    """An `OutputParser` that has already read the forced opening, if any."""
+    """An `OutputParser` that has already read the forced opening, if any.
+
+    `tools`: the tools offered (Chat Completions shape), None when tool calls are off.
+    `skip_special_tokens`: what the request asked for; where the engine decodes with special
+    tokens kept for the format's sake (`decoding_params`), they are stripped from what the
+    client sees unless the request asked to see them.
+    """
 
     def __init__(
         self,
         state: ServerState,
         prompt: list[int],
-        tools_enabled: bool,
+        tools: list[dict[str, Any]] | None,
         forced: ForcedStart | None = None,
+        skip_special_tokens: bool = True,
     ) -> None:
         template = state.tokenizer.chat_template or ""
         reasoning = THINK_OPEN in template
         tail = state.tokenizer.decode(prompt[-4:]) if reasoning and forced is None else ""
         # The output starts inside a reasoning block the prompt opened (Qwen3 thinking on).
         self.starts_in_reasoning = tail.rstrip("\n").endswith(THINK_OPEN)
+        served = state.output_format
         self.parser = OutputParser(
             reasoning=reasoning,
-            tools=tools_enabled or forced is not None,
+            tools=tools is not None or forced is not None,
             starts_in_reasoning=self.starts_in_reasoning,
+            # A forced opening is Hermes JSON whatever the model's own format (tool_choice.py).
+            tool_format=ToolFormat.HERMES if forced is not None else served.tool_format,
+            schemas=ToolSchemas.of(tools),
+            special_tokens=served.special_tokens if skip_special_tokens else None,
         )
         self.forced = forced
         self._pending = self.parser.feed(forced.text) if forced is not None else ParsedDelta()

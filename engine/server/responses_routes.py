@@ -20,7 +20,7 @@ from dgpp.engine.server.errors import from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
-from dgpp.engine.server.parsing import ResponseParser
+from dgpp.engine.server.parsing import ResponseParser, decoding_params
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.responses_convert import to_chat_messages, to_chat_tools
@@ -127,8 +127,9 @@ async def create_response(
         seed=request.seed,
         grammar=grammar,
     )
+    params = decoding_params(state, params)
     head = ResponseHead(model, _echo(request), use_prefix_cache=request.prefix_cache)
-    parser = ResponseParser(state, prompt, tools is not None, forced)
+    parser = ResponseParser(state, prompt, tools, forced)
     turn = _Turn(state, request.store, conversation)
     if request.stream:
         admission = state.engine.admit()  # refused with a status code, or room held

@@ -1,6 +1,8 @@
 """Finds tool calls in the content of a chat completion, incrementally.
 
-Two formats are recognised:
+`ToolCallParser` finds blocks between an opening and a closing tag and hands each closed block's
+body to a decoder of the model family's format (tool_format_*.py). Its defaults are the two
+formats of Hermes/Qwen and Llama 3 models:
 
 - Hermes/Qwen tags: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, any number of
   them, after optional content. A block becomes a call once its closing tag arrives and its body is
@@ -13,6 +15,10 @@ Two formats are recognised:
   objects (or "arguments") separated by ";", and returns it unchanged as content otherwise. A JSON
   answer to a request that offered tools is therefore not streamed: one can only tell at the end.
 
+Other families keep the block mechanics (a block that does not decode is content, whitespace after a
+call is dropped) with their own tags and decoder, without the Llama 3 check, and may name markers
+that are dropped wherever they appear in the content (the outer brackets around a run of calls).
+
 Each call is emitted whole, as a single `ToolCallDelta` carrying id, name and the complete arguments
 string, when it becomes certain. Streaming the arguments earlier was rejected on purpose: a block is
 only known to be a valid call once it has closed, an invalid one must come out as content, and the
@@ -24,11 +30,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from dgpp.engine.server.reasoning_parser import split_partial_tag
+from dgpp.engine.server.reasoning_parser import partial_tag_length
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -83,7 +90,7 @@ class ToolParse:
     calls: tuple[ToolCallDelta, ...] = ()
 
 
-def _call_fields(obj: object, keys: tuple[str, ...], *, required: bool) -> tuple[str, str] | None:
+def call_fields(obj: object, keys: tuple[str, ...], *, required: bool) -> tuple[str, str] | None:
     """`(name, arguments JSON)` of a decoded call object, or None when it is not one."""
     if not isinstance(obj, dict):
         return None
@@ -101,12 +108,17 @@ def _call_fields(obj: object, keys: tuple[str, ...], *, required: bool) -> tuple
     return None
 
 
-def _hermes_call(body: str) -> tuple[str, str] | None:
+# A closed block's body to `(name, arguments JSON)`, or None when it is not a call (then content).
+BodyDecoder = Callable[[str], tuple[str, str] | None]
+
+
+def hermes_call(body: str) -> tuple[str, str] | None:
+    """A Hermes/Qwen block body: `{"name": ..., "arguments": {...}}`."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
         return None
-    return _call_fields(obj, ("arguments", "parameters"), required=False)
+    return call_fields(obj, ("arguments", "parameters"), required=False)
 
 
 def _llama_calls(text: str) -> list[tuple[str, str]] | None:
@@ -120,7 +132,7 @@ def _llama_calls(text: str) -> list[tuple[str, str]] | None:
         except (ValueError, RecursionError):
             return None
         # Both keys are required here: without them any JSON answer with a "name" would be a call.
-        call = _call_fields(obj, ("parameters", "arguments"), required=True)
+        call = call_fields(obj, ("parameters", "arguments"), required=True)
         if call is None:
             return None
         calls.append(call)
@@ -132,23 +144,54 @@ def _llama_calls(text: str) -> list[tuple[str, str]] | None:
     return calls or None
 
 
+def first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
+    """`(offset, tag)` of the tag that occurs first in `text` (the longest on a tie); -1 if none."""
+    best, found = -1, ""
+    for tag in tags:
+        at = text.find(tag)
+        if at >= 0 and (best < 0 or at < best or (at == best and len(tag) > len(found))):
+            best, found = at, tag
+    return best, found
+
+
+def held_length(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest suffix of `text` that may still become one of `tags`."""
+    return max(partial_tag_length(text, tag) for tag in tags)
+
+
 class _Mode(Enum):
     START = "start"  # only whitespace so far: the content may still be Llama 3 JSON
-    TEXT = "text"  # plain content, watching for CALL_OPEN
-    BLOCK = "block"  # inside a tag block, waiting for CALL_CLOSE
+    TEXT = "text"  # plain content, watching for the opening tag
+    BLOCK = "block"  # inside a tag block, waiting for the closing tag
     JSON = "json"  # the content began with "{": all held until finish
     DONE = "done"
 
 
 class ToolCallParser:
-    """Splits a content stream into plain content and tool calls. Not to be fed after `finish`."""
+    """Splits a content stream into plain content and tool calls. Not to be fed after `finish`.
 
-    def __init__(self) -> None:
-        self._mode = _Mode.START
+    `decode`: a closed block's body to a call; `open_tag`/`close_tag`: the block's tags;
+    `llama_json`: content that starts with "{" is held and tried as Llama 3 JSON at `finish`;
+    `dropped`: markers removed from the content wherever they appear outside blocks.
+    """
+
+    def __init__(
+        self,
+        decode: BodyDecoder = hermes_call,
+        *,
+        open_tag: str = CALL_OPEN,
+        close_tag: str = CALL_CLOSE,
+        llama_json: bool = True,
+        dropped: tuple[str, ...] = (),
+    ) -> None:
+        self._decode = decode
+        self._open, self._close = open_tag, close_tag
+        self._markers = (open_tag, *dropped)  # what the content is searched for
+        self._mode = _Mode.START if llama_json else _Mode.TEXT
         # Text not yet returned: leading whitespace, a possible tag prefix, an open block's body,
         # or the held JSON.
         self._buffer = ""
-        self._scan_from = 0  # in BLOCK: CALL_CLOSE cannot start before this offset of the buffer
+        self._scan_from = 0  # in BLOCK: the closing tag cannot start before this offset
         self._strip_whitespace = False  # set by each call, cleared by the next non-space character
         self._calls: list[ToolCall] = []
 
@@ -168,7 +211,7 @@ class ToolCallParser:
         mode, held = self._mode, self._buffer
         self._mode, self._buffer = _Mode.DONE, ""
         if mode is _Mode.BLOCK:
-            return ToolParse(CALL_OPEN + held)
+            return ToolParse(self._open + held)
         if mode is _Mode.JSON:
             found = _llama_calls(held)
             if found is None:
@@ -196,28 +239,30 @@ class ToolCallParser:
             if not self._buffer:
                 return False
             self._strip_whitespace = False
-        at = self._buffer.find(CALL_OPEN)
+        at, tag = first_tag(self._buffer, self._markers)
         if at < 0:
-            certain, self._buffer = split_partial_tag(self._buffer, CALL_OPEN)
-            content.append(certain)
+            held = held_length(self._buffer, self._markers)
+            content.append(self._buffer[: len(self._buffer) - held])
+            self._buffer = self._buffer[len(self._buffer) - held :]
             return False
         content.append(self._buffer[:at])
-        self._buffer = self._buffer[at + len(CALL_OPEN) :]
-        self._mode, self._scan_from = _Mode.BLOCK, 0
+        self._buffer = self._buffer[at + len(tag) :]
+        if tag == self._open:
+            self._mode, self._scan_from = _Mode.BLOCK, 0
         return True
 
     def _step_block(self, content: list[str], calls: list[ToolCallDelta]) -> bool:
-        at = self._buffer.find(CALL_CLOSE, self._scan_from)
+        at = self._buffer.find(self._close, self._scan_from)
         if at < 0:
-            # Only the last len(CALL_CLOSE) - 1 characters can begin a tag that later text closes.
-            self._scan_from = max(0, len(self._buffer) - len(CALL_CLOSE) + 1)
+            # Only the last len(close) - 1 characters can begin a tag that later text closes.
+            self._scan_from = max(0, len(self._buffer) - len(self._close) + 1)
             return False
         body = self._buffer[:at]
-        self._buffer = self._buffer[at + len(CALL_CLOSE) :]
+        self._buffer = self._buffer[at + len(self._close) :]
         self._mode = _Mode.TEXT
-        found = _hermes_call(body)
+        found = self._decode(body)
         if found is None:
-            content.append(CALL_OPEN + body + CALL_CLOSE)
+            content.append(self._open + body + self._close)
         else:
             calls.append(self._add(*found))
             self._strip_whitespace = True
