@@ -58,6 +58,35 @@ class PagedKVSpec:
         return torch.zeros(shape, dtype=dtype, device=device)
 
 
+@dataclass(frozen=True)
+class MLALatentSpec:
+    """Multi-head latent attention's cache: per token the normalised compressed key/value
+    latent (`kv_lora_rank`) and the rotated shared rope key (`rope_dim`), one vector for every
+    head, so every rank of a tensor-parallel world holds all of it. Per layer
+    [blocks, block_size, kv_lora_rank + rope_dim]."""
+
+    kv_lora_rank: int
+    rope_dim: int
+
+    @property
+    def width(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.width * dtype.itemsize
+
+    def allocate(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor:
+        shape = (num_layers, num_blocks, block_size, self.width)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+
 @runtime_checkable
 class CacheLayer(Protocol):
     """A module that owns a cache: the runner finds these, allocates by `cache_spec` and binds

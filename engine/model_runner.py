@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dgpp.engine.backends.base import BatchLayout, BatchRow
-from dgpp.engine.backends.selection import select_attention_backend
+from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.errors import ConfigError
@@ -61,7 +61,7 @@ class ModelRunner:
         logging.getLogger(__name__).info("memory plan: %s", plan.describe())
         if config.mlock:
             lock_memory()
-        attention = select_attention_backend(self.device, self.dtype)
+        attention = select_backend_for(model_config, self.device, self.dtype)
         with torch.device("cpu"):
             model = build_model(model_config, parallel, max_model_len, attention)
         model = model.to(self.dtype)

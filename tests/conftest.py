@@ -65,6 +65,14 @@ TINY_COMMON = dict(
     eos_token_id=2,
     pad_token_id=2,
 )
+# DeepSeek-V3's multi-head latent attention, on top of TINY_COMMON.
+TINY_DEEPSEEK_V3 = dict(
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+)
 
 
 def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
@@ -77,10 +85,22 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
         "Glm4MoeForCausalLM": transformers.Glm4MoeConfig,
+        "GptOssForCausalLM": transformers.GptOssConfig,
+        "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
         settings.setdefault("head_dim", 32)
+    if architecture == "DeepseekV3ForCausalLM":
+        # MLA has no key/value groups (transformers would repeat its expanded keys by heads /
+        # kv heads); every layer is dense unless the test asks for experts.
+        settings = {
+            **TINY_COMMON,
+            **TINY_DEEPSEEK_V3,
+            "num_key_value_heads": settings["num_attention_heads"],
+            "first_k_dense_replace": settings["num_hidden_layers"],
+            **overrides,
+        }
     config = config_class(**settings)
     config.architectures = [architecture]
     torch.manual_seed(seed)

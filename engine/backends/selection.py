@@ -1,11 +1,16 @@
-"""Chooses the attention backend once per device and dtype, when the model runner is built."""
+"""Chooses the attention backend once per model, device and dtype, when the model runner is
+built."""
 
 from __future__ import annotations
 
 import torch
 
-from dgpp.engine.backends.base import PagedAttentionBackend
+from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
+from dgpp.engine.backends.mla_base import MLABackend
+from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.layers.mla import is_latent_attention
 
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
@@ -13,3 +18,19 @@ def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedA
     today (it is the only one there is)."""
     del dtype  # every dtype the engine serves runs on the PyTorch backend
     return TorchPagedAttention(device)
+
+
+def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
+    """The multi-head latent attention backend: the PyTorch one on every device today."""
+    del dtype
+    return TorchMLAAttention(device)
+
+
+def select_backend_for(
+    model: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> AttentionBackend:
+    """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
+    compressed key/value latent (DeepSeek-V3), paged attention otherwise."""
+    if is_latent_attention(model):
+        return select_mla_backend(device, dtype)
+    return select_attention_backend(device, dtype)

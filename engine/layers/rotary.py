@@ -1,5 +1,6 @@
 """Rotary position embeddings with the scaling variants of the Llama and Qwen families
-(default, linear, llama3, yarn), applied in the rotate-half (GPT-NeoX) layout."""
+(default, linear, llama3, yarn), applied in the rotate-half (GPT-NeoX) layout; interleaved pairs
+(DeepSeek) are brought to that layout first (`deinterleave`)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,20 @@ def apply_rotary(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
     """Rotate x [T, heads, D] (rotate-half layout) by the angles from `RotaryEmbedding.lookup`."""
     cos, sin = angles
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Pairs (x0, x1), (x2, x3), ... of the last dim into the rotate-half layout (x0, x2, ...,
+    x1, x3, ...). Rotating the result with `apply_rotary` rotates each pair by its frequency and
+    gives exactly transformers' interleaved rotation (`rope_interleave`, DeepSeek), output
+    layout included."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+def mscale_softmax_factor(rope: RopeConfig) -> float:
+    """DeepSeek's softmax-scale correction under scaled RoPE: yarn's mscale(factor,
+    mscale_all_dim) squared when `mscale_all_dim` is set, else 1 (transformers'
+    `yarn_apply_mscale`, which applies it for any non-default rope type)."""
+    if rope.rope_type == "default" or not rope.mscale_all_dim:
+        return 1.0
+    return _yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2

@@ -10,7 +10,9 @@ from dgpp.engine.backends.base import PagedAttentionBackend
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import UnsupportedModelError
+from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
+from dgpp.engine.models.gpt_oss import GptOssForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.parallel import ParallelContext
@@ -36,6 +38,8 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen3ForCausalLM": LlamaForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 
