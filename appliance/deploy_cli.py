@@ -1,4 +1,4 @@
-"""`dgpp deploy validate|resolve|templates` and `dgpp support-bundle`."""
+"""`dgpp deploy validate|resolve|templates|plan` and `dgpp support-bundle`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ def add_deploy_parsers(commands: Any) -> None:
         help="override one key, e.g. engine.kv_capacity=8192 (repeatable)",
     )
     actions.add_parser("templates", help="list the shipped deployment templates")
+    plan = actions.add_parser(
+        "plan", help="each rank's memory plan: weights, KV per token, largest context, fit"
+    )
+    plan.add_argument("file", type=Path, nargs="?", help="a deployment file")
+    plan.add_argument("--template", default=None, help="a shipped template instead of a file")
+    plan.add_argument(
+        "--memory-gb", type=float, default=None, help="each node's memory (default: 128, a Spark)"
+    )
     bundle = commands.add_parser(
         "support-bundle", help="pack a deployment's logs and resolved config (no secrets)"
     )
@@ -48,6 +56,8 @@ def run_deploy(args: argparse.Namespace) -> int:
             raw = template.load()
             print(f"{template.name}\t{raw.get('model')}\tworld {raw.get('world_size', 1)}")
         return EXIT_OK
+    if args.deploy_command == "plan":
+        return _run_plan(args)
     if args.deploy_command == "validate":
         deployment = resolve(args.file)
         print(f"{args.file}: valid, deployment id {deployment_id(deployment)}")
@@ -55,6 +65,32 @@ def run_deploy(args: argparse.Namespace) -> int:
     deployment = resolve(args.file, args.inventory, args.overrides)
     sys.stdout.write(deployment_json(deployment))
     print(f"deployment id {deployment_id(deployment)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    """Print the plan; exit non-zero (naming the numbers) when a rank does not fit."""
+    from dgpp.appliance.deployment import parse_deployment
+    from dgpp.appliance.deployment_files import find_template
+    from dgpp.appliance.deployment_plan import (
+        SPARK_BYTES,
+        describe_plans,
+        model_config_of,
+        plan_deployment,
+        refuse_unfit,
+        spark_memory,
+    )
+
+    if args.template is not None:
+        deployment = parse_deployment(find_template(args.template).load(), args.template)
+    else:
+        deployment = resolve(args.file)
+    model, source = model_config_of(deployment)
+    total = int(args.memory_gb * 1e9) if args.memory_gb else SPARK_BYTES
+    plans = plan_deployment(deployment, model, spark_memory(total))
+    print(f"{deployment.model} ({model.quant_method}, from its {source}), world {len(plans)}:")
+    print(describe_plans(plans))
+    refuse_unfit(plans)
     return EXIT_OK
 
 

@@ -45,7 +45,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=None,
         help="auto (the default): as the checkpoint stores it; a method (gguf, gptq, awq, "
-        "auto-round, compressed-tensors, fp8, modelopt, none) refuses any other",
+        "auto-round, compressed-tensors, fp8, modelopt, mxfp4, none) refuses any other",
     )
     group.add_argument(
         "--no-prefix-cache",

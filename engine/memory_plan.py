@@ -213,13 +213,20 @@ def workspace_bytes(
     chunk = config.prefill_chunk_tokens
     tokens = chunk + rows
     heads, kv_heads, head_dim = shapes.num_heads, shapes.num_kv_heads, model.head_dim
+    # MLA (DeepSeek-V3) expands its cached latents to per-head keys of qk_nope + qk_rope dims
+    # and values of v_head_dim; other attention uses head_dim for both.
+    raw = model.raw
+    key_dim = int(raw.get("qk_nope_head_dim", 0)) + int(raw.get("qk_rope_head_dim", 0))
+    value_dim = int(raw.get("v_head_dim", 0))
+    if not (raw.get("kv_lora_rank") and key_dim and value_dim):
+        key_dim = value_dim = head_dim
     inter, hidden = shapes.intermediate_size, model.hidden_size
     residual = 3 * tokens * hidden * b  # residual, normed input, sublayer output
     attention = (
         tokens * (2 * heads + 3 * kv_heads) * head_dim * b  # qkv and rotated q/k
         + tokens * heads * head_dim * b  # attention output
         + 2 * chunk * heads * max_context * FP32_BYTES  # prefill scores and probabilities
-        + 2 * max_context * heads * head_dim * FP32_BYTES  # gathered keys and values
+        + max_context * heads * (key_dim + value_dim) * FP32_BYTES  # gathered keys, values
         + rows * heads * max_context * FP32_BYTES  # decode scores
     )
     mlp = tokens * 2 * inter * b + 2 * tokens * inter * b
@@ -250,12 +257,15 @@ def plan_memory(
     tp_size: int,
     memory: DeviceMemory | None = None,
     tp_rank: int = 0,
+    weights: int | None = None,
 ) -> MemoryPlan:
     """The plan of rank `tp_rank` of a `tp_size` world (rank 0 holds the largest share);
-    `memory` defaults to a reading of the device."""
+    `memory` defaults to a reading of the device; `weights`, when known, is this rank's
+    `rank_weight_bytes` (planning many pools for one model counts them once)."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
     specs = rank_cache_specs(model, tp_size, tp_rank)
-    weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
+    if weights is None:
+        weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
     max_context = config.effective_max_model_len(model)
     return _plan(config, model, shapes, specs, memory, max_context, weights)
 

@@ -35,6 +35,8 @@ def test_wheel_contains_every_package_and_the_console_script(tmp_path: Path) -> 
         "engine/layers/linear.py",
         "kernels/paged_attention_torch.py",
         "appliance/cli.py",
+        "appliance/templates/gpt-oss-120b_bfloat16_w1.json",
+        "appliance/checkpoint_facts/openai--gpt-oss-120b.json",
         "webui/__init__.py",
     ):
         assert f"dgpp/{module}" in names, module

@@ -19,16 +19,13 @@ from dgpp.appliance.deployment_files import (
 )
 from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_OK
+from dgpp.appliance.model_facts import facts_config
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 
-# Head counts of the templates' models (from their config.json), to check each world splits.
-HEADS = {
-    "smollm2-135m": (9, 3),
-    "qwen3-8b": (32, 8),
-    "llama-3.1-8b-instruct": (32, 8),
-    "qwen2.5-72b-instruct": (64, 8),
-}
+# The default model's head counts, to check each world splits (the other templates' models
+# have shipped facts: appliance/checkpoint_facts).
+DEFAULT_HEADS = (9, 3)
 
 INVENTORY = """
 all:
@@ -58,7 +55,11 @@ def test_every_template_is_valid_and_named_for_what_it_holds(template: object) -
     deployment = resolve(template.path)  # type: ignore[attr-defined]
     assert deployment.engine.dtype == dtype
     assert f"w{deployment.world_size}" == world
-    num_heads, num_kv = HEADS[model]
+    if deployment.model == "default":
+        num_heads, num_kv = DEFAULT_HEADS
+    else:
+        facts = facts_config(deployment.model)
+        num_heads, num_kv = facts.num_heads, facts.num_kv_heads
     for rank in range(deployment.world_size):
         partition_heads(num_heads, num_kv, deployment.world_size, rank)
 

@@ -105,9 +105,7 @@ def _checkpoint(tmp_path: Path, tokenizer_dir: Path, family: str) -> Path:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_tokens_match_transformers(
-    tmp_path: Path, tokenizer_dir: Path, family: str
-) -> None:
+def test_greedy_tokens_match_transformers(tmp_path: Path, tokenizer_dir: Path, family: str) -> None:
     checkpoint = _checkpoint(tmp_path, tokenizer_dir, family)
     hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
@@ -159,9 +157,7 @@ def test_router_choice_equals_transformers(family: str) -> None:
     mlp = hf_model.model.layers[layer].mlp
     hf_router = mlp.router if architecture.startswith("GptOss") else mlp.gate
     router = Router(spec.router, 64)
-    router.load_state_dict(
-        dict(hf_router.state_dict()), strict=True
-    )
+    router.load_state_dict(dict(hf_router.state_dict()), strict=True)
     hidden = torch.randn(257, 64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         weights, ids = router(hidden)
@@ -172,9 +168,7 @@ def test_router_choice_equals_transformers(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["qwen3-moe", "glm4-moe", "gpt-oss"])
-def test_world_of_two_equals_world_of_one(
-    tmp_path: Path, tokenizer_dir: Path, family: str
-) -> None:
+def test_world_of_two_equals_world_of_one(tmp_path: Path, tokenizer_dir: Path, family: str) -> None:
     """Experts split on their intermediate dimension, router replicated, one all-reduce per
     MoE block (shared experts joined into it)."""
     from tests.engine.test_tensor_parallel import KNOBS, _check_world_of_two

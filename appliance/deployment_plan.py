@@ -1,0 +1,120 @@
+"""What a deployment will hold on each rank of its world, before anything is downloaded or
+started: weights, KV bytes per token, the largest context one request can have, and whether the
+engine as configured fits (`dgpp deploy plan`, `docs/models.md`).
+
+The model comes from its checkpoint when it is on this machine, else from the facts shipped for
+the templates' models (`appliance.model_facts`). The memory is a DGX Spark's unless told
+otherwise: 128 GB of unified memory, 4 GB of it the OS's, and the CUDA rule of
+`DeviceMemory.budget` (90% of the device unless `memory_fraction` says otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from dgpp.appliance.deployment import Deployment, checkpoint_of, engine_config
+from dgpp.appliance.model_facts import facts_config, has_facts
+from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.memory_plan import (
+    DTYPE_BYTES,
+    DeviceMemory,
+    MemoryPlan,
+    format_bytes,
+    kv_bytes_per_token,
+    plan_memory,
+    rank_cache_specs,
+    rank_weight_bytes,
+    size_kv_pool,
+)
+
+SPARK_BYTES = 128 * 10**9
+SPARK_OS_BYTES = 4 * 10**9
+
+
+def spark_memory(total_bytes: int = SPARK_BYTES) -> DeviceMemory:
+    return DeviceMemory(
+        total_bytes,
+        total_bytes - SPARK_OS_BYTES,
+        f"DGX Spark ({total_bytes / 1e9:.0f} GB unified)",
+        is_accelerator=True,
+    )
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    plan: MemoryPlan  # the deployment's engine settings as they are
+    kv_bytes_per_token: int
+    largest_context: int  # longest single request that fits (0: not even one block)
+
+
+def model_config_of(deployment: Deployment) -> tuple[ModelConfig, str]:
+    """The deployment's model and where its facts came from (`checkpoint` or `facts`)."""
+    try:
+        return ModelConfig.from_checkpoint(checkpoint_of(deployment)), "checkpoint"
+    except ModelLoadError:
+        if not has_facts(deployment.model):
+            raise
+    return facts_config(deployment.model), "facts"
+
+
+def largest_context(
+    config: EngineConfig, model: ModelConfig, tp_size: int, rank: int, memory: DeviceMemory
+) -> int:
+    """The longest context (whole blocks, at most the model's position limit) for which one
+    request's KV pool, the weights, buffers and one step's workspace fit."""
+    block = config.block_size
+    weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
+
+    def fits(tokens: int) -> bool:
+        trial = replace(config, kv_capacity=tokens, max_model_len=tokens, max_concurrency=1)
+        return plan_memory(trial, model, tp_size, memory, rank, weights).fits
+
+    low, high = 0, model.max_position_embeddings // block
+    while low < high:  # the largest block count that fits
+        mid = (low + high + 1) // 2
+        if fits(mid * block):
+            low = mid
+        else:
+            high = mid - 1
+    return low * block
+
+
+def plan_deployment(
+    deployment: Deployment, model: ModelConfig, memory: DeviceMemory | None = None
+) -> list[RankPlan]:
+    memory = memory or spark_memory()
+    tp_size = deployment.world_size
+    # With memory_fraction the engine sizes its pool from the budget (refusing, with the
+    # numbers, when one request of max_model_len cannot fit); the plan shows that pool.
+    config = size_kv_pool(engine_config(deployment), model, tp_size, memory)
+    plans = []
+    for rank in range(tp_size):
+        specs = rank_cache_specs(model, tp_size, rank)
+        plan = plan_memory(config, model, tp_size, memory, rank)
+        longest = largest_context(config, model, tp_size, rank, memory)
+        plans.append(RankPlan(rank, plan, kv_bytes_per_token(config, specs), longest))
+    return plans
+
+
+def describe_plans(plans: list[RankPlan]) -> str:
+    lines = ["| rank | weights | KV bytes/token | largest context | as configured |"]
+    lines.append("|---|---|---|---|---|")
+    for entry in plans:
+        plan = entry.plan
+        verdict = "fits" if plan.fits else f"does not fit ({format_bytes(plan.total_bytes)} needed)"
+        lines.append(
+            f"| {entry.rank} | {format_bytes(plan.weights_bytes)} | {entry.kv_bytes_per_token:,}"
+            f" | {entry.largest_context:,} | {plan.kv_tokens:,} KV tokens: {verdict} of "
+            f"{format_bytes(plan.budget_bytes)} |"
+        )
+    return "\n".join(lines)
+
+
+def refuse_unfit(plans: list[RankPlan]) -> None:
+    """`ConfigError` naming the ranks whose plan does not fit and their numbers."""
+    unfit = [entry for entry in plans if not entry.plan.fits]
+    if unfit:
+        details = "; ".join(f"rank {entry.rank}: {entry.plan.describe()}" for entry in unfit)
+        raise ConfigError(f"this deployment does not fit: {details}")

@@ -1,0 +1,116 @@
+"""Memory plans of the shipped templates on DGX Spark memory, from the facts of their real
+checkpoints: weights, KV bytes per token, the largest context, and a refusal that names the
+numbers when a world does not fit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from dgpp.appliance import cli
+from dgpp.appliance.deployment import parse_deployment
+from dgpp.appliance.deployment_files import find_template, list_templates
+from dgpp.appliance.deployment_plan import (
+    model_config_of,
+    plan_deployment,
+    refuse_unfit,
+    spark_memory,
+)
+from dgpp.appliance.exit_codes import EXIT_OK
+from dgpp.appliance.model_facts import FACTS_DIR, facts_config
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.memory_plan import rank_weight_bytes
+
+GIB = 1 << 30
+# Parameter counts the model cards state (billions), against dgpp's meta-device build at
+# world 1 counted at one byte per float: the facts and the families' layer shapes agree.
+STATED_PARAMS = {
+    "Qwen/Qwen3-30B-A3B": 30.5,
+    "zai-org/GLM-4.5-Air": 106.9,  # 110B with the MTP layer, which dgpp does not load
+    # 671B (685B with the MTP layer) at FP8, plus its block scales held per row: one float32
+    # per 128 columns (+3.1%)
+    "deepseek-ai/DeepSeek-V3-0324": 671.0 * (1 + 4 / 128),
+    "meta-llama/Llama-3.1-8B-Instruct": 8.03,
+    "Qwen/Qwen2.5-72B-Instruct": 72.7,
+    "Qwen/Qwen3-8B": 8.19,
+}
+MOE_TEMPLATES = [
+    "qwen3-30b-a3b_bfloat16_w1",
+    "qwen3-30b-a3b-fp8_bfloat16_w1",
+    "glm-4.5-air-fp8_bfloat16_w1",
+    "glm-4.5-air-fp8_bfloat16_w2",
+    "gpt-oss-120b_bfloat16_w1",
+]
+
+
+@pytest.mark.parametrize("repo", sorted(STATED_PARAMS))
+def test_facts_give_the_stated_parameter_counts(repo: str) -> None:
+    params = rank_weight_bytes(facts_config(repo), 1, 0, 1)  # one byte per float parameter
+    assert params / 1e9 == pytest.approx(STATED_PARAMS[repo], rel=0.02)
+
+
+def test_every_shipped_fact_file_parses() -> None:
+    for path in FACTS_DIR.glob("*.json"):
+        assert facts_config(path.stem.replace("--", "/")).num_layers > 0
+
+
+@pytest.mark.parametrize("name", MOE_TEMPLATES)
+def test_moe_templates_fit_a_spark_world(name: str) -> None:
+    deployment = parse_deployment(find_template(name).load(), name)
+    model, source = model_config_of(deployment)
+    assert source == "facts"
+    plans = plan_deployment(deployment, model)
+    refuse_unfit(plans)  # raises when a rank does not fit
+    for entry in plans:
+        assert entry.largest_context >= deployment.engine.max_model_len
+        assert entry.kv_bytes_per_token > 0
+        assert entry.plan.kv_tokens >= deployment.engine.max_model_len
+
+
+def test_quantized_facts_are_counted_packed() -> None:
+    """FP8 about halves the bf16 weights; gpt-oss's MXFP4 experts take ~4.25 bits."""
+    bf16 = rank_weight_bytes(facts_config("Qwen/Qwen3-30B-A3B"), 1, 0, 2)
+    fp8 = rank_weight_bytes(facts_config("Qwen/Qwen3-30B-A3B-FP8"), 1, 0, 2)
+    assert 0.5 < fp8 / bf16 < 0.56
+    gpt_oss = rank_weight_bytes(facts_config("openai/gpt-oss-120b"), 1, 0, 2)
+    assert 60 * GIB < gpt_oss < 66 * GIB  # the released checkpoint is 65 GB
+
+
+def test_a_world_that_does_not_fit_is_refused_with_its_numbers() -> None:
+    """DeepSeek-V3 at FP8 is 671 GB of weights: four Sparks hold 4 x 128 GB."""
+    raw = {
+        "model": "deepseek-ai/DeepSeek-V3-0324",
+        "world_size": 4,
+        "engine": {"dtype": "bfloat16", "device": "cuda", "max_model_len": 16384},
+    }
+    deployment = parse_deployment(raw)
+    plans = plan_deployment(deployment, model_config_of(deployment)[0])
+    assert all(entry.largest_context == 0 for entry in plans)
+    with pytest.raises(ConfigError, match=r"rank 0: weights 1\d\d\.\d\d GiB .* budget"):
+        refuse_unfit(plans)
+    eight = rank_weight_bytes(model_config_of(deployment)[0], 8, 0, 2)
+    assert eight < plans[0].plan.weights_bytes * 0.55
+
+
+def test_plan_command_prints_every_rank_and_exits_by_the_verdict() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["deploy", "plan", "--template", "glm-4.5-air-fp8_bfloat16_w2"])
+    assert code == EXIT_OK
+    text = out.getvalue()
+    assert "| 0 |" in text and "| 1 |" in text and "fits" in text
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(
+            ["deploy", "plan", "--template", "gpt-oss-120b_bfloat16_w1", "--memory-gb", "64"]
+        )
+    assert code != EXIT_OK
+    assert "weights 64.10 GiB" in err.getvalue()  # the refusal names the numbers
+
+
+def test_every_template_names_a_model_with_facts_or_the_default() -> None:
+    for template in list_templates():
+        model = template.load()["model"]
+        assert model == "default" or (FACTS_DIR / (model.replace("/", "--") + ".json")).is_file()
