@@ -3,13 +3,15 @@
 Tensor-parallel layout: fused QKV and gate/up projections are column-parallel, the attention output
 and down projections row-parallel, the embedding and LM head vocabulary-parallel.
 
-The mixture-of-experts families that share this decoder (Qwen3-MoE, GLM-4.5) subclass
-`LlamaForCausalLM` and override `build_mlp`, the one place a layer's MLP is chosen.
+The other families share this decoder skeleton (embedding, rotary, pre-norm layers, LM head):
+they subclass `LlamaForCausalLM` and override `build_mlp` (Qwen3-MoE, GLM-4.5, gpt-oss: the one
+place a layer's MLP is chosen), `attention_options` (gpt-oss: sinks, sliding windows) or
+`build_attention` with `rotary_dim` (DeepSeek-V3: latent attention).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -157,10 +159,6 @@ class DecoderMLP(nn.Module):
         return self.down_proj.matmul(self.act(self.gate_up_proj(hidden)), with_bias=False)
 
 
-MlpBuilder = Callable[[ModelConfig, ParallelContext, int, str], nn.Module]
-AttentionOptions = Callable[[ModelConfig, int], Mapping[str, Any]]
-
-
 def no_attention_options(config: ModelConfig, index: int) -> Mapping[str, Any]:
     """Plain causal attention in every layer."""
     del config, index
@@ -168,20 +166,13 @@ def no_attention_options(config: ModelConfig, index: int) -> Mapping[str, Any]:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        parallel: ParallelContext,
-        attention: PagedAttentionBackend,
-        prefix: str,
-        mlp: nn.Module,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
+    """Pre-norm residual layer around any attention (`forward(angles, hidden, metadata)`) and
+    any MLP."""
+
+    def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(
-            config, parallel, attention, f"{prefix}.self_attn", options
-        )
+        self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
 
@@ -196,14 +187,16 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
+    """Embedding, the rotary tables (for `rotary_dim` dims) every layer shares, the layers and
+    the final norm."""
+
     def __init__(
         self,
         config: ModelConfig,
         parallel: ParallelContext,
         max_position: int,
-        attention: PagedAttentionBackend,
-        build_mlp: MlpBuilder,
-        attention_options: AttentionOptions = no_attention_options,
+        rotary_dim: int,
+        layers: list[nn.Module],
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
@@ -212,18 +205,8 @@ class DecoderModel(nn.Module):
             parallel,
             config.weight_formats.packed(["model.embed_tokens"]),
         )
-        self.rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope)
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                config,
-                parallel,
-                attention,
-                f"model.layers.{index}",
-                build_mlp(config, parallel, index, f"model.layers.{index}.mlp"),
-                attention_options(config, index),
-            )
-            for index in range(config.num_layers)
-        )
+        self.rotary = RotaryEmbedding(rotary_dim, max_position, config.rope)
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
@@ -260,9 +243,13 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(
-            config, parallel, max_position, attention, self.build_mlp, self.attention_options
-        )
+        layers: list[nn.Module] = []
+        for index in range(config.num_layers):
+            prefix = f"model.layers.{index}"
+            self_attn = self.build_attention(config, parallel, attention, index, prefix)
+            mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
+            layers.append(DecoderLayer(config, self_attn, mlp))
+        self.model = DecoderModel(config, parallel, max_position, self.rotary_dim(config), layers)
         head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -282,6 +269,24 @@ class LlamaForCausalLM(nn.Module):
         return DecoderMLP(config, parallel, prefix)
 
     attention_options = staticmethod(no_attention_options)
+
+    @classmethod
+    def build_attention(
+        cls,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        attention: Any,
+        index: int,
+        prefix: str,
+    ) -> nn.Module:
+        """Layer `index`'s attention over `attention`, the backend the runner selected."""
+        options = cls.attention_options(config, index)
+        return DecoderAttention(config, parallel, attention, f"{prefix}.self_attn", options)
+
+    @staticmethod
+    def rotary_dim(config: ModelConfig) -> int:
+        """How many dims of each head the shared rotary tables turn."""
+        return config.rotary_dim
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

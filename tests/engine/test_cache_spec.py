@@ -25,7 +25,12 @@ from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.memory_plan import plan_memory
 from dgpp.engine.models import registry
-from dgpp.engine.models.llama import DecoderLayer, DecoderMLP, LlamaForCausalLM
+from dgpp.engine.models.llama import (
+    DecoderAttention,
+    DecoderLayer,
+    DecoderMLP,
+    LlamaForCausalLM,
+)
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy
@@ -71,10 +76,9 @@ class TwoWidthForCausalLM(LlamaForCausalLM):
         for index in range(config.num_layers):
             prefix = f"model.layers.{index}"
             mlp = DecoderMLP(config, parallel, f"{prefix}.mlp")
-            if index % 2 == 0:
-                self.model.layers[index] = DecoderLayer(narrow, parallel, attention, prefix, mlp)
-            else:
-                self.model.layers[index] = DecoderLayer(config, parallel, recording, prefix, mlp)
+            layer_config, backend = (narrow, attention) if index % 2 == 0 else (config, recording)
+            self_attn = DecoderAttention(layer_config, parallel, backend, f"{prefix}.self_attn")
+            self.model.layers[index] = DecoderLayer(layer_config, self_attn, mlp)
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
