@@ -51,7 +51,7 @@ def _run(*argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("template", list_templates(), ids=lambda t: t.name)
 def test_every_template_is_valid_and_named_for_what_it_holds(template: object) -> None:
     name = template.name  # type: ignore[attr-defined]
-    model, dtype, world = name.rsplit("_", 2)
+    _model, dtype, world = name.rsplit("_", 2)
     deployment = resolve(template.path)  # type: ignore[attr-defined]
     assert deployment.engine.dtype == dtype
     assert f"w{deployment.world_size}" == world

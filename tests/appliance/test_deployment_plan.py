@@ -16,7 +16,6 @@ from dgpp.appliance.deployment_plan import (
     model_config_of,
     plan_deployment,
     refuse_unfit,
-    spark_memory,
 )
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config

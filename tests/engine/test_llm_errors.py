@@ -102,7 +102,9 @@ def test_unknown_architecture(tmp_path: Path, checkpoint: Path) -> None:
     config = json.loads((target / "config.json").read_text())
     config["architectures"] = ["MambaForCausalLM"]
     (target / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match=r"MambaForCausalLM.*supported: .*LlamaForCausalLM"):
+    with pytest.raises(
+        UnsupportedModelError, match=r"MambaForCausalLM.*supported: .*LlamaForCausalLM"
+    ):
         LLM(str(target))
 
 
