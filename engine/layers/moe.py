@@ -146,25 +146,18 @@ class Experts(nn.Module):
         return (weights.unsqueeze(-1).to(chosen.dtype) * chosen).sum(dim=1)
 
 
-class PackedExperts(nn.Module):
-    """Routed experts that keep their checkpoint's quantized form: `experts[e]` is expert e's
+class PackedExperts(nn.ModuleList):
+    """Routed experts that keep their checkpoint's quantized form: `self[e]` is expert e's
     slice as an MLP with packed linears and a non-reducing `partial(x)` (the checkpoint's own
     per-expert names load into it unchanged)."""
 
     down_proj_bias = None
 
-    def __init__(self, experts: list[nn.Module]) -> None:
-        super().__init__()
-        self.num_experts = len(experts)
-        for index, expert in enumerate(experts):
-            self.add_module(str(index), expert)
-
     def forward(
         self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        modules = list(self.children())
         return grouped_by_expert(
-            hidden, weights, ids, self.num_experts, lambda e, rows: modules[e].partial(rows)
+            hidden, weights, ids, len(self), lambda e, rows: self[e].partial(rows)
         )
 
 
