@@ -7,6 +7,7 @@ from collections import deque
 
 from dgpp.engine.prefix_cache import NullPrefixCache, PrefixCache, block_hashes
 from dgpp.engine.request import Request
+from dgpp.engine.state_snapshots import StateBook
 
 
 class BlockPool:
@@ -57,14 +58,22 @@ class BlockPool:
 
 
 class BlockManager:
-    """Grows, shares and frees requests' block tables in a `BlockPool`."""
+    """Grows, shares and frees requests' block tables in a `BlockPool`, and for a model with
+    recurrent layers (`states`) each request's state slot and the prefix cache's state
+    snapshots: there a prefix hit reaches only as deep as the deepest snapshot."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, cache: PrefixCache | None = None, salt: int = 0
+        self,
+        num_blocks: int,
+        block_size: int,
+        cache: PrefixCache | None = None,
+        salt: int = 0,
+        states: StateBook | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks, cache)
         self.block_size = block_size
         self.salt = salt  # mixed into every block key: whatever else changes the KV (the model)
+        self.states = states
 
     @property
     def cache(self) -> PrefixCache:
@@ -83,10 +92,16 @@ class BlockManager:
         return max(0, -(-total // self.block_size) - len(request.block_table))
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Grow the block table to hold `num_new_tokens` more tokens; False if the pool is short."""
+        """Grow the block table to hold `num_new_tokens` more tokens (and give the request a
+        state slot if the model has recurrent layers); False if the pool is short."""
         needed = self.blocks_needed(request, num_new_tokens)
         if needed > self.pool.num_free_blocks:
             return False
+        if self.states is not None and request.state_slot < 0:
+            slot = self.states.slots.take()
+            if slot is None:
+                return False
+            request.state_slot = slot
         request.block_table.extend(self.pool.allocate(needed))
         return True
 
@@ -105,6 +120,11 @@ class BlockManager:
             request.block_hashes[:usable],
             [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)],
         )
+        if self.states is not None:  # only as deep as a snapshot of the recurrent state
+            snapshot = self.states.snapshots.find(request.block_hashes[: len(found)])
+            self._snapshot_branch(request, len(found) * size)
+            found = found[: snapshot[0]] if snapshot else []
+            request.restore_from = snapshot[1] if snapshot else None
         for block in found:
             self.pool.acquire(block)
         request.block_table = list(found)
@@ -142,6 +162,49 @@ class BlockManager:
         request.block_table = []
         request.num_computed_tokens = 0
         request.num_hashed_blocks = 0
+        if self.states is not None and request.state_slot >= 0:
+            self.states.slots.give(request.state_slot)
+        request.state_slot = -1
+        request.restore_from = None
+
+    def _snapshot_branch(self, request: Request, shared: int) -> None:
+        """The request shares `shared` tokens of cached KV with an earlier one (a system
+        prompt, a common history) and branches off there: snapshot its state at that point,
+        so the next request sharing the prefix restores it (the radix tree's branch node)."""
+        assert self.states is not None
+        if request.snapshot_points and shared >= self.states.min_snapshot_tokens:
+            request.snapshot_points = tuple(sorted({*request.snapshot_points, shared}))
+
+    def take_restore(self, request: Request) -> tuple[int, int] | None:
+        """(snapshot slot, request slot) to copy before the request's next chunk, once: the
+        prefix hit `match_prefix` found, now that the request holds a slot."""
+        if request.restore_from is None or self.states is None:
+            return None
+        assert request.state_slot >= 0, "restore before the request has a slot"
+        pair = (request.restore_from, request.state_slot)
+        request.restore_from = None
+        self.states.snapshots.count_hit(request.num_computed_tokens // self.block_size)
+        return pair
+
+    def chunk_limit(self, request: Request, start: int, num_tokens: int) -> int:
+        """`num_tokens`, or fewer so that a prefill chunk from `start` ends on the request's
+        next snapshot point (its state there is saved after the step)."""
+        for point in request.snapshot_points:
+            if start < point < start + num_tokens:
+                return point - start
+        return num_tokens
+
+    def snapshot_save(self, request: Request, end: int) -> tuple[int, int] | None:
+        """(request slot, snapshot slot) to copy after a chunk that ends at `end`, when that is
+        one of the request's snapshot points and no snapshot of that prefix is held yet."""
+        if self.states is None or end not in request.snapshot_points:
+            return None
+        if not (request.fills_prefix_cache and self.cache.enabled):
+            return None
+        depth = end // self.block_size
+        request.block_hashes = self._keys(request)
+        slot = self.states.snapshots.reserve(request.block_hashes[depth - 1], depth)
+        return None if slot is None else (request.state_slot, slot)
 
     def _keys(self, request: Request) -> list[int]:
         return block_hashes(request.token_ids, self.block_size, self.salt, request.block_hashes)

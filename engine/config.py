@@ -228,7 +228,9 @@ class EngineConfig:
     `prefill_chunk_tokens` bounds the prompt tokens computed per step, so decodes keep running
     while a long prompt is prefilled. With `prefix_cache`, requests reuse cached KV blocks of
     earlier ones; prompts shorter than `prefix_min_tokens` may hit the cache but add nothing to it
-    (short requests would otherwise evict long, valuable agent histories).
+    (short requests would otherwise evict long, valuable agent histories). For models with
+    recurrent layers (Qwen3-Next) a hit also needs a snapshot of their state; `prefix_cache_gib`
+    is the memory each rank gives those snapshots (`dgpp.engine.state_snapshots`).
 
     `memory_fraction` (like vLLM's `--gpu-memory-utilization`) bounds what this rank may use of the
     device's memory (host RAM on CPU); when set, the KV pool is sized from what the weights and
@@ -259,6 +261,8 @@ class EngineConfig:
     step_target_ms: float = 0.0
     prefix_cache: bool = True
     prefix_min_tokens: int = 1024
+    # Hybrid models: memory for the prefix cache's snapshots of recurrent state (per rank).
+    prefix_cache_gib: float = 4.0
     seed: int | None = None
     num_threads: int | None = None
     tokenizer: str | None = None
@@ -303,6 +307,9 @@ class EngineConfig:
             )
         if self.prefix_min_tokens < 0:
             raise ConfigError(f"prefix_min_tokens must be >= 0, got {self.prefix_min_tokens}")
+        gib = self.prefix_cache_gib
+        if isinstance(gib, bool) or not isinstance(gib, int | float) or not 0 <= gib < 1 << 20:
+            raise ConfigError(f"prefix_cache_gib must be a number >= 0, got {gib!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:

@@ -30,6 +30,7 @@ from dgpp.engine.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler
 from dgpp.engine.speculative import NgramProposer
+from dgpp.engine.state_snapshots import StateBook, snapshot_points
 from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.engine.step_policy import StepPolicy
 from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
@@ -81,12 +82,26 @@ class LLMEngine:
     def _reset_requests(self) -> None:
         """No request in flight and an empty prefix cache (KV held elsewhere is gone)."""
         config = self.config
+        layout = self.runner.state_layout
+        states = None
+        if layout.num_running:  # recurrent layers: state slots and prefix snapshots
+            states = StateBook(
+                layout.num_running,
+                layout.num_snapshots,
+                layout.slot_bytes,
+                max(config.prefix_min_tokens, config.block_size),
+            )
         cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
+        if states is not None and isinstance(cache, HashPrefixCache):
+            cache.on_evict = states.snapshots.drop  # a snapshot is found through its block
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
         salt = hash((str(self.checkpoint.resolve()), config.resolved_dtype))
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, cache, salt)
+        self.block_manager = BlockManager(
+            config.num_kv_blocks, config.block_size, cache, salt, states
+        )
         proposer = None
-        if config.speculative == "ngram":
+        # A recurrent state cannot take back a rejected draft: no drafts for hybrid models.
+        if config.speculative == "ngram" and states is None:
             proposer = NgramProposer(
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )
@@ -148,9 +163,12 @@ class LLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         use_prefix_cache: bool = True,
+        cache_hints: tuple[int, ...] = (),
     ) -> Request:
         """Validate and queue a request; raise a typed error for input that can never run.
-        `use_prefix_cache=False` neither reads nor fills the prefix cache for this request."""
+        `use_prefix_cache=False` neither reads nor fills the prefix cache for this request.
+        `cache_hints`: prompt positions worth a prefix-cache boundary (the end of the system
+        prompt), where hybrid models snapshot their recurrent state."""
         number = next(self._ids)
         request_id = request_id if request_id is not None else f"req-{number}"
         if request_id in self.scheduler.requests:
@@ -201,6 +219,10 @@ class LLMEngine:
             if params.reasoning_budget is not None
             else None,
         )
+        if self.block_manager.states is not None and fills_cache:
+            request.snapshot_points = snapshot_points(
+                num_prompt, cache_hints, config.block_size, config.prefix_min_tokens
+            )
         self.scheduler.add(request)
         return request
 
@@ -233,6 +255,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """A snapshot of the counters and queues, safe to hand to another thread."""
         scheduler = self.scheduler
+        states = self.block_manager.states
         counters = copy.deepcopy(self.counters)
         counters.prefix_cache.evictions = self.block_manager.cache.num_evictions
         return EngineStats(
@@ -247,6 +270,8 @@ class LLMEngine:
             counters=counters,
             speculative=self.config.speculative,
             spec_depth=self.config.spec_depth if self.config.speculative != "off" else 0,
+            snapshots=states.snapshots.stats() if states is not None else None,
+            snapshot_capacity=states.snapshots.num_slots if states is not None else 0,
         )
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:

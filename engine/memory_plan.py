@@ -8,16 +8,11 @@ pure function of its inputs and tests need not depend on the machine they run on
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import math
 import os
-import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -28,6 +23,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import build_model, layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_plan import engine_state_layout
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -113,17 +109,19 @@ class MemoryPlan:
     budget_bytes: int
     available_bytes: int
     device: str
+    state_bytes: int = 0  # recurrent layers: running requests' states and prefix snapshots
 
     @property
     def fits(self) -> bool:
         return self.total_bytes <= self.budget_bytes
 
     def describe(self) -> str:
+        state = f"states {format_bytes(self.state_bytes)} + " if self.state_bytes else ""
         return (
             f"weights {format_bytes(self.weights_bytes)} + KV pool {format_bytes(self.kv_bytes)} "
-            f"({self.kv_tokens} tokens) + buffers {format_bytes(self.buffers_bytes)} + workspace "
-            f"{format_bytes(self.workspace_bytes)} = {format_bytes(self.total_bytes)} of a "
-            f"{format_bytes(self.budget_bytes)} budget ({format_bytes(self.available_bytes)} "
+            f"({self.kv_tokens} tokens) + {state}buffers {format_bytes(self.buffers_bytes)} + "
+            f"workspace {format_bytes(self.workspace_bytes)} = {format_bytes(self.total_bytes)} "
+            f"of a {format_bytes(self.budget_bytes)} budget ({format_bytes(self.available_bytes)} "
             f"free) on {self.device}"
         )
 
@@ -267,7 +265,8 @@ def plan_memory(
     if weights is None:
         weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
     max_context = config.effective_max_model_len(model)
-    return _plan(config, model, shapes, specs, memory, max_context, weights)
+    states = engine_state_layout(config, model, tp_size, tp_rank).total_bytes
+    return _plan(config, model, shapes, specs, memory, max_context, weights, states)
 
 
 def _plan(
@@ -278,6 +277,7 @@ def _plan(
     memory: DeviceMemory | None,
     max_context: int,
     weights: int,
+    states: int,
 ) -> MemoryPlan:
     memory = memory if memory is not None else read_device_memory(config.device)
     kv_tokens = config.num_kv_blocks * config.block_size
@@ -290,7 +290,8 @@ def _plan(
         kv_tokens=kv_tokens,
         buffers_bytes=buffers,
         workspace_bytes=workspace,
-        total_bytes=weights + kv + buffers + workspace,
+        state_bytes=states,
+        total_bytes=weights + kv + buffers + workspace + states,
         budget_bytes=memory.budget(config.memory_fraction),
         available_bytes=memory.free_bytes,
         device=memory.description,
@@ -338,8 +339,17 @@ def size_kv_pool(
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
     specs = rank_cache_specs(model, tp_size, 0)
     weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype])
+    # Recurrent state slots with the whole snapshot budget (not yet capped by the pool's size).
+    states = engine_state_layout(config, model, tp_size, max_snapshots=1 << 62).total_bytes
     probe = _plan(
-        replace(config, kv_capacity=block_size), model, shapes, specs, memory, max_context, weights
+        replace(config, kv_capacity=block_size),
+        model,
+        shapes,
+        specs,
+        memory,
+        max_context,
+        weights,
+        states,
     )
     fixed = probe.total_bytes - probe.kv_bytes
     room = int(probe.budget_bytes * (1 - SIZING_SLACK)) - fixed
@@ -358,34 +368,3 @@ def size_kv_pool(
         )
     num_blocks = min(num_blocks, config.max_concurrency * min_blocks)
     return replace(config, kv_capacity=num_blocks * block_size)
-
-
-class MlockLibrary(Protocol):
-    def mlockall(self, flags: int) -> int: ...
-
-
-def _mlockall_flags() -> int:
-    """MCL_CURRENT | MCL_FUTURE; PowerPC and SPARC number them differently from other Linux."""
-    if platform.machine().startswith(("ppc", "sparc")):
-        return 0x2000 | 0x4000
-    return 1 | 2
-
-
-def lock_memory(libc: MlockLibrary | None = None) -> None:
-    """Pin this process's memory, now and future, so the weights and KV pool never swap.
-
-    `ConfigError` when the kernel refuses: the memlock limit (RLIMIT_MEMLOCK) is too low."""
-    if not sys.platform.startswith("linux"):
-        raise ConfigError("mlock is supported on Linux only; run without --mlock")
-    library: MlockLibrary = libc if libc is not None else ctypes.CDLL(None, use_errno=True)
-    if library.mlockall(_mlockall_flags()) == 0:
-        return
-    code = ctypes.get_errno()
-    reason = os.strerror(code) if code else "unknown error"
-    advice = (
-        "raise the memlock limit: LimitMEMLOCK=infinity in the systemd unit, `ulimit -l "
-        "unlimited` in the shell (or memlock in /etc/security/limits.conf), or run without --mlock"
-    )
-    if code in (errno.EPERM, errno.ENOMEM, errno.EAGAIN):
-        raise ConfigError(f"mlockall failed ({reason}): the memlock limit is too low; {advice}")
-    raise ConfigError(f"mlockall failed ({reason}); {advice}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow
 from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import EngineConfig, ModelConfig
@@ -18,11 +18,14 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
-from dgpp.engine.memory_plan import check_fits, lock_memory, plan_memory
-from dgpp.engine.models.registry import build_model, layer_cache_specs
+from dgpp.engine.memory_lock import lock_memory
+from dgpp.engine.memory_plan import check_fits, plan_memory
+from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_state_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.resident_cache import image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
+from dgpp.engine.state_cache import allocate_states, copy_slots, state_layers
+from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 from dgpp.kernels.linear import LinearPacker, select_packer
 
@@ -108,11 +111,20 @@ class ModelRunner:
         layers = cache_layers(self.model)
         declared = layer_cache_specs(model_config, parallel)  # what the memory plan counted
         assert [layer.cache_spec for layer in layers] == declared, "cache specs disagree"
-        self.backends = unique_backends(layers)
+        self.backends: list[AttentionBackend] = list(unique_backends(layers))
         started = time.monotonic()
         self.kv_caches = allocate_caches(
             layers, config.num_kv_blocks, config.block_size, self.dtype, self.device
         )
+        # Recurrent layers (hybrid models): a state slot per running request and per snapshot.
+        recurrent = state_layers(self.model)
+        assert [layer.state_spec for layer in recurrent] == layer_state_specs(
+            model_config, parallel
+        ), "state specs disagree"
+        self.state_layout = engine_state_layout(config, model_config, parallel.tp_size)
+        self.state_pools = allocate_states(recurrent, self.state_layout.num_slots, self.device)
+        if recurrent:
+            self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
 
@@ -132,7 +144,8 @@ class ModelRunner:
         fp32 = self.config.prefill_precision == "fp32"
         layout = BatchLayout(
             tuple(
-                BatchRow(row.start, row.num_tokens, self.tables[row.seq_id]) for row in message.rows
+                BatchRow(row.start, row.num_tokens, self.tables[row.seq_id], row.state_slot)
+                for row in message.rows
             ),
             message.num_decodes,
             self.block_size,
@@ -140,15 +153,19 @@ class ModelRunner:
         )
         input_ids, positions, sample_index = _token_inputs(message, self.device)
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
+        copy_slots(self.state_pools, message.restores)  # prefix hits: snapshots into slots
         hidden = self.model(input_ids, positions, metadata)
+        copy_slots(self.state_pools, message.saves)  # states at snapshot points, kept
         hidden = hidden[sample_index]
         dtype = torch.float32 if message.has_prefill and fp32 else None
         return self.model.compute_logits(hidden, dtype).float()
 
     def warm_up(self) -> None:
         """A one-token prefill at position 0 in block 0, sampled: it runs every layer once.
-        Writes only block 0's first slot, which no request holds yet."""
-        self.execute(StepMessage((StepRow(_WARM_UP_SEQ, 0, (0,), 1, 0, (0,)),), num_decodes=0))
+        Writes only block 0's first slot and state slot 0, which no request holds yet."""
+        slot = 0 if self.state_pools else -1
+        row = StepRow(_WARM_UP_SEQ, 0, (0,), 1, 0, (0,), slot)
+        self.execute(StepMessage((row,), num_decodes=0))
         self.tables.apply(StepMessage((), 0, finished=(_WARM_UP_SEQ,)))
 
 

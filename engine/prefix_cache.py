@@ -12,7 +12,7 @@ list stay in the `BlockPool`; `NullPrefixCache` is the cache turned off.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,7 +84,11 @@ class PrefixCache(Protocol):
 
 
 class HashPrefixCache:
-    def __init__(self) -> None:
+    """`on_evict(key)` is told each key that leaves the cache (the recurrent-state snapshots
+    keyed by it become unreachable)."""
+
+    def __init__(self, on_evict: Callable[[int], None] | None = None) -> None:
+        self.on_evict = on_evict
         self._by_key: dict[int, int] = {}
         self._key_of: dict[int, int] = {}
         self._tokens_of: dict[int, BlockTokens] = {}
@@ -139,8 +143,11 @@ class HashPrefixCache:
         evicted = []
         while self._evictable and len(evicted) < count:
             block_id, _ = self._evictable.popitem(last=False)
-            del self._by_key[self._key_of.pop(block_id)]
+            key = self._key_of.pop(block_id)
+            del self._by_key[key]
             del self._tokens_of[block_id]
+            if self.on_evict is not None:
+                self.on_evict(key)
             evicted.append(block_id)
         self._evictions += len(evicted)
         return evicted

@@ -69,6 +69,12 @@ class Request:
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
     spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)
+    # Recurrent layers (hybrid models): the request's state slot, a snapshot slot to restore
+    # into it before its next chunk (a prefix hit), and the positions whose state is
+    # snapshotted for the prefix cache (`dgpp.engine.state_snapshots`).
+    state_slot: int = -1
+    restore_from: int | None = None
+    snapshot_points: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -35,6 +35,11 @@ class ScheduledChunk:
     draft: tuple[int, ...] = ()
 
     @property
+    def end(self) -> int:
+        """The position after the chunk's last known token."""
+        return self.start + self.num_tokens - len(self.draft)
+
+    @property
     def is_sampling(self) -> bool:
         """The chunk reaches the end of the known tokens, so its last logits choose the next one."""
         return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
@@ -55,6 +60,9 @@ class StepPlan:
     preempted: tuple[Request, ...] = ()
     # Requests finished since the last plan that was sent: every rank forgets their tables.
     finished_seq_ids: tuple[int, ...] = ()
+    # Recurrent state copies (slot, slot): snapshots restored before the forward, saved after.
+    restores: tuple[tuple[int, int], ...] = ()
+    saves: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -132,6 +140,9 @@ class Scheduler:
             pending = request.num_pending_tokens
             is_decode = pending == 1
             num_tokens = 1 if is_decode else amounts.get(id(request), 0)
+            if num_tokens > 1:  # a prefill chunk ends on the next state snapshot point
+                start = request.num_computed_tokens
+                num_tokens = self.block_manager.chunk_limit(request, start, num_tokens)
             if num_tokens == 0:
                 index += 1
                 continue
@@ -147,19 +158,29 @@ class Scheduler:
             index += 1
         # Admission, every step unless this one had to preempt: in the policy's order, and a
         # request waiting for blocks is not overtaken by one the policy puts after it.
+        restores: list[tuple[int, int]] = []
         for request in [r for r in self._admission_order() if id(r) in amounts]:
             if preempted:
                 break
             chunk = self._admit(request, amounts[id(request)])
             if chunk is None:
                 break
+            if (restore := self.block_manager.take_restore(request)) is not None:
+                restores.append(restore)
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
         chunks = tuple(decodes + prefills)
         finished: tuple[int, ...] = ()
         if chunks:  # an empty plan is not sent: the next one carries these
             finished = tuple(self._finished_seq_ids)
             self._finished_seq_ids.clear()
-        return StepPlan(chunks, len(decodes), tuple(preempted), finished)
+        saves = [
+            save
+            for chunk in prefills
+            if (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
+        ]
+        return StepPlan(
+            chunks, len(decodes), tuple(preempted), finished, tuple(restores), tuple(saves)
+        )
 
     def observe(self, plan: StepPlan, seconds: float) -> None:
         """What the step of `plan` took (the step-time bound learns from it)."""
@@ -186,6 +207,9 @@ class Scheduler:
         if not request.block_table:
             hit_tokens = self.block_manager.match_prefix(request)  # cached: no budget
         num_tokens = min(request.num_pending_tokens, num_tokens)
+        if num_tokens > 1:
+            start = request.num_computed_tokens
+            num_tokens = self.block_manager.chunk_limit(request, start, num_tokens)
         if not self.block_manager.allocate_slots(request, num_tokens):
             self.block_manager.free(request)  # let go of the matched prefix while waiting
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dgpp.engine.speculative import SpecCounters
+from dgpp.engine.state_snapshots import SnapshotStats
 
 
 @dataclass
@@ -73,6 +74,8 @@ class EngineStats:
     counters: EngineCounters
     speculative: str = "off"  # the drafting method ("off" or "ngram")
     spec_depth: int = 0  # draft tokens proposed per step at most; 0 when off
+    snapshots: SnapshotStats | None = None  # recurrent-state snapshots (hybrid models)
+    snapshot_capacity: int = 0  # snapshot slots
 
     @property
     def kv_usage(self) -> float:

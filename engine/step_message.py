@@ -19,9 +19,11 @@ import torch
 
 from dgpp.engine.scheduler import StepPlan
 
-# Header fields, then per row: seq_id, start, tokens, sampled, kept blocks, new blocks.
-_HEADER = 3
-_ROW_FIELDS = 6
+# Header fields (decodes, rows, finished, restores, saves), the finished seq ids, the restore
+# and save pairs; then per row: seq_id, start, tokens, sampled, kept blocks, new blocks, state
+# slot, followed by its tokens and new blocks.
+_HEADER = 5
+_ROW_FIELDS = 7
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class StepRow:
     num_sampled: int  # trailing positions whose logits are sampled
     num_kept_blocks: int  # leading blocks of the held table that stay
     new_blocks: tuple[int, ...]  # appended after them
+    state_slot: int = -1  # the request's recurrent-state slot (hybrid models), else -1
 
     @property
     def num_tokens(self) -> int:
@@ -48,11 +51,14 @@ class StepRow:
 @dataclass(frozen=True)
 class StepMessage:
     """Decode rows first (`num_decodes` of them), then prefill chunks. `finished` seq ids are
-    dropped from the tables before the rows apply."""
+    dropped from the tables before the rows apply. `restores` and `saves` are recurrent-state
+    copies (from slot, to slot), before and after the forward."""
 
     rows: tuple[StepRow, ...]
     num_decodes: int
     finished: tuple[int, ...] = ()
+    restores: tuple[tuple[int, int], ...] = ()
+    saves: tuple[tuple[int, int], ...] = ()
 
     @property
     def has_prefill(self) -> bool:
@@ -64,7 +70,16 @@ class StepMessage:
 
     def to_tensor(self) -> torch.Tensor:
         """The message as a flat int64 tensor [N] (see `from_tensor`)."""
-        values = [self.num_decodes, len(self.rows), len(self.finished), *self.finished]
+        values = [
+            self.num_decodes,
+            len(self.rows),
+            len(self.finished),
+            len(self.restores),
+            len(self.saves),
+            *self.finished,
+        ]
+        for pair in (*self.restores, *self.saves):
+            values += pair
         for row in self.rows:
             values += [
                 row.seq_id,
@@ -73,6 +88,7 @@ class StepMessage:
                 row.num_sampled,
                 row.num_kept_blocks,
                 len(row.new_blocks),
+                row.state_slot,
             ]
             values += row.token_ids
             values += row.new_blocks
@@ -81,21 +97,28 @@ class StepMessage:
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> StepMessage:
         values = tensor.tolist()
-        num_decodes, num_rows, num_finished = values[:_HEADER]
+        num_decodes, num_rows, num_finished, num_restores, num_saves = values[:_HEADER]
         at = _HEADER + num_finished
         finished = tuple(values[_HEADER:at])
+        pairs = []
+        for _ in range(num_restores + num_saves):
+            pairs.append((values[at], values[at + 1]))
+            at += 2
         rows = []
         for _ in range(num_rows):
-            seq_id, start, num_tokens, num_sampled, kept, num_new = values[at : at + _ROW_FIELDS]
+            seq_id, start, num_tokens, num_sampled, kept, num_new, slot = values[
+                at : at + _ROW_FIELDS
+            ]
             at += _ROW_FIELDS
             tokens = tuple(values[at : at + num_tokens])
             at += num_tokens
             blocks = tuple(values[at : at + num_new])
             at += num_new
-            rows.append(StepRow(seq_id, start, tokens, num_sampled, kept, blocks))
+            rows.append(StepRow(seq_id, start, tokens, num_sampled, kept, blocks, slot))
         if at != len(values):
             raise ValueError(f"a step message of {len(values)} values holds {at}")
-        return cls(tuple(rows), num_decodes, finished)
+        restores, saves = tuple(pairs[:num_restores]), tuple(pairs[num_restores:])
+        return cls(tuple(rows), num_decodes, finished, restores, saves)
 
 
 class BlockTables:
@@ -124,8 +147,20 @@ class BlockTables:
             end = chunk.start + chunk.num_tokens - len(chunk.draft)
             tokens = (*request.token_ids[chunk.start : end], *chunk.draft)
             kept, new = self._change(request.seq_id, request.block_table)
-            rows.append(StepRow(request.seq_id, chunk.start, tokens, chunk.num_sampled, kept, new))
-        return StepMessage(tuple(rows), plan.num_decodes, plan.finished_seq_ids)
+            rows.append(
+                StepRow(
+                    request.seq_id,
+                    chunk.start,
+                    tokens,
+                    chunk.num_sampled,
+                    kept,
+                    new,
+                    request.state_slot,
+                )
+            )
+        return StepMessage(
+            tuple(rows), plan.num_decodes, plan.finished_seq_ids, plan.restores, plan.saves
+        )
 
     def apply(self, message: StepMessage) -> None:
         for seq_id in message.finished:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# transformers runs Gated DeltaNet (Qwen3-Next) through fla-core's Triton kernels whenever `fla`
+# imports, and those need a GPU; without one the reference is transformers' PyTorch fallback.
+# (Tests of fla's kernels themselves run them in a subprocess under the Triton interpreter.)
+if not torch.cuda.is_available():
+    sys.modules.setdefault("fla", None)  # type: ignore[assignment]
 
 
 def smollm2_gguf_dir() -> Path | None:
@@ -75,6 +82,23 @@ TINY_DEEPSEEK_V3 = dict(
 )
 
 
+# Qwen3-Next: Gated DeltaNet layers (2 key heads serving 4 value heads) with one gated
+# full-attention layer of every four, MoE with a gated shared expert, on top of TINY_COMMON.
+TINY_QWEN3_NEXT = dict(
+    num_hidden_layers=4,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+)
+
+
 def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
     """A random-weight transformers model of `architecture` (TINY_COMMON plus `overrides`)."""
     import transformers
@@ -87,10 +111,13 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Glm4MoeForCausalLM": transformers.Glm4MoeConfig,
         "GptOssForCausalLM": transformers.GptOssConfig,
         "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
+        "Qwen3NextForCausalLM": transformers.Qwen3NextConfig,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
         settings.setdefault("head_dim", 32)
+    if architecture == "Qwen3NextForCausalLM":
+        settings = {**TINY_COMMON, **TINY_QWEN3_NEXT, **overrides}
     if architecture == "DeepseekV3ForCausalLM":
         # MLA has no key/value groups (transformers would repeat its expanded keys by heads /
         # kv heads); every layer is dense unless the test asks for experts.

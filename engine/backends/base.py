@@ -17,6 +17,7 @@ class BatchRow:
     start: int
     num_tokens: int
     block_table: Sequence[int]
+    state_slot: int = -1  # the request's slot in the recurrent layers' state pools (if any)
 
     @property
     def seq_len(self) -> int:

@@ -185,7 +185,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 class QKVParallelLinear(ColumnParallelLinear):
     """The fused query/key/value projection. Each rank holds whole key/value groups (see
-    `partition_heads`), or one replicated key/value head when there are fewer than ranks."""
+    `partition_heads`), or one replicated key/value head when there are fewer than ranks.
+    `query_factor` 2: each query head's rows are followed by as many of its output gate
+    (Qwen3-Next's gated attention stores them interleaved per head in `q_proj`)."""
 
     def __init__(
         self,
@@ -196,23 +198,25 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool,
         parallel: ParallelContext,
         weight_format: WeightFormat = None,
+        query_factor: int = 1,
     ) -> None:
         self.head_dim = head_dim
+        self.query_factor = query_factor
         heads = partition_heads(num_heads, num_kv_heads, parallel.tp_size, parallel.tp_rank)
         self.heads = heads
         self.num_heads_local = heads.num_q
         self.num_kv_heads_local = heads.num_kv
-        total_local = (heads.num_q + 2 * heads.num_kv) * head_dim
+        total_local = (query_factor * heads.num_q + 2 * heads.num_kv) * head_dim
         super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
         self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight, shard_id: str
     ) -> None:
         heads, head_dim = self.heads, self.head_dim
-        q_size = heads.num_q * head_dim
+        q_size = heads.num_q * head_dim * self.query_factor
         kv_size = heads.num_kv * head_dim
         if shard_id == "q":
-            offset, size, start = 0, q_size, heads.q_start * head_dim
+            offset, size, start = 0, q_size, heads.q_start * head_dim * self.query_factor
         elif shard_id == "k":
             offset, size, start = q_size, kv_size, heads.kv_start * head_dim
         else:

@@ -167,7 +167,9 @@ class SparseMoeBlock(nn.Module):
     `router_name` is the checkpoint's name for the gate (`gate`; gpt-oss: `router`); `shared`
     is the shared-expert MLP (its `partial(x)` must not reduce), or None; `experts` the routed
     experts when the checkpoint keeps them quantized (`PackedExperts`, gpt-oss's MXFP4), else
-    they are stacked dense `Experts`."""
+    they are stacked dense `Experts`. With `shared_gate` (Qwen2-MoE, Qwen3-Next) the shared
+    expert is named `shared_expert` and scaled per token by sigmoid(`shared_expert_gate`(x)), a
+    replicated [1, hidden] projection; the scale applies to each rank's partial sum alike."""
 
     def __init__(
         self,
@@ -177,19 +179,28 @@ class SparseMoeBlock(nn.Module):
         shared: nn.Module | None = None,
         router_name: str = "gate",
         experts: nn.Module | None = None,
+        shared_gate: bool = False,
     ) -> None:
         super().__init__()
         self.parallel = parallel
         self.router_name = router_name
         self.add_module(router_name, Router(spec.router, hidden_size))
         self.experts = experts if experts is not None else Experts(spec, hidden_size, parallel)
-        self.shared_experts = shared
+        self.shared_name = "shared_expert" if shared_gate else "shared_experts"
+        self.add_module(self.shared_name, shared)
+        self.shared_expert_gate = (
+            nn.Linear(hidden_size, 1, bias=False).requires_grad_(False) if shared_gate else None
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = self._modules[self.router_name](hidden)  # [T, k] each
         out = self.experts(hidden, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts.partial(hidden)
+        shared = self._modules[self.shared_name]
+        if shared is not None:
+            shared_out = shared.partial(hidden)
+            if self.shared_expert_gate is not None:
+                shared_out = torch.sigmoid(self.shared_expert_gate(hidden)) * shared_out
+            out = out + shared_out
         out = self.parallel.all_reduce(out)
         if self.experts.down_proj_bias is not None:
             out = out + self.experts.bias_term(weights, ids)

@@ -32,6 +32,7 @@ from dgpp.engine.layers.linear import (
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import LinearStateSpec
 
 
 class DecoderAttention(nn.Module):
@@ -245,10 +246,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         layers: list[nn.Module] = []
         for index in range(config.num_layers):
-            prefix = f"model.layers.{index}"
-            self_attn = self.build_attention(config, parallel, attention, index, prefix)
-            mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
-            layers.append(DecoderLayer(config, self_attn, mlp))
+            layers.append(
+                self.build_layer(config, parallel, attention, index, f"model.layers.{index}")
+            )
         self.model = DecoderModel(config, parallel, max_position, self.rotary_dim(config), layers)
         head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
         self.lm_head = ParallelLMHead(
@@ -259,6 +259,20 @@ class LlamaForCausalLM(nn.Module):
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_layer(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        attention: Any,
+        index: int,
+        prefix: str,
+    ) -> nn.Module:
+        """Layer `index`: attention and MLP in a pre-norm `DecoderLayer` (hybrid models build
+        their own)."""
+        self_attn = self.build_attention(config, parallel, attention, index, prefix)
+        mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
+        return DecoderLayer(config, self_attn, mlp)
 
     @staticmethod
     def build_mlp(
@@ -296,6 +310,12 @@ class LlamaForCausalLM(nn.Module):
             config.num_heads, config.num_kv_heads, parallel.tp_size, parallel.tp_rank
         )
         return [PagedKVSpec(heads.num_kv, config.head_dim)] * config.num_layers
+
+    @classmethod
+    def state_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:
+        """Each recurrent layer's per-request state on this rank (hybrid models; none here)."""
+        del config, parallel
+        return []
 
     def forward(
         self,

@@ -15,7 +15,9 @@ from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
+from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import LinearStateSpec
 
 
 class ModelClass(Protocol):
@@ -31,6 +33,10 @@ class ModelClass(Protocol):
 
     def cache_specs(self, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]: ...
 
+    def state_specs(
+        self, config: ModelConfig, parallel: ParallelContext
+    ) -> list[LinearStateSpec]: ...
+
 
 MODEL_CLASSES: dict[str, ModelClass] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -40,6 +46,7 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
 }
 
 
@@ -71,3 +78,9 @@ def layer_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[Ca
     """The cache spec of every cache layer of this rank's model, in layer order, without
     building it (see `cache_specs` on each model class)."""
     return list(model_class(config).cache_specs(config, parallel))
+
+
+def layer_state_specs(config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:
+    """The state spec of every recurrent layer of this rank's model, in layer order (none for
+    attention-only models)."""
+    return list(model_class(config).state_specs(config, parallel))

@@ -34,6 +34,26 @@ def _average(total: float, count: int) -> float | None:
     return total / count if count else None
 
 
+def _snapshots(stats: EngineStats) -> dict[str, Any] | None:
+    """Recurrent-state snapshots (hybrid models; None for others): held now, their bytes,
+    cumulative saves, evictions and restores, restores by depth in tokens."""
+    snap = stats.snapshots
+    if snap is None:
+        return None
+    return {
+        "capacity": stats.snapshot_capacity,
+        "held": snap.held,
+        "bytes": snap.bytes_held,
+        "saved": snap.saved,
+        "evicted": snap.evicted,
+        "hits": snap.hits,
+        "hits_by_depth_tokens": {
+            str(depth * stats.block_size): count
+            for depth, count in sorted(snap.hits_by_depth.items())
+        },
+    }
+
+
 def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]:
     counters, cache = stats.counters, stats.counters.prefix_cache
     spec = counters.spec_decode
@@ -62,6 +82,7 @@ def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]
             "min_tokens": stats.prefix_min_tokens,
             "ttft_avg_hit_s": _average(cache.ttft_hit_sum_s, cache.ttft_hit_count),
             "ttft_avg_miss_s": _average(cache.ttft_miss_sum_s, cache.ttft_miss_count),
+            "state_snapshots": _snapshots(stats),
         },
         "prompt_classes": {
             name: {

@@ -121,6 +121,25 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
         model,
         counters.tokens_generated,
     )
+    if stats.snapshots is not None:  # hybrid models: recurrent-state snapshots
+        yield _gauge(
+            "dgpp:state_snapshots",
+            "Recurrent-state snapshots the prefix cache holds.",
+            model,
+            stats.snapshots.held,
+        )
+        yield _gauge(
+            "dgpp:state_snapshot_bytes",
+            "Bytes of the recurrent-state snapshots held (per rank).",
+            model,
+            stats.snapshots.bytes_held,
+        )
+        yield _counter(
+            "dgpp:state_snapshot_hits",
+            "Prefix-cache hits that restored a recurrent-state snapshot.",
+            model,
+            stats.snapshots.hits,
+        )
     spec = counters.spec_decode
     yield _counter(
         "dgpp:spec_decode_num_drafts",

@@ -19,13 +19,13 @@ from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.memory_lock import lock_memory
 from dgpp.engine.memory_plan import (
     DeviceMemory,
     MemoryPlan,
     RankShapes,
     check_fits,
     kv_bytes_per_token,
-    lock_memory,
     plan_memory,
     rank_cache_specs,
     read_host_memory,

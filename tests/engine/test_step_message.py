@@ -23,12 +23,16 @@ rows = st.builds(
     num_sampled=st.integers(0, 6),
     num_kept_blocks=ints,
     new_blocks=st.lists(ints, max_size=6).map(tuple),
+    state_slot=st.integers(-1, 2**20),
 )
+pairs = st.lists(st.tuples(ints, ints), max_size=4).map(tuple)
 messages = st.builds(
     StepMessage,
     rows=st.lists(rows, max_size=5).map(tuple),
     num_decodes=st.integers(0, 5),
     finished=st.lists(ints, max_size=5).map(tuple),
+    restores=pairs,
+    saves=pairs,
 )
 
 
@@ -40,7 +44,9 @@ def test_a_message_survives_its_wire_form(message: StepMessage) -> None:
 
 
 def test_a_damaged_wire_form_is_refused() -> None:
-    message = StepMessage((StepRow(3, 10, (5, 6), 1, 2, (7,)),), num_decodes=0, finished=(1,))
+    message = StepMessage(
+        (StepRow(3, 10, (5, 6), 1, 2, (7,), 4),), 0, finished=(1,), restores=((9, 4),)
+    )
     tensor = message.to_tensor()
     with pytest.raises(ValueError):
         StepMessage.from_tensor(torch.cat([tensor, torch.tensor([0])]))
@@ -123,5 +129,5 @@ def test_a_decode_step_costs_the_same_at_any_context(context: int) -> None:
             if step == 1:  # one request's context crossed into a new block
                 request.block_table.append(90_000 + request.seq_id)
         sizes.append(_send(head, worker, _decode_plan(requests)).to_tensor().numel())
-    # header + 4 rows of (6 fields + 1 token), and one new block for each row at the crossing
-    assert sizes == [3 + 4 * 7, 3 + 4 * 8, 3 + 4 * 7]
+    # header + 4 rows of (7 fields + 1 token), and one new block for each row at the crossing
+    assert sizes == [5 + 4 * 8, 5 + 4 * 9, 5 + 4 * 8]

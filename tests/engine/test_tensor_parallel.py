@@ -16,6 +16,7 @@ from dgpp.engine.engine import LLMEngine
 from tests.conftest import build_tiny_checkpoint
 
 PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]
+Waves = tuple[list[list[int]], ...]
 KNOBS = {"kv_capacity": 1024, "block_size": 4, "prefill_chunk_tokens": 16, "num_threads": 1}
 SPECULATIVE = {**KNOBS, "speculative": "ngram", "spec_ngram_min": 1}
 # 26 blocks for four requests of up to 16: preempted rows come back on other blocks, and the
@@ -32,18 +33,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _generate(engine: LLMEngine) -> list[list[int]]:
+def _generate(engine: LLMEngine, waves: Waves = (PROMPTS,)) -> list[list[int]]:
+    """Each wave's prompts at once; a wave starts when the one before it has finished."""
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    ids = [engine.add_request(prompt, params).request_id for prompt in PROMPTS]
     done: dict[str, list[int]] = {}
-    while engine.has_unfinished():
-        for output in engine.step():
-            if output.finished:
-                done[output.request_id] = list(output.outputs[0].token_ids)
+    ids = []
+    for wave in waves:
+        ids += [engine.add_request(prompt, params).request_id for prompt in wave]
+        while engine.has_unfinished():
+            for output in engine.step():
+                if output.finished:
+                    done[output.request_id] = list(output.outputs[0].token_ids)
     return [done[request_id] for request_id in ids]
 
 
-def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, Any]) -> None:
+def _rank(
+    rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, Any], waves: Waves
+) -> None:
     """Entry point of each spawned rank."""
     import threading
 
@@ -71,9 +77,11 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any, knobs: dict[str, 
     try:
         engine = head.form()
         counters = engine.counters
-        tokens = _generate(engine)
+        tokens = _generate(engine, waves)
         longs = counters.prompt_classes["long"].count
-        results.put((tokens, counters.spec_decode.draft_tokens, counters.num_preemptions, longs))
+        hits = counters.prefix_cache.hit_tokens
+        drafted = counters.spec_decode.draft_tokens
+        results.put((tokens, drafted, counters.num_preemptions, longs, hits))
     finally:
         head.dissolve(orderly=True)
 
@@ -147,19 +155,22 @@ def test_world_of_two_equals_world_of_one_on_group_quantized_weights(
     _check_world_of_two(checkpoint, KNOBS)
 
 
-def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any]) -> None:
-    expected = _generate(LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
+def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any], waves: Waves = (PROMPTS,)) -> int:
+    """World 2 with `knobs` gives world 1's tokens (with KNOBS); returns world 2's prefix-cache
+    hit tokens."""
+    reference = LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint)
+    expected = _generate(reference, waves)
     context = mp.get_context("spawn")
     results = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=_rank, args=(rank, port, str(checkpoint), results, knobs))
+        context.Process(target=_rank, args=(rank, port, str(checkpoint), results, knobs, waves))
         for rank in range(2)
     ]
     for process in ranks:
         process.start()
     try:
-        got, drafted, preempted, longs = results.get(timeout=180)
+        got, drafted, preempted, longs, hits = results.get(timeout=180)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -170,3 +181,4 @@ def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any]) -> None:
     assert (drafted > 0) == (knobs is SPECULATIVE)
     assert (preempted > 0) == (knobs is PRESSURE)
     assert longs == (2 if knobs is INTERACTIVE else 0)  # 256 by default: every prompt is short
+    return hits

@@ -1,0 +1,227 @@
+"""Gated DeltaNet, the linear-attention layer of Qwen3-Next: projections to q/k/v, an output
+gate z and the per-head write strength b and decay a; a short depthwise causal convolution over
+q/k/v; the gated delta rule on L2-normed q/k (chunk-parallel for prefill chunks, recurrent for
+decode rows); a gated RMSNorm per head; the output projection.
+
+Its cache is a fixed-size state per request (`dgpp.engine.state_cache`): the convolution's last
+inputs and the recurrent state, read and written in the request's slot every step.
+
+Tensor parallel: whole key heads per rank with the value heads they serve (the checkpoint's
+fused `in_proj_qkvz` / `in_proj_ba` rows are grouped by key head, so a rank's share is one
+contiguous block of rows), the matching conv channels, and the output projection split on its
+input (value-head) columns: one all-reduce, like attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from dgpp.engine.layers.norm import GatedRMSNorm
+from dgpp.engine.layers.rotary import RopeAngles
+from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
+from dgpp.kernels.causal_conv1d_torch import causal_conv1d
+from dgpp.kernels.gated_delta import GatedDeltaFns, select_gated_delta
+
+
+def linear_state_spec(config: ModelConfig, parallel: ParallelContext) -> LinearStateSpec:
+    """One Gated DeltaNet layer's state on a rank of `parallel` (refused when its key heads do
+    not split evenly)."""
+    raw = config.raw
+    num_k, num_v = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+    if num_k % parallel.tp_size or num_v % num_k:
+        raise ConfigError(
+            f"linear attention with {num_k} key heads and {num_v} value heads cannot be split "
+            f"over {parallel.tp_size} ranks (whole key heads per rank)"
+        )
+    head_k, head_v = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
+    k_local, v_local = num_k // parallel.tp_size, num_v // parallel.tp_size
+    return LinearStateSpec(
+        conv_dim=2 * k_local * head_k + v_local * head_v,
+        conv_width=int(raw["linear_conv_kernel_dim"]),
+        num_heads=v_local,
+        head_k_dim=head_k,
+        head_v_dim=head_v,
+    )
+
+
+class DepthwiseConv(nn.Module):
+    """The conv1d's weight [conv_dim, W] on this rank: its q, k and v channels, each a slice of
+    the checkpoint's [q | k | v] channel blocks ([conv_dim, 1, W])."""
+
+    def __init__(self, spec: LinearStateSpec, parallel: ParallelContext) -> None:
+        super().__init__()
+        self.spec, self.rank = spec, parallel.tp_rank
+        self.weight = nn.Parameter(torch.empty(spec.conv_dim, spec.conv_width), requires_grad=False)
+        self.weight.weight_loader = self.load  # type: ignore[attr-defined]
+
+    def load(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        spec = self.spec
+        value_local = spec.num_heads * spec.head_v_dim
+        key_local = (spec.conv_dim - value_local) // 2
+        world = loaded.shape[0] // spec.conv_dim if loaded.shape[0] % spec.conv_dim == 0 else 0
+        if loaded.dim() != 3 or not world or loaded.shape[2] != spec.conv_width:
+            raise ModelLoadError(f"conv1d weight of shape {tuple(loaded.shape)}")
+        key_full = key_local * world
+        starts = (
+            self.rank * key_local,
+            key_full + self.rank * key_local,
+            2 * key_full + self.rank * value_local,
+        )
+        parts = [
+            loaded[start : start + size, 0]
+            for start, size in zip(starts, (key_local, key_local, value_local), strict=True)
+        ]
+        param.data.copy_(torch.cat(parts))
+
+
+class GatedDeltaNet(nn.Module):
+    """A state layer (`dgpp.engine.state_cache.StateLayer`); `forward(angles, hidden, metadata)`
+    like attention (the angles are unused: the layer has no positions)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        backend: LinearStateBackend,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        raw = config.raw
+        spec = linear_state_spec(config, parallel)
+        self.spec, self._backend = spec, backend
+        num_k, num_v = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+        self.k_heads, self.v_heads = num_k // parallel.tp_size, spec.num_heads
+        self.ratio = num_v // num_k
+        head_k, head_v, hidden = spec.head_k_dim, spec.head_v_dim, config.hidden_size
+        self.in_proj_qkvz = ColumnParallelLinear(
+            hidden,
+            num_k * (2 * head_k + 2 * self.ratio * head_v),
+            False,
+            parallel,
+            config.weight_format([f"{prefix}.in_proj_qkvz"], hidden),
+        )
+        self.in_proj_ba = ColumnParallelLinear(
+            hidden,
+            num_k * 2 * self.ratio,
+            False,
+            parallel,
+            config.weight_format([f"{prefix}.in_proj_ba"], hidden),
+        )
+        self.conv1d = DepthwiseConv(spec, parallel)
+        first = parallel.tp_rank * self.v_heads
+        self.dt_bias = self._head_param(first)
+        self.A_log = self._head_param(first)
+        self.norm = GatedRMSNorm(head_v, config.rms_norm_eps)
+        value_local = self.v_heads * head_v
+        self.out_proj = RowParallelLinear(
+            num_v * head_v,
+            hidden,
+            False,
+            parallel,
+            weight_format=config.weight_format(
+                [f"{prefix}.out_proj"], value_local, first * head_v, num_v * head_v
+            ),
+        )
+        self.state: torch.Tensor | None = None
+        self._kernels: GatedDeltaFns | None = None
+
+    def _head_param(self, first: int) -> nn.Parameter:
+        param = nn.Parameter(torch.empty(self.v_heads), requires_grad=False)
+        count = self.v_heads
+
+        def load(target: nn.Parameter, loaded: torch.Tensor) -> None:
+            if loaded.dim() != 1 or loaded.shape[0] < first + count:
+                raise ModelLoadError(f"per-head tensor of shape {tuple(loaded.shape)}")
+            target.data.copy_(loaded[first : first + count])
+
+        param.weight_loader = load  # type: ignore[attr-defined]
+        return param
+
+    @property
+    def state_spec(self) -> LinearStateSpec:
+        return self.spec
+
+    @property
+    def state_backend(self) -> LinearStateBackend:
+        return self._backend
+
+    def bind_state(self, pool: torch.Tensor) -> None:
+        self.state = pool
+
+    def forward(
+        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        del angles
+        assert self.state is not None, "the model runner binds every state before a forward"
+        rows: StateRows = metadata[self._backend.name]
+        if self._kernels is None:
+            self._kernels = select_gated_delta(hidden.device)
+        tokens = hidden.shape[0]
+        spec, hk, hv, r = self.spec, self.k_heads, self.v_heads, self.ratio
+        dk, dv = spec.head_k_dim, spec.head_v_dim
+        qkvz = self.in_proj_qkvz(hidden).view(tokens, hk, 2 * dk + 2 * r * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
+        mixed = torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)), -1)
+        b, a = torch.split(self.in_proj_ba(hidden).view(tokens, hk, 2 * r), [r, r], dim=-1)
+        beta = b.reshape(tokens, hv).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.reshape(tokens, hv).float() + self.dt_bias)
+        out = hidden.new_empty(tokens, hv, dv)
+        conv_pool, recurrent_pool = spec.views(self.state)
+        if rows.decode_slots is not None:
+            slots = rows.decode_slots
+            count = slots.shape[0]
+            x, new_conv = causal_conv1d(
+                mixed[:count, None], self.conv1d.weight, None, conv_pool[slots], "silu"
+            )
+            conv_pool[slots] = new_conv.to(conv_pool.dtype)
+            o, state = self._kernels.recurrent(
+                *self._heads(x),
+                g[:count, None],
+                beta[:count, None],
+                recurrent_pool[slots],
+                None,
+                True,
+            )
+            recurrent_pool[slots] = state.to(recurrent_pool.dtype)
+            out[:count] = o[:, 0]
+        for first, end, slot, continues in rows.prefills:
+            held = slice(slot, slot + 1)
+            x, new_conv = causal_conv1d(
+                mixed[None, first:end],
+                self.conv1d.weight,
+                None,
+                conv_pool[held] if continues else None,
+                "silu",
+            )
+            conv_pool[slot] = new_conv[0]
+            o, state = self._kernels.chunk(
+                *self._heads(x),
+                g[None, first:end],
+                beta[None, first:end],
+                recurrent_pool[held] if continues else None,
+                None,
+                True,
+            )
+            recurrent_pool[slot] = state[0]
+            out[first:end] = o[0]
+        gated = self.norm(out, z.reshape(tokens, hv, dv))
+        return self.out_proj(gated.reshape(tokens, hv * dv))
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The convolved [B, T, conv_dim] as q, k [B, T, Hk, dk] and v [B, T, Hv, dv]."""
+        batch, length = x.shape[:2]
+        spec, hk = self.spec, self.k_heads
+        key = hk * spec.head_k_dim
+        q, k, v = torch.split(x, [key, key, self.v_heads * spec.head_v_dim], dim=-1)
+        return (
+            q.reshape(batch, length, hk, spec.head_k_dim),
+            k.reshape(batch, length, hk, spec.head_k_dim),
+            v.reshape(batch, length, self.v_heads, spec.head_v_dim),
+        )

@@ -1,0 +1,198 @@
+"""Qwen3-Next: a hybrid decoder. Most layers (`layer_types`, by default three of every four)
+mix tokens with Gated DeltaNet linear attention (`layers.gated_deltanet`, a fixed-size state per
+request), the others with gated full attention: per-head QK RMSNorm, rotary on a quarter of
+each head, and an output gate (sigmoid, interleaved per head with the query rows of `q_proj`).
+The MLP is a sparse MoE (softmax top-k router) with one shared expert scaled by a sigmoid gate.
+Every RMSNorm but the linear layers' output norm is zero-centred: x * (1 + weight).
+
+Only the full-attention layers have a paged KV cache; the linear ones declare state specs
+(`state_specs`), which the memory plan and the runner's state pools follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
+from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.layers.attention import PagedAttention
+from dgpp.engine.layers.gated_deltanet import GatedDeltaNet, linear_state_spec
+from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.engine.layers.linear import QKVParallelLinear, RowParallelLinear
+from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
+from dgpp.engine.layers.norm import ZeroCentredRMSNorm
+from dgpp.engine.layers.rotary import RopeAngles, apply_rotary
+from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
+from dgpp.engine.models.moe_blocks import packed_experts
+from dgpp.engine.models.moe_config import qwen3_moe_spec
+from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec
+
+
+def layer_types(config: ModelConfig) -> list[str]:
+    """'linear_attention' or 'full_attention' per layer: the config's list, else every
+    `full_attention_interval`-th layer full (transformers' default, 4)."""
+    raw = config.raw
+    types = raw.get("layer_types")
+    if types:
+        return list(types)[: config.num_layers]
+    interval = int(raw.get("full_attention_interval", 4))
+    return [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(config.num_layers)
+    ]
+
+
+class GatedAttention(nn.Module):
+    """Full attention with QK norm, partial rotary and a sigmoid output gate."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        attention: PagedAttentionBackend,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            head_dim,
+            config.num_heads,
+            config.num_kv_heads,
+            config.qkv_bias,
+            parallel,
+            config.weight_format(
+                [f"{prefix}.{name}" for name in ("q_proj", "k_proj", "v_proj")],
+                config.hidden_size,
+            ),
+            query_factor=2,
+        )
+        heads = self.qkv_proj.heads
+        self.num_heads, self.num_kv_heads = heads.num_q, heads.num_kv
+        self.head_dim, self.rotary_dim = head_dim, config.rotary_dim
+        input_range = (heads.q_start * head_dim, heads.num_q * head_dim)
+        self.o_proj = RowParallelLinear(
+            config.num_heads * head_dim,
+            config.hidden_size,
+            config.o_proj_bias,
+            parallel,
+            input_range=input_range,
+            weight_format=config.weight_format(
+                [f"{prefix}.o_proj"], input_range[1], input_range[0], config.num_heads * head_dim
+            ),
+        )
+        self.q_norm = ZeroCentredRMSNorm(head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCentredRMSNorm(head_dim, config.rms_norm_eps)
+        self.attn = PagedAttention(
+            self.num_heads,
+            self.num_kv_heads,
+            head_dim,
+            head_dim**-0.5,
+            attention,
+            first_head=heads.q_start,
+        )
+
+    def forward(
+        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden)
+        query_gate = qkv[:, : 2 * heads * dim].view(tokens, heads, 2 * dim)
+        query, gate = query_gate[..., :dim], query_gate[..., dim:]
+        kv = qkv[:, 2 * heads * dim :].view(tokens, 2 * kv_heads, dim)
+        q = self._rotate(self.q_norm(query), angles)
+        k = self._rotate(self.k_norm(kv[:, :kv_heads]), angles)
+        out = self.attn(q, k, kv[:, kv_heads:], metadata)  # [T, H, D]
+        out = out * torch.sigmoid(gate)
+        return self.o_proj(out.reshape(tokens, heads * dim))
+
+    def _rotate(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        rotated = apply_rotary(x[..., : self.rotary_dim], angles)
+        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
+
+
+class HybridDecoderLayer(nn.Module):
+    """Pre-norm residual layer around a token mixer named as the checkpoint names it
+    (`linear_attn` or `self_attn`) and an MLP, with zero-centred norms."""
+
+    def __init__(self, config: ModelConfig, mixer_name: str, mixer: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.mixer_name = mixer_name
+        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.add_module(mixer_name, mixer)
+        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(
+        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        mixer = self._modules[self.mixer_name]
+        hidden = hidden + mixer(angles, self.input_layernorm(hidden), metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def qwen3_next_mlp(
+    config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
+) -> nn.Module:
+    spec = qwen3_moe_spec(config.raw)
+    if not spec.is_sparse(index):
+        return DecoderMLP(config, parallel, prefix)
+    width = int(config.raw["shared_expert_intermediate_size"])
+    shared = DecoderMLP(config, parallel, f"{prefix}.shared_expert", width) if width else None
+    experts = packed_experts(config, parallel, spec, prefix)
+    return SparseMoeBlock(
+        spec, config.hidden_size, parallel, shared, experts=experts, shared_gate=shared is not None
+    )
+
+
+class Qwen3NextForCausalLM(LlamaForCausalLM):
+    checkpoint_target = staticmethod(expert_target)
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        max_position: int,
+        attention: PagedAttentionBackend,
+    ) -> None:
+        self._state_backend = LinearStateBackend(_backend_device(attention))
+        super().__init__(config, parallel, max_position, attention)
+        self.model.norm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def build_layer(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        attention: Any,
+        index: int,
+        prefix: str,
+    ) -> nn.Module:
+        mlp = qwen3_next_mlp(config, parallel, index, f"{prefix}.mlp")
+        if layer_types(config)[index] == "linear_attention":
+            mixer = GatedDeltaNet(config, parallel, self._state_backend, f"{prefix}.linear_attn")
+            return HybridDecoderLayer(config, "linear_attn", mixer, mlp)
+        attn = GatedAttention(config, parallel, attention, f"{prefix}.self_attn")
+        return HybridDecoderLayer(config, "self_attn", attn, mlp)
+
+    @classmethod
+    def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+        heads = partition_heads(
+            config.num_heads, config.num_kv_heads, parallel.tp_size, parallel.tp_rank
+        )
+        full = layer_types(config).count("full_attention")
+        return [PagedKVSpec(heads.num_kv, config.head_dim)] * full
+
+    @classmethod
+    def state_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:
+        linear = layer_types(config).count("linear_attention")
+        return [linear_state_spec(config, parallel)] * linear
+
+
+def _backend_device(attention: Any) -> torch.device:
+    return getattr(attention, "device", torch.device("cpu"))

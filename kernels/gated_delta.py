@@ -1,0 +1,148 @@
+"""The gated delta rule behind one call: fla-core's Triton kernels on CUDA, the PyTorch twins of
+`gated_delta_torch` elsewhere (and as their reference).
+
+`select_gated_delta(device)` returns a `GatedDeltaFns` whose `chunk` (prefill) and `recurrent`
+(decode) take the twins' arguments and give their results: q, k [B, T, H, K], v [B, T, HV, V],
+g, beta [B, T, HV], initial_state [B, HV, K, V] or None; out [B, T, HV, V] in v's dtype and the
+final state, float32 [B, HV, K, V]. On a CUDA device with `fla.ops.gated_delta_rule` importable
+they are thin adapters over fla's `chunk_gated_delta_rule` / `fused_recurrent_gated_delta_rule`
+(always `output_final_state=True`, `use_qk_l2norm_in_kernel=use_qk_l2norm`); otherwise the twins.
+`DGPP_GATED_DELTA=torch` forces the twins even on CUDA (to bisect a numerical difference or a
+Triton failure); unset, empty or `auto` selects as above.
+
+fla-core (pinned to 0.6.0 in pyproject.toml) is imported only for a CUDA device, and may be absent.
+Where it imports next to triton, transformers' Qwen3-Next family calls fla's kernels even for CPU
+tensors, which then fail (tests/conftest.py hides fla without a GPU for that reason).
+
+The adapters pass q, k, v in v's dtype, g and beta in float32 (both kernels load them as float32)
+and everything contiguous. Cases fla's kernels do not cover go to the twins: float64 (the twins
+compute in float64 there), T == 0, and K > 256 for the chunk form (fla's limit). fla's chunk
+kernel takes chunk sizes 16, 32 and 64 only; any other size runs as 64 (the result is the same
+up to rounding). fla's recurrent takes g, gk, gv, beta in that order, so it is called by keyword.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from dgpp.kernels.gated_delta_torch import chunk_gated_delta_rule, recurrent_gated_delta_rule
+
+ENV_VAR = "DGPP_GATED_DELTA"
+FLA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FLA_CHUNK_SIZES = (16, 32, 64)
+FLA_CHUNK_MAX_K = 256
+
+Result = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class GatedDeltaFns:
+    """Two callables with exactly the signatures of the twins (`fla_chunk` and `fla_recurrent`
+    have them too) and the backend's name, "fla" or "torch"."""
+
+    chunk: Callable[..., Result]  # chunk_gated_delta_rule's signature
+    recurrent: Callable[..., Result]  # recurrent_gated_delta_rule's signature
+    backend: str
+
+
+TORCH_FNS = GatedDeltaFns(chunk_gated_delta_rule, recurrent_gated_delta_rule, "torch")
+
+
+@functools.cache
+def _fla_ops() -> ModuleType | None:
+    try:
+        import fla.ops.gated_delta_rule as ops
+    except Exception:  # not installed, or no usable triton
+        return None
+    return ops
+
+
+def fla_available() -> bool:
+    """Whether fla-core's gated delta rule imports here (cached; says nothing about a GPU)."""
+    return _fla_ops() is not None
+
+
+def _fla_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+) -> dict[str, torch.Tensor | None]:
+    batch, _, num_v_heads, v_dim = v.shape
+    expected = (batch, num_v_heads, k.shape[-1], v_dim)
+    assert initial_state is None or initial_state.shape == expected, (initial_state.shape, expected)
+    state = None if initial_state is None else initial_state.float().contiguous()
+    q, k = (x.to(v.dtype).contiguous() for x in (q, k))
+    g, beta = (x.float().contiguous() for x in (g, beta))
+    return {"q": q, "k": k, "v": v.contiguous(), "g": g, "beta": beta, "initial_state": state}
+
+
+def fla_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> Result:
+    """`recurrent_gated_delta_rule` on fla's `fused_recurrent_gated_delta_rule`."""
+    ops = _fla_ops()
+    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0:
+        return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+    out, state = ops.fused_recurrent_gated_delta_rule(
+        **_fla_inputs(q, k, v, g, beta, initial_state),
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+    )
+    return out.to(v.dtype), state.float()
+
+
+def fla_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    chunk_size: int = 64,
+) -> Result:
+    """`chunk_gated_delta_rule` on fla's `chunk_gated_delta_rule`."""
+    ops = _fla_ops()
+    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0 or k.shape[-1] > FLA_CHUNK_MAX_K:
+        args = (q, k, v, g, beta, initial_state, scale, use_qk_l2norm, chunk_size)
+        return chunk_gated_delta_rule(*args)
+    out, state = ops.chunk_gated_delta_rule(
+        **_fla_inputs(q, k, v, g, beta, initial_state),
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+        chunk_size=chunk_size if chunk_size in FLA_CHUNK_SIZES else 64,
+    )
+    return out.to(v.dtype), state.float()
+
+
+FLA_FNS = GatedDeltaFns(fla_chunk, fla_recurrent, "fla")
+
+
+def select_gated_delta(device: torch.device) -> GatedDeltaFns:
+    """fla's kernels on a CUDA device when fla imports and `DGPP_GATED_DELTA` is not `torch`,
+    else the PyTorch twins. fla is imported only for a CUDA device."""
+    choice = os.environ.get(ENV_VAR, "").strip().lower()
+    if choice not in ("", "auto", "torch"):
+        raise ValueError(f"{ENV_VAR}={choice!r}: expected 'torch' or 'auto'")
+    if choice == "torch" or torch.device(device).type != "cuda" or not fla_available():
+        return TORCH_FNS
+    return FLA_FNS
