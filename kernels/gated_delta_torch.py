@@ -6,7 +6,7 @@ Per value head the state S [K, V] evolves, for each token t, as
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = S_t^T (scale q_t)
 
 with `g` the log decay (<= 0) and `beta` in (0, 1) the write strength. Layout and signature follow
-fla-core's `chunk_gated_delta_rule` / `fused_recurrent_gated_delta_rule` (`head_first=False`),
+fla-core's `chunk_gated_delta_rule` / `fused_recurrent_gated_delta_rule` (time-major),
 so those Triton kernels can be dispatched in place of these on CUDA:
 
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   state [B, HV, K, V]
