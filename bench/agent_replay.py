@@ -1,13 +1,17 @@
 """Replays a coding-agent session against dgpp with the prefix cache on, then off.
 
-    .venv/bin/python bench/agent_replay.py [--turns 12] [--port 18090]
+    .venv/bin/python bench/agent_replay.py [--turns 12] [--port 18090] [--tiny-hybrid]
 
-Starts `dgpp serve` on the default model twice (cache on, then `--no-prefix-cache`), replays the
+Starts `dgpp serve` on the default model (or `--model PATH`; `--tiny-hybrid` builds a random-weight
+Qwen3-Next checkpoint, Gated DeltaNet + gated attention + MoE, with the default model's tokenizer
+and chat template, so the prefix cache must restore recurrent-state snapshots) twice (cache on,
+then `--no-prefix-cache`), replays the
 same multi-turn session (a long system prompt with tool instructions, then user turns, tool
 calls and tool results, growing past 4,000 tokens) over the OpenAI streaming API, and prints per
 turn: prompt tokens, cached tokens, TTFT. Then: the hit rate over reusable prompt tokens (the
 tokens each turn shares with the previous turn's prompt plus reply), TTFT(hit) / TTFT(miss) on
-the last turn, and the ratio of total replay wall time with and without the cache.
+the last turn, and the ratio of total replay wall time with and without the cache; for a hybrid
+model also the state snapshots the cache held and restored (from /v1/metrics).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +67,49 @@ class Turn:
     reply: str
 
 
-def start_server(port: int, cache: bool) -> subprocess.Popen[bytes]:
+def build_tiny_hybrid(out: Path) -> Path:
+    """A random-weight Qwen3-Next (8 layers, hidden 512: 6 Gated DeltaNet, 2 gated attention;
+    16 experts, top 4, a shared expert) with SmolLM2's tokenizer and chat template."""
+    import torch
+    import transformers
+
+    tokenizer_dir = Path.home() / ".local/share/dgpp/models/SmolLM2-135M-Instruct"
+    config = transformers.Qwen3NextConfig(
+        vocab_size=49152,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+        max_position_embeddings=16384,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.Qwen3NextForCausalLM(config).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+def start_server(port: int, cache: bool, model: str) -> subprocess.Popen[bytes]:
     command = [
         str(Path(sys.executable).with_name("dgpp")),
         "serve",
+        "--model",
+        model,
         "--port",
         str(port),
         "--log-level",
@@ -87,7 +132,7 @@ def start_server(port: int, cache: bool) -> subprocess.Popen[bytes]:
 
 def chat(client: httpx.Client, messages: list[dict]) -> Turn:
     body = {
-        "model": "default",
+        "model": client.get("/v1/models").json()["data"][0]["id"],
         "messages": messages,
         "max_tokens": 24,
         "temperature": 0,
@@ -147,7 +192,9 @@ def session_step(messages: list[dict], turn: int, reply: str, functions: int) ->
     messages.append({"role": "user", "content": f"Step {turn + 1}: now check handler {turn}."})
 
 
-def replay(port: int, turns: int, functions: int) -> tuple[list[Turn], float, list[int]]:
+def replay(
+    port: int, turns: int, functions: int
+) -> tuple[list[Turn], float, list[int], dict | None]:
     messages: list[dict] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "Step 1: fix the failing handler."},
@@ -172,7 +219,8 @@ def replay(port: int, turns: int, functions: int) -> tuple[list[Turn], float, li
             previous = tokens + reply_ids["tokens"]
             session_step(messages, turn, result.reply, functions)
         wall = time.perf_counter() - start
-    return results, wall, reusable
+        metrics = client.get("/v1/metrics").json()
+    return results, wall, reusable, metrics["prefix_cache"].get("state_snapshots")
 
 
 def main() -> None:
@@ -185,17 +233,25 @@ def main() -> None:
         default=12,
         help="functions in each tool result: how much each turn adds (~33 tokens each)",
     )
+    parser.add_argument("--model", default="default", help="checkpoint to serve")
+    parser.add_argument(
+        "--tiny-hybrid", action="store_true", help="serve a random-weight tiny Qwen3-Next"
+    )
     args = parser.parse_args()
     os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
+    model = args.model
+    scratch = tempfile.TemporaryDirectory(prefix="dgpp-agent-replay-")
+    if args.tiny_hybrid:
+        model = str(build_tiny_hybrid(Path(scratch.name) / "tiny-qwen3-next"))
     runs = {}
     for cache in (True, False):
-        server = start_server(args.port, cache)
+        server = start_server(args.port, cache, model)
         try:
             runs[cache] = replay(args.port, args.turns, args.functions)
         finally:
             server.terminate()
             server.wait(30)
-    (hot, hot_wall, reusable), (cold, cold_wall, _) = runs[True], runs[False]
+    (hot, hot_wall, reusable, snapshots), (cold, cold_wall, _, _) = runs[True], runs[False]
     print(f"{'turn':>4} {'prompt':>7} {'reusable':>8} {'cached':>7} {'TTFT on':>8} {'TTFT off':>9}")
     for index, (on, off) in enumerate(zip(hot, cold, strict=True)):
         print(
@@ -213,6 +269,14 @@ def main() -> None:
         f"replay wall time: cache on {hot_wall:.1f} s, off {cold_wall:.1f} s, "
         f"ratio {hot_wall / cold_wall:.2f}"
     )
+    if snapshots is not None:
+        print(
+            f"state snapshots: {snapshots['held']} held ({snapshots['bytes'] / 2**20:.1f} MiB, "
+            f"capacity {snapshots['capacity']}), {snapshots['saved']} saved, "
+            f"{snapshots['hits']} restored; restores by depth (tokens): "
+            f"{snapshots['hits_by_depth_tokens']}"
+        )
+    scratch.cleanup()
 
 
 if __name__ == "__main__":
