@@ -24,7 +24,7 @@ from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
 from dgpp.engine.quant.quant_schemes import check_quantization
 from dgpp.engine.reasoning_budget import ReasoningBudget
-from dgpp.engine.request import FinishReason, Request, RequestOutput
+from dgpp.engine.request import FinishReason, PromptIds, Request, RequestOutput
 from dgpp.engine.sampler import Sampler
 from dgpp.engine.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling_params import SamplingParams
@@ -173,6 +173,8 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{number}"
         if request_id in self.scheduler.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        if isinstance(prompt, PromptIds) and not cache_hints:
+            cache_hints = prompt.cache_hints
         prompt_ids = self._prompt_ids(prompt)
         num_prompt = len(prompt_ids)
         if num_prompt >= self.max_model_len:

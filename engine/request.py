@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,20 @@ from dgpp.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from dgpp.engine.detokenizer import IncrementalDetokenizer
+
+
+class PromptIds(list[int]):
+    """A rendered prompt's token ids, with the positions worth a prefix-cache boundary (the end
+    of the system prompt: hybrid models snapshot their recurrent state there). It is a plain
+    list of ids to everything else; `LLMEngine.add_request` reads the hints."""
+
+    def __init__(self, ids: Iterable[int] = (), cache_hints: Iterable[int] = ()) -> None:
+        super().__init__(ids)
+        self.cache_hints: tuple[int, ...] = tuple(cache_hints)
+
+    def __add__(self, other: Iterable[int]) -> PromptIds:  # type: ignore[override]
+        """Appending (a forced tool-call opening) keeps the hints."""
+        return PromptIds([*self, *other], self.cache_hints)
 
 
 class RequestStatus(enum.Enum):

@@ -47,7 +47,8 @@ def _prompt(
         thinking=request.thinking.type if request.thinking else None,
     )
     messages = normalise(to_chat_messages(request), state.template_traits)
-    prompt = render(state.tokenizer, messages, to_openai_tools(request), kwargs, True)
+    tools = to_openai_tools(request)
+    prompt = render(state.tokenizer, messages, tools, kwargs, True, state.hint_system)
     return with_forced_start(state.tokenizer, prompt, forced)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
+from dgpp.engine.request import PromptIds
 from dgpp.engine.server.protocol import ChatMessage
 
 INSTRUCTION_ROLES = ("system", "developer")
@@ -128,7 +129,10 @@ def render(
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
     add_generation_prompt: bool,
-) -> list[int]:
+    hint_system: bool = False,
+) -> PromptIds:
+    """The prompt's token ids; with `hint_system`, hinted at the end of its leading system
+    messages (and tools), where a hybrid model's prefix cache snapshots its state."""
     try:
         text = tokenizer.apply_chat_template(
             messages,
@@ -141,4 +145,31 @@ def render(
         raise InvalidRequestError(
             f"the model's chat template rejected the messages: {err}", param="messages"
         ) from None
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    hint = system_prefix(tokenizer, messages, tools, template_kwargs, ids) if hint_system else None
+    return PromptIds(ids, () if hint is None else (hint,))
+
+
+def system_prefix(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    ids: list[int],
+) -> int | None:
+    """How many of `ids` the leading system messages render to on their own, when the whole
+    prompt starts with exactly those tokens (templates that render the system part alike with
+    or without what follows); None otherwise, or when there is no system message."""
+    count = 0
+    while count < len(messages) and messages[count].get("role") in INSTRUCTION_ROLES:
+        count += 1
+    if not count or count == len(messages):
+        return None
+    try:
+        text = tokenizer.apply_chat_template(
+            messages[:count], tools=tools, tokenize=False, **template_kwargs
+        )
+    except Exception:  # a template that insists on a user turn: no hint
+        return None
+    prefix = list(tokenizer(text, add_special_tokens=False).input_ids)
+    return len(prefix) if 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix else None

@@ -160,6 +160,7 @@ def _prompt(
         tools,
         _template_kwargs(state, request),
         request.add_generation_prompt,
+        hint_system=state.hint_system,
     )
     return with_forced_start(state.tokenizer, prompt, forced)
 

@@ -79,7 +79,12 @@ def _prompt(
 ) -> list[int]:
     kwargs = template_kwargs(state.config.default_chat_template_kwargs, effort=effort)
     prompt = render(
-        state.tokenizer, normalise(messages, state.template_traits), tools, kwargs, True
+        state.tokenizer,
+        normalise(messages, state.template_traits),
+        tools,
+        kwargs,
+        True,
+        state.hint_system,
     )
     return with_forced_start(state.tokenizer, prompt, forced)
 

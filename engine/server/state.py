@@ -38,6 +38,12 @@ class ServerState:
         return self.engine.engine.tokenizer
 
     @property
+    def hint_system(self) -> bool:
+        """Whether prompts carry the end of their system part as a prefix-cache hint (models
+        with recurrent layers snapshot their state there)."""
+        return self.engine.engine.block_manager.states is not None
+
+    @property
     def sampling_defaults(self) -> SamplingDefaults:
         """What a request that leaves a sampling setting out gets (`generation_config`)."""
         if self.config.generation_config != "auto":
