@@ -61,6 +61,8 @@ class EngineSection(_Section):
     ] = "auto"
     prefix_cache: bool = True
     prefix_min_tokens: int = Field(1024, ge=0)
+    # Hybrid models (Qwen3-Next): memory per rank for the prefix cache's recurrent-state snapshots
+    prefix_cache_gib: float = Field(4.0, ge=0.0)
     seed: int | None = None
     num_threads: int | None = Field(None, ge=1)
     memory_fraction: float | None = Field(None, gt=0.0, le=1.0)

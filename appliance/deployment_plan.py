@@ -1,6 +1,7 @@
 """What a deployment will hold on each rank of its world, before anything is downloaded or
-started: weights, KV bytes per token, the largest context one request can have, and whether the
-engine as configured fits (`dgpp deploy plan`, `docs/models.md`).
+started: weights, KV bytes per token, the recurrent states of hybrid models (one slot per running
+request plus the prefix cache's snapshots, `engine.state_plan`), the largest context one request
+can have, and whether the engine as configured fits (`dgpp deploy plan`, `docs/models.md`).
 
 The model comes from its checkpoint when it is on this machine, else from the facts shipped for
 the templates' models (`appliance.model_facts`). The memory is a DGX Spark's unless told
@@ -27,6 +28,8 @@ from dgpp.engine.memory_plan import (
     rank_weight_bytes,
     size_kv_pool,
 )
+from dgpp.engine.state_cache import StateLayout
+from dgpp.engine.state_plan import engine_state_layout
 
 SPARK_BYTES = 128 * 10**9
 SPARK_OS_BYTES = 4 * 10**9
@@ -41,12 +44,17 @@ def spark_memory(total_bytes: int = SPARK_BYTES) -> DeviceMemory:
     )
 
 
+NO_STATES = StateLayout(0, 0, 0)
+
+
 @dataclass(frozen=True)
 class RankPlan:
     rank: int
     plan: MemoryPlan  # the deployment's engine settings as they are
     kv_bytes_per_token: int
     largest_context: int  # longest single request that fits (0: not even one block)
+    # Recurrent layers' slots as configured (counted in plan.state_bytes); empty without any.
+    states: StateLayout = NO_STATES
 
 
 def model_config_of(deployment: Deployment) -> tuple[ModelConfig, str]:
@@ -60,12 +68,19 @@ def model_config_of(deployment: Deployment) -> tuple[ModelConfig, str]:
 
 
 def largest_context(
-    config: EngineConfig, model: ModelConfig, tp_size: int, rank: int, memory: DeviceMemory
+    config: EngineConfig,
+    model: ModelConfig,
+    tp_size: int,
+    rank: int,
+    memory: DeviceMemory,
+    weights: int | None = None,
 ) -> int:
     """The longest context (whole blocks, at most the model's position limit) for which one
-    request's KV pool, the weights, buffers and one step's workspace fit."""
+    request's KV pool, the weights, buffers and one step's workspace fit, with one request's
+    recurrent state and the snapshots `prefix_cache_gib` holds (hybrid models)."""
     block = config.block_size
-    weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
+    if weights is None:  # rank `rank`'s `rank_weight_bytes`, when the caller has not counted it
+        weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
 
     def fits(tokens: int) -> bool:
         trial = replace(config, kv_capacity=tokens, max_model_len=tokens, max_concurrency=1)
@@ -92,21 +107,42 @@ def plan_deployment(
     plans = []
     for rank in range(tp_size):
         specs = rank_cache_specs(model, tp_size, rank)
-        plan = plan_memory(config, model, tp_size, memory, rank)
-        longest = largest_context(config, model, tp_size, rank, memory)
-        plans.append(RankPlan(rank, plan, kv_bytes_per_token(config, specs), longest))
+        # Counted once per rank: building a large MoE on the meta device takes seconds.
+        weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
+        plan = plan_memory(config, model, tp_size, memory, rank, weights)
+        longest = largest_context(config, model, tp_size, rank, memory, weights)
+        states = engine_state_layout(config, model, tp_size, rank)  # plan.state_bytes' slots
+        per_token = kv_bytes_per_token(config, specs)
+        plans.append(RankPlan(rank, plan, per_token, longest, states))
     return plans
 
 
+def describe_states(states: StateLayout) -> str:
+    """`75.4 MiB x (16 running + 54 snapshots) = 5.15 GiB`; `-` without recurrent layers."""
+    if not states.slot_bytes:
+        return "-"
+    return (
+        f"{format_bytes(states.slot_bytes)} x ({states.num_running} running + "
+        f"{states.num_snapshots} snapshots) = {format_bytes(states.total_bytes)}"
+    )
+
+
 def describe_plans(plans: list[RankPlan]) -> str:
-    lines = ["| rank | weights | KV bytes/token | largest context | as configured |"]
-    lines.append("|---|---|---|---|---|")
+    header = "| rank | weights | KV bytes/token | largest context | as configured |"
+    hybrid = any(entry.states.slot_bytes for entry in plans)
+    if hybrid:  # only models with recurrent layers have states to show
+        header = (
+            "| rank | weights | KV bytes/token | states + snapshots | largest context "
+            "| as configured |"
+        )
+    lines = [header, "|---" * header.count(" | ") + "|---|"]
     for entry in plans:
         plan = entry.plan
         verdict = "fits" if plan.fits else f"does not fit ({format_bytes(plan.total_bytes)} needed)"
+        states = f" | {describe_states(entry.states)}" if hybrid else ""
         lines.append(
             f"| {entry.rank} | {format_bytes(plan.weights_bytes)} | {entry.kv_bytes_per_token:,}"
-            f" | {entry.largest_context:,} | {plan.kv_tokens:,} KV tokens: {verdict} of "
+            f"{states} | {entry.largest_context:,} | {plan.kv_tokens:,} KV tokens: {verdict} of "
             f"{format_bytes(plan.budget_bytes)} |"
         )
     return "\n".join(lines)

@@ -61,6 +61,13 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="prompts shorter than this may hit the prefix cache but add nothing to it (1024)",
     )
     group.add_argument(
+        "--prefix-cache-gib",
+        type=float,
+        default=None,
+        help="memory per rank for the prefix cache's recurrent-state snapshots (hybrid models "
+        "such as Qwen3-Next; 4.0)",
+    )
+    group.add_argument(
         "--spec",
         choices=["off", "ngram"],
         default=None,
@@ -125,6 +132,7 @@ def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "quantization",
         "prefix_cache",
         "prefix_min_tokens",
+        "prefix_cache_gib",
         "seed",
         "num_threads",
         "memory_fraction",

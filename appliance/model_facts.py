@@ -5,8 +5,10 @@ memory plan can be drawn before hundreds of gigabytes are downloaded.
 A quantized checkpoint's layout normally comes from its safetensors headers
 (`quant.quant_schemes`); without the files, `UniformSchemes` stands for what these checkpoints
 hold: every linear of the decoder layers quantized the one way the config names, except the
-routers (`mlp.gate` / `mlp.router`, kept in bfloat16 by every producer), the embeddings and the
-LM head. gpt-oss's MXFP4 is read by the model itself (`quant_method: mxfp4`)."""
+routers (`mlp.gate` / `mlp.router`, kept in bfloat16 by every producer), the modules the config
+lists by name as left unquantized (`modules_to_not_convert`, plain `ignore` entries: Qwen3-Next's
+`linear_attn.in_proj_ba`), the embeddings and the LM head. gpt-oss's MXFP4 is read by the model
+itself (`quant_method: mxfp4`)."""
 
 from __future__ import annotations
 
@@ -31,16 +33,17 @@ _ROUTERS = (".mlp.gate", ".mlp.router")
 
 @dataclass(frozen=True)
 class UniformSchemes(QuantSchemes):
-    """One `LayerScheme` for every decoder-layer linear but the routers."""
+    """One `LayerScheme` for every decoder-layer linear but the routers and `unquantized`."""
 
     scheme: LayerScheme | None = None
+    unquantized: frozenset[str] = frozenset()  # module names the config keeps dense
 
     def __bool__(self) -> bool:
         return self.scheme is not None
 
     def of(self, module: str) -> LayerScheme | None:
         covered = module.startswith("model.layers.") and not module.endswith(_ROUTERS)
-        return self.scheme if covered else None
+        return self.scheme if covered and module not in self.unquantized else None
 
     def group_format(
         self, modules: Sequence[str], cols: int, in_start: int = 0, in_total: int = 0
@@ -92,4 +95,16 @@ def facts_config(repo: str) -> ModelConfig:
     scheme = config_scheme(method, quant)
     if scheme is None:
         raise ValueError(f"{facts_path(repo)}: no uniform scheme for {method!r}")
-    return replace(config, quant_schemes=UniformSchemes(method, (), scheme))
+    schemes = UniformSchemes(method, (), scheme, unquantized_modules(quant))
+    return replace(config, quant_schemes=schemes)
+
+
+def unquantized_modules(quant: dict[str, object]) -> frozenset[str]:
+    """The modules a quantization config names as left dense (patterns, `re:...`, are not
+    names: the routers they match are excepted anyway)."""
+    names: set[str] = set()
+    for key in ("modules_to_not_convert", "ignore"):
+        entries = quant.get(key)
+        if isinstance(entries, list):
+            names.update(str(e) for e in entries if not str(e).startswith("re:"))
+    return frozenset(names)

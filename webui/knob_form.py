@@ -40,6 +40,11 @@ KNOBS: tuple[tuple[str, str, str], ...] = (
     ("engine.prefix_cache", "Prefix cache", "reuse the KV of shared prompt prefixes"),
     ("engine.prefix_min_tokens", "Prefix cache floor", "shorter prompts are not cached"),
     (
+        "engine.prefix_cache_gib",
+        "Prefix snapshots (GiB)",
+        "memory per rank for recurrent-state snapshots (hybrid models)",
+    ),
+    (
         "speculative.method",
         "Speculative decoding",
         "ngram drafts tokens from the request's own history; output unchanged",

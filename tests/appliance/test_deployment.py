@@ -64,6 +64,13 @@ def test_every_section_reaches_its_configuration() -> None:
         ({"model": "m", "engine": {"kv_capacity": "big"}}, "engine.kv_capacity: Input should"),
         ({"model": "m", "engine": {"kv_capacity": 0}}, "engine.kv_capacity: Input should be"),
         ({"model": "m", "engine": {"prefix_cache": "yes"}}, "engine.prefix_cache:"),
+        ({"model": "m", "engine": {"prefix_min_tokens": -1}}, "engine.prefix_min_tokens:"),
+        ({"model": "m", "engine": {"prefix_cache_gib": "4"}}, "engine.prefix_cache_gib:"),
+        ({"model": "m", "engine": {"prefix_cache_gib": True}}, "engine.prefix_cache_gib:"),
+        (
+            {"model": "m", "engine": {"prefix_cache_gib": -0.5}},
+            "engine.prefix_cache_gib: Input should be greater than or equal to 0",
+        ),
         (
             {"model": "m", "engine": {"prefill_precision": "fp16"}},
             "engine.prefill_precision: must be one of 'fp32' or 'model' (got 'fp16')",
@@ -169,6 +176,28 @@ def test_command_line_speculation_flags_override_the_deployment(tmp_path: Path) 
     assert effective("--spec-depth", "7") == ("ngram", 7)
     path.write_text(json.dumps({"model": "default"}))
     assert effective("--spec", "ngram") == ("ngram", 4)
+
+
+def test_prefix_cache_knobs_reach_the_engine_and_the_flags_override_them(tmp_path: Path) -> None:
+    from dgpp.appliance.cli import build_parser
+    from dgpp.appliance.serve_cli import serve_deployment
+
+    config = engine_config(parse_deployment({"model": "m"}))
+    assert (config.prefix_min_tokens, config.prefix_cache_gib) == (1024, 4.0)
+    raw = {"model": "default", "engine": {"prefix_min_tokens": 512, "prefix_cache_gib": 2}}
+    config = engine_config(parse_deployment(raw))  # a whole number of GiB is a float too
+    assert (config.prefix_min_tokens, config.prefix_cache_gib) == (512, 2)
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(raw))
+
+    def effective(*flags: str) -> tuple[int, float]:
+        args = build_parser().parse_args(["serve", "--deployment", str(path), *flags])
+        config = engine_config(serve_deployment(args))
+        return config.prefix_min_tokens, config.prefix_cache_gib
+
+    assert effective() == (512, 2.0)
+    assert effective("--prefix-cache-gib", "0.5", "--prefix-min-tokens", "64") == (64, 0.5)
+    assert effective("--prefix-cache-gib", "0") == (512, 0.0)  # no snapshots at all
 
 
 def test_served_name_patterns_and_the_max_tokens_policy_reach_the_server() -> None:

@@ -13,6 +13,7 @@ from dgpp.appliance import cli
 from dgpp.appliance.deployment import parse_deployment
 from dgpp.appliance.deployment_files import find_template, list_templates
 from dgpp.appliance.deployment_plan import (
+    describe_plans,
     model_config_of,
     plan_deployment,
     refuse_unfit,
@@ -21,6 +22,7 @@ from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.memory_plan import rank_weight_bytes
+from dgpp.engine.state_plan import GIB as SNAPSHOT_GIB
 
 GIB = 1 << 30
 # Parameter counts the model cards state (billions), against dgpp's meta-device build at
@@ -34,6 +36,9 @@ STATED_PARAMS = {
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "Qwen/Qwen2.5-72B-Instruct": 72.7,
     "Qwen/Qwen3-8B": 8.19,
+    # 80B on the card; the FP8 release's tensors hold 81.33B with the MTP layer (1.65B), which
+    # dgpp does not load
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": 79.68,
 }
 MOE_TEMPLATES = [
     "qwen3-30b-a3b_bfloat16_w1",
@@ -42,6 +47,21 @@ MOE_TEMPLATES = [
     "glm-4.5-air-fp8_bfloat16_w2",
     "gpt-oss-120b_bfloat16_w1",
 ]
+
+
+# Qwen3-Next-80B-A3B at FP8 (hybrid: Gated DeltaNet + gated attention + MoE). One recurrent
+# state slot is 36 linear layers x ((4 - 1) x conv_dim + heads x 128 x 128) float32 values,
+# conv_dim = 2 x 16 x 128 + 32 x 128 at world 1 (key and value heads halve per rank at world 2).
+# The snapshot budgets: about one snapshot per 16K tokens of the KV pool (an agent's turn), at
+# least three per running stream. One Spark: the model's whole 262,144-token context fits at
+# memory_fraction 0.95 with 256-token prefill chunks (512-token ones leave no KV beside their
+# fp32 scores); 16 streams fit only with under two snapshots each, so 8 streams, whose ~300K-token
+# pool wants ~19 snapshots and the streams 24: 2 GiB (27). Two Sparks: the pool holds ~3.4M
+# tokens, ~210 snapshots, so 8 GiB (217 at half the bytes each).
+HYBRID_TEMPLATES = {
+    "qwen3-next-80b-a3b-instruct-fp8_bfloat16_w1": 36 * (3 * 8192 + 32 * 128 * 128) * 4,
+    "qwen3-next-80b-a3b-instruct-fp8_bfloat16_w2": 36 * (3 * 4096 + 16 * 128 * 128) * 4,
+}
 
 
 @pytest.mark.parametrize("repo", sorted(STATED_PARAMS))
@@ -66,6 +86,56 @@ def test_moe_templates_fit_a_spark_world(name: str) -> None:
         assert entry.largest_context >= deployment.engine.max_model_len
         assert entry.kv_bytes_per_token > 0
         assert entry.plan.kv_tokens >= deployment.engine.max_model_len
+
+
+@pytest.mark.parametrize("name", sorted(HYBRID_TEMPLATES))
+def test_hybrid_templates_fit_a_spark_world_with_their_states(name: str) -> None:
+    """Each rank holds its running requests' states and the prefix snapshots its budget buys,
+    counted in the plan's total, and still serves the model's whole context."""
+    deployment = parse_deployment(find_template(name).load(), name)
+    model, source = model_config_of(deployment)
+    assert source == "facts" and model.max_position_embeddings == 262144
+    plans = plan_deployment(deployment, model)
+    assert len(plans) == deployment.world_size
+    refuse_unfit(plans)
+    engine = deployment.engine
+    slot_bytes = HYBRID_TEMPLATES[name]
+    for entry in plans:
+        states = entry.states
+        assert states.slot_bytes == slot_bytes
+        assert states.num_running == engine.max_concurrency
+        assert states.num_snapshots == int(engine.prefix_cache_gib * SNAPSHOT_GIB) // slot_bytes
+        assert entry.plan.state_bytes == states.total_bytes > 0
+        assert entry.largest_context >= engine.max_model_len == model.max_position_embeddings
+        assert entry.plan.kv_tokens >= engine.max_model_len
+        assert entry.kv_bytes_per_token == 12 * 2 * 256 * 2 * 2 // deployment.world_size
+        assert entry.plan.total_bytes <= entry.plan.budget_bytes
+    # The FP8 release's tensors: 76.40 GiB, 1.55 GiB of it the MTP layer; dgpp holds the
+    # 128x128 block scales per row (one float32 per 128 columns of each FP8 weight, +3.1%).
+    weights = sum(entry.plan.weights_bytes for entry in plans)
+    assert weights / GIB == pytest.approx((76.40 - 1.55) * (1 + 4 / 128), rel=0.01)
+    table = describe_plans(plans)
+    assert "| states + snapshots |" in table
+    assert f"x ({engine.max_concurrency} running + {plans[0].states.num_snapshots} snapshots)" in (
+        table
+    )
+
+
+def test_qwen3_next_fp8_facts_keep_dense_what_the_release_keeps_dense() -> None:
+    """Its `modules_to_not_convert` names each linear layer's in_proj_ba (64 rows, under one
+    128-row scale block): counted bf16, like the routers; every other projection is FP8."""
+    schemes = facts_config("Qwen/Qwen3-Next-80B-A3B-Instruct-FP8").quant_schemes
+    for dense in ("model.layers.0.linear_attn.in_proj_ba", "model.layers.3.mlp.gate"):
+        assert schemes.of(dense) is None
+    for packed in (
+        "model.layers.0.linear_attn.in_proj_qkvz",
+        "model.layers.0.linear_attn.out_proj",
+        "model.layers.3.self_attn.q_proj",
+        "model.layers.3.mlp.experts.0.down_proj",
+        "model.layers.3.mlp.shared_expert.up_proj",
+    ):
+        scheme = schemes.of(packed)
+        assert scheme is not None and scheme.block == (128, 128)
 
 
 def test_quantized_facts_are_counted_packed() -> None:
@@ -100,6 +170,7 @@ def test_plan_command_prints_every_rank_and_exits_by_the_verdict() -> None:
     assert code == EXIT_OK
     text = out.getvalue()
     assert "| 0 |" in text and "| 1 |" in text and "fits" in text
+    assert "states + snapshots" not in text  # attention only: no recurrent state to show
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli.main(

@@ -13,6 +13,9 @@ def test_fields_follow_the_schema() -> None:
     assert fields["engine.max_model_len"].optional
     assert fields["engine.prefill_precision"].choices == ("fp32", "model")
     assert fields["engine.prefix_cache"].kind == "bool"
+    snapshots = fields["engine.prefix_cache_gib"]
+    assert (snapshots.kind, snapshots.default, snapshots.minimum) == ("float", 4.0, 0)
+    assert not snapshots.exclusive_minimum and "recurrent-state snapshots" in snapshots.help
     assert fields["http.served_model_names"].kind == "names"
     assert fields["http.default_chat_template_kwargs"].kind == "json"
     heartbeat = fields["timeouts.heartbeat_s"]
@@ -52,6 +55,23 @@ def test_errors_name_their_field() -> None:
     assert result.raw == {"model": "default"}  # nothing of a refused form is kept
     assert validation_errors({"model": "default", "bogus": 1}) == {"bogus": "unknown key"}
     assert "no template named" in validation_errors({"template": "nope"})[""]
+
+
+def test_the_snapshot_budget_is_converted_and_validated() -> None:
+    current = parse_deployment({"model": "default"})
+    result = apply_form({"engine.prefix_cache_gib": "1.5"}, {"model": "default"}, current)
+    assert result.errors == {}
+    assert result.raw == {"model": "default", "engine": {"prefix_cache_gib": 1.5}}
+    unchanged = apply_form({"engine.prefix_cache_gib": "4"}, {"model": "default"}, current)
+    assert unchanged.raw == {"model": "default"}  # the default: not written
+    errors = apply_form({"engine.prefix_cache_gib": "lots"}, {}, current).errors
+    assert errors == {"engine.prefix_cache_gib": "must be a number"}
+    errors = apply_form({"engine.prefix_cache_gib": "-1"}, {"model": "default"}, current).errors
+    assert errors == {"engine.prefix_cache_gib": "Input should be greater than or equal to 0"}
+    # The engine's own bound (beyond any machine) is reported against the knob too.
+    errors = apply_form({"engine.prefix_cache_gib": "1e9"}, {"model": "default"}, current).errors
+    assert list(errors) == ["engine.prefix_cache_gib"]
+    assert "prefix_cache_gib must be a number >= 0" in errors["engine.prefix_cache_gib"]
 
 
 def test_set_path_copies() -> None:
