@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -101,7 +102,13 @@ class LLMEngine:
         )
         proposer = None
         # A recurrent state cannot take back a rejected draft: no drafts for hybrid models.
-        if config.speculative == "ngram" and states is None:
+        if config.speculative == "ngram" and states is not None:
+            logging.getLogger(__name__).warning(
+                "speculative=ngram is off for %s: its recurrent layers cannot take back a "
+                "rejected draft",
+                self.model_config.architecture,
+            )
+        elif config.speculative == "ngram":
             proposer = NgramProposer(
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )
@@ -270,8 +277,8 @@ class LLMEngine:
             prefix_cache_enabled=self.config.prefix_cache,
             prefix_min_tokens=self.config.prefix_min_tokens,
             counters=counters,
-            speculative=self.config.speculative,
-            spec_depth=self.config.spec_depth if self.config.speculative != "off" else 0,
+            speculative=self.config.speculative if self.scheduler.proposer else "off",
+            spec_depth=self.config.spec_depth if self.scheduler.proposer else 0,
             snapshots=states.snapshots.stats() if states is not None else None,
             snapshot_capacity=states.snapshots.num_slots if states is not None else 0,
         )

@@ -161,6 +161,8 @@ def test_abort_frees_the_state_slot(checkpoint: Path) -> None:
 def test_speculative_decoding_is_off_for_recurrent_layers(checkpoint: Path) -> None:
     llm = LLM(str(checkpoint), speculative="ngram")
     assert llm.engine.scheduler.proposer is None
+    stats = llm.engine.stats()
+    assert stats.speculative == "off" and stats.spec_depth == 0
 
 
 def test_memory_plan_counts_states_and_snapshots(checkpoint: Path) -> None:
