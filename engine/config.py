@@ -114,6 +114,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        raw = _text_view(raw)
         architectures = raw.get("architectures") or []
         if not architectures:
             raise ModelLoadError("config.json names no architectures; cannot pick a model class")
@@ -129,7 +130,7 @@ class ModelConfig:
                 architecture=architecture,
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden_size,
-                intermediate_size=int(raw["intermediate_size"]),
+                intermediate_size=_intermediate_size(raw),
                 num_layers=int(raw["num_hidden_layers"]),
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
@@ -192,6 +193,27 @@ def read_generation_config(checkpoint: Path) -> dict[str, Any]:
         logging.getLogger(__name__).warning("ignoring %s: %s", path, err)
         return {}
     return raw if isinstance(raw, dict) else {}
+
+
+def _text_view(raw: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config (Qwen3.5) as its language model's: the nested `text_config`'s
+    keys over the top level's, but the top level's architectures and tied embeddings."""
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        return raw
+    merged = {**raw, **text, "architectures": raw.get("architectures")}
+    if "tie_word_embeddings" in raw:
+        merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
+    return merged
+
+
+def _intermediate_size(raw: dict[str, Any]) -> int:
+    """The dense MLP width; a MoE config without one (Qwen3.5-MoE: every layer sparse) takes
+    its widest expert's, shared or routed."""
+    if "intermediate_size" in raw or "moe_intermediate_size" not in raw:
+        return int(raw["intermediate_size"])
+    shared = raw.get("shared_expert_intermediate_size") or 0
+    return max(int(raw["moe_intermediate_size"]), int(shared))
 
 
 def _parse_rope(raw: dict[str, Any]) -> RopeConfig:

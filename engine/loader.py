@@ -25,6 +25,9 @@ Loaded = torch.Tensor | GgufTensor | PackedModule
 # A model's own name rule, tried before `packed_modules_mapping`: the parameter a checkpoint
 # name loads into and the shard id its loader takes (MoE experts), or None.
 TargetRule = Callable[[str], "tuple[str, object] | None"]
+# A model's own name for a checkpoint tensor, applied first: the name it loads under, or None
+# for a tensor the model does not run (Qwen3.5's vision tower, multi-token-prediction layers).
+NameRule = Callable[[str], "str | None"]
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -70,8 +73,9 @@ def load_weights(model: nn.Module, path: Path) -> None:
     """Copy every checkpoint tensor into `model`; raise if any parameter is left unloaded.
 
     Names are mapped through the model's `packed_modules_mapping` (q/k/v -> qkv_proj, gate/up ->
-    gate_up_proj) after the model's own `checkpoint_target` rule, if it has one. With tied
-    embeddings, a stored `lm_head.weight` is the same tensor and skipped.
+    gate_up_proj) after the model's own `checkpoint_target` rule, if it has one, and after its
+    `checkpoint_name` rule (renames, tensors to skip), if it has one. With tied embeddings, a
+    stored `lm_head.weight` is the same tensor and skipped.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     mapping: dict[str, tuple[str, str | int]] = getattr(model, "packed_modules_mapping", {})
@@ -79,10 +83,16 @@ def load_weights(model: nn.Module, path: Path) -> None:
     tied = bool(getattr(config, "tie_word_embeddings", False))
     num_layers = int(getattr(config, "num_layers", 0) or 0)
     rule: TargetRule | None = getattr(model, "checkpoint_target", None)
+    rename: NameRule | None = getattr(model, "checkpoint_name", None)
     schemes: QuantSchemes = getattr(config, "quant_schemes", None) or QuantSchemes()
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
     for name, tensor in named_tensors(path):
+        if rename is not None:
+            renamed = rename(name)
+            if renamed is None:
+                continue
+            name = renamed
         if tied and name == "lm_head.weight":
             continue
         if "rotary_emb.inv_freq" in name or (num_layers and _extra_layer(name, num_layers)):

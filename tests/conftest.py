@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import sys
@@ -98,6 +99,62 @@ TINY_QWEN3_NEXT = dict(
     shared_expert_intermediate_size=32,
 )
 
+# Qwen3.5: Qwen3-Next's layers with split Gated DeltaNet projections and mRoPE (32-dim heads:
+# 8 rotary dims, 4 frequencies in sections of 2/1/1 over the t/h/w axes). The MoE variant has no
+# dense width; the vision-language ones wrap the text config beside a one-block vision tower.
+TINY_QWEN3_5 = dict(
+    num_hidden_layers=4,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+)
+TINY_QWEN3_5_MOE = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+)
+TINY_QWEN3_5_VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=64,
+    num_heads=2,
+    patch_size=4,
+    num_position_embeddings=16,
+)
+QWEN3_5_VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+
+
+def _qwen3_5_config(config_class: type, architecture: str, overrides: dict[str, object]) -> object:
+    """The `config_class` config of a tiny Qwen3.5 `architecture` (the overrides go to the text
+    config of a vision-language one)."""
+    moe = "Moe" in architecture
+    text = copy.deepcopy({**TINY_COMMON, **TINY_QWEN3_5, **(TINY_QWEN3_5_MOE if moe else {})})
+    if moe:
+        del text["intermediate_size"]  # every layer is sparse
+    text.update(overrides)
+    if architecture not in QWEN3_5_VISION_LANGUAGE:
+        return config_class(**text)
+    return config_class(
+        text_config=text,
+        vision_config={**TINY_QWEN3_5_VISION, "out_hidden_size": text["hidden_size"]},
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        image_token_id=49100,
+        video_token_id=49101,
+        vision_start_token_id=49102,
+        vision_end_token_id=49103,
+    )
+
 
 def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
     """A random-weight transformers model of `architecture` (TINY_COMMON plus `overrides`)."""
@@ -112,6 +169,10 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "GptOssForCausalLM": transformers.GptOssConfig,
         "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
         "Qwen3NextForCausalLM": transformers.Qwen3NextConfig,
+        "Qwen3_5ForCausalLM": transformers.Qwen3_5TextConfig,
+        "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig,
+        "Qwen3_5ForConditionalGeneration": transformers.Qwen3_5Config,
+        "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
@@ -128,7 +189,10 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
             "first_k_dense_replace": settings["num_hidden_layers"],
             **overrides,
         }
-    config = config_class(**settings)
+    if architecture.startswith("Qwen3_5"):
+        config = _qwen3_5_config(config_class, architecture, overrides)
+    else:
+        config = config_class(**settings)
     config.architectures = [architecture]
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()

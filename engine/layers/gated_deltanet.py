@@ -6,10 +6,17 @@ decode rows); a gated RMSNorm per head; the output projection.
 Its cache is a fixed-size state per request (`dgpp.engine.state_cache`): the convolution's last
 inputs and the recurrent state, read and written in the request's slot every step.
 
-Tensor parallel: whole key heads per rank with the value heads they serve (the checkpoint's
-fused `in_proj_qkvz` / `in_proj_ba` rows are grouped by key head, so a rank's share is one
-contiguous block of rows), the matching conv channels, and the output projection split on its
-input (value-head) columns: one all-reduce, like attention.
+Two checkpoint layouts of the input projections: Qwen3-Next fuses them as `in_proj_qkvz` /
+`in_proj_ba` with rows grouped by key head ([q | k | v | z] of one key head and the value heads
+it serves, then the next); Qwen3.5 (`split=True`) stores `in_proj_qkv` (rows [q of every key
+head | k of every key head | v of every value head], the conv's channel order), `in_proj_z`,
+`in_proj_b` and `in_proj_a` (rows by value head), which load fused as `in_proj_qkvz` and
+`in_proj_ba` (`SplitQKVZLinear`, `MergedColumnParallelLinear`).
+
+Tensor parallel: whole key heads per rank with the value heads they serve (grouped: one
+contiguous block of rows; split: this rank's slice of each of the q, k, v, z, b and a blocks),
+the matching conv channels, and the output projection split on its input (value-head) columns:
+one all-reduce, like attention.
 """
 
 from __future__ import annotations
@@ -21,10 +28,17 @@ from torch import nn
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
-from dgpp.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from dgpp.engine.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    WeightFormat,
+    _copy_rows,
+)
 from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.quant.group_codes import GroupWeight
 from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_gated_delta
@@ -81,9 +95,38 @@ class DepthwiseConv(nn.Module):
         param.data.copy_(torch.cat(parts))
 
 
+class SplitQKVZLinear(ColumnParallelLinear):
+    """Qwen3.5's `in_proj_qkv` (shard 0: rows [q | k | v], each block over every head) and
+    `in_proj_z` (shard 1: value-head rows) as one projection: this rank's rows [q | k | v | z],
+    each its slice of the checkpoint's block (the split `DepthwiseConv.load` makes of channels)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        key_dim: int,
+        value_dim: int,
+        parallel: ParallelContext,
+        weight_format: WeightFormat = None,
+    ) -> None:
+        self.blocks = ((key_dim, key_dim, value_dim), (value_dim,))
+        super().__init__(hidden_size, 2 * key_dim + 2 * value_dim, False, parallel, weight_format)
+
+    def load_rows(  # type: ignore[override]
+        self, param: nn.Parameter, loaded: torch.Tensor | GroupWeight, shard_id: int
+    ) -> None:
+        world, rank = self.parallel.tp_size, self.parallel.tp_rank
+        dst = 0 if shard_id == 0 else sum(self.blocks[0]) // world
+        src = 0
+        for full in self.blocks[shard_id]:
+            local = full // world
+            _copy_rows(self, param, loaded, dst, src + rank * local, local)
+            dst, src = dst + local, src + full
+
+
 class GatedDeltaNet(nn.Module):
     """A state layer (`dgpp.engine.state_cache.StateLayer`); `forward(angles, hidden, metadata)`
-    like attention (the angles are unused: the layer has no positions)."""
+    like attention (the angles are unused: the layer has no positions). `split`: Qwen3.5's
+    separate input projections (see the module's docstring)."""
 
     def __init__(
         self,
@@ -91,6 +134,7 @@ class GatedDeltaNet(nn.Module):
         parallel: ParallelContext,
         backend: LinearStateBackend,
         prefix: str,
+        split: bool = False,
     ) -> None:
         super().__init__()
         raw = config.raw
@@ -98,22 +142,40 @@ class GatedDeltaNet(nn.Module):
         self.spec, self._backend = spec, backend
         num_k, num_v = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
         self.k_heads, self.v_heads = num_k // parallel.tp_size, spec.num_heads
-        self.ratio = num_v // num_k
+        self.ratio, self.split = num_v // num_k, split
         head_k, head_v, hidden = spec.head_k_dim, spec.head_v_dim, config.hidden_size
-        self.in_proj_qkvz = ColumnParallelLinear(
-            hidden,
-            num_k * (2 * head_k + 2 * self.ratio * head_v),
-            False,
-            parallel,
-            config.weight_format([f"{prefix}.in_proj_qkvz"], hidden),
-        )
-        self.in_proj_ba = ColumnParallelLinear(
-            hidden,
-            num_k * 2 * self.ratio,
-            False,
-            parallel,
-            config.weight_format([f"{prefix}.in_proj_ba"], hidden),
-        )
+        self.in_proj_qkvz: ColumnParallelLinear
+        self.in_proj_ba: ColumnParallelLinear
+        if split:
+            self.in_proj_qkvz = SplitQKVZLinear(
+                hidden,
+                num_k * head_k,
+                num_v * head_v,
+                parallel,
+                config.weight_format([f"{prefix}.in_proj_qkv", f"{prefix}.in_proj_z"], hidden),
+            )
+            self.in_proj_ba = MergedColumnParallelLinear(
+                hidden,
+                [num_v, num_v],
+                False,
+                parallel,
+                config.weight_format([f"{prefix}.in_proj_b", f"{prefix}.in_proj_a"], hidden),
+            )
+        else:
+            self.in_proj_qkvz = ColumnParallelLinear(
+                hidden,
+                num_k * (2 * head_k + 2 * self.ratio * head_v),
+                False,
+                parallel,
+                config.weight_format([f"{prefix}.in_proj_qkvz"], hidden),
+            )
+            self.in_proj_ba = ColumnParallelLinear(
+                hidden,
+                num_k * 2 * self.ratio,
+                False,
+                parallel,
+                config.weight_format([f"{prefix}.in_proj_ba"], hidden),
+            )
         self.conv1d = DepthwiseConv(spec, parallel)
         first = parallel.tp_rank * self.v_heads
         self.dt_bias = self._head_param(first)
@@ -164,14 +226,10 @@ class GatedDeltaNet(nn.Module):
         if self._kernels is None:
             self._kernels = select_gated_delta(hidden.device)
         tokens = hidden.shape[0]
-        spec, hk, hv, r = self.spec, self.k_heads, self.v_heads, self.ratio
-        dk, dv = spec.head_k_dim, spec.head_v_dim
-        qkvz = self.in_proj_qkvz(hidden).view(tokens, hk, 2 * dk + 2 * r * dv)
-        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
-        mixed = torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)), -1)
-        b, a = torch.split(self.in_proj_ba(hidden).view(tokens, hk, 2 * r), [r, r], dim=-1)
-        beta = b.reshape(tokens, hv).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.reshape(tokens, hv).float() + self.dt_bias)
+        spec, hv, dv = self.spec, self.v_heads, self.spec.head_v_dim
+        mixed, z, b, a = self._project(hidden)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out = hidden.new_empty(tokens, hv, dv)
         conv_pool, recurrent_pool = spec.views(self.state)
         if rows.decode_slots is not None:
@@ -213,6 +271,24 @@ class GatedDeltaNet(nn.Module):
             out[first:end] = o[0]
         gated = self.norm(out, z.reshape(tokens, hv, dv))
         return self.out_proj(gated.reshape(tokens, hv * dv))
+
+    def _project(
+        self, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv's input [T, conv_dim] (channels [q | k | v]), the output gate z [T, Hv * dv],
+        and b, a [T, Hv], in value-head order."""
+        tokens = hidden.shape[0]
+        spec, hk, hv, r = self.spec, self.k_heads, self.v_heads, self.ratio
+        dk, dv = spec.head_k_dim, spec.head_v_dim
+        if self.split:
+            mixed, z = self.in_proj_qkvz(hidden).split([spec.conv_dim, hv * dv], dim=-1)
+            b, a = self.in_proj_ba(hidden).split([hv, hv], dim=-1)
+            return mixed, z, b, a
+        qkvz = self.in_proj_qkvz(hidden).view(tokens, hk, 2 * dk + 2 * r * dv)
+        q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
+        mixed = torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)), -1)
+        b, a = torch.split(self.in_proj_ba(hidden).view(tokens, hk, 2 * r), [r, r], dim=-1)
+        return mixed, z.reshape(tokens, hv * dv), b.reshape(tokens, hv), a.reshape(tokens, hv)
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolved [B, T, conv_dim] as q, k [B, T, Hk, dk] and v [B, T, Hv, dv]."""

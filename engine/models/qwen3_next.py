@@ -6,7 +6,11 @@ The MLP is a sparse MoE (softmax top-k router) with one shared expert scaled by 
 Every RMSNorm but the linear layers' output norm is zero-centred: x * (1 + weight).
 
 Only the full-attention layers have a paged KV cache; the linear ones declare state specs
-(`state_specs`), which the memory plan and the runner's state pools follow.
+(`state_specs`), which the memory plan and the runner's state pools follow. The checkpoints'
+multi-token-prediction weights (`mtp.*`) are not run and skipped at load.
+
+Qwen3.5 (`models.qwen3_5`) subclasses this model: `split_projections` for its Gated DeltaNet
+input projections, `build_mlp` for its MLPs, `checkpoint_name` for its checkpoint names.
 """
 
 from __future__ import annotations
@@ -151,8 +155,16 @@ def qwen3_next_mlp(
     )
 
 
+def skip_mtp(name: str) -> str | None:
+    """A checkpoint tensor's name, None for the multi-token-prediction layers' (`mtp.*`)."""
+    return None if name.startswith("mtp.") else name
+
+
 class Qwen3NextForCausalLM(LlamaForCausalLM):
     checkpoint_target = staticmethod(expert_target)
+    checkpoint_name = staticmethod(skip_mtp)
+    build_mlp = staticmethod(qwen3_next_mlp)
+    split_projections = False  # Qwen3.5: separate in_proj_qkv / z / b / a
 
     def __init__(
         self,
@@ -173,9 +185,15 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
         index: int,
         prefix: str,
     ) -> nn.Module:
-        mlp = qwen3_next_mlp(config, parallel, index, f"{prefix}.mlp")
+        mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
         if layer_types(config)[index] == "linear_attention":
-            mixer = GatedDeltaNet(config, parallel, self._state_backend, f"{prefix}.linear_attn")
+            mixer = GatedDeltaNet(
+                config,
+                parallel,
+                self._state_backend,
+                f"{prefix}.linear_attn",
+                split=self.split_projections,
+            )
             return HybridDecoderLayer(config, "linear_attn", mixer, mlp)
         attn = GatedAttention(config, parallel, attention, f"{prefix}.self_attn")
         return HybridDecoderLayer(config, "self_attn", attn, mlp)

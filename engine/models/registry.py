@@ -14,6 +14,7 @@ from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
+from dgpp.engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.parallel import ParallelContext
@@ -47,6 +48,11 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    # the vision-language checkpoints, served text-only (`models.qwen3_5`)
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForCausalLM,
+    "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
 }
 
 
