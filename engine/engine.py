@@ -161,6 +161,11 @@ class LLMEngine:
         assert self.config.max_model_len is not None
         return self.config.max_model_len
 
+    @property
+    def has_recurrent_state(self) -> bool:
+        """The model has recurrent layers (Qwen3-Next): prefix hits need state snapshots."""
+        return self.block_manager.states is not None
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 

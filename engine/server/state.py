@@ -41,7 +41,7 @@ class ServerState:
     def hint_system(self) -> bool:
         """Whether prompts carry the end of their system part as a prefix-cache hint (models
         with recurrent layers snapshot their state there)."""
-        return self.engine.engine.block_manager.states is not None
+        return self.engine.engine.has_recurrent_state
 
     @property
     def sampling_defaults(self) -> SamplingDefaults:

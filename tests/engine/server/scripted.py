@@ -19,6 +19,7 @@ def engine_core(tokenizer: Any) -> SimpleNamespace:
         max_model_len=512,
         model_config=SimpleNamespace(vocab_size=49152),
         config=SimpleNamespace(max_concurrency=4),
+        has_recurrent_state=False,
         sampling_defaults=SamplingDefaults(),
         grammars=Grammars(tokenizer, 49152, (2,)),
     )
