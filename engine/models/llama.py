@@ -167,14 +167,23 @@ def no_attention_options(config: ModelConfig, index: int) -> Mapping[str, Any]:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual layer around any attention (`forward(angles, hidden, metadata)`) and
-    any MLP."""
+    """Pre-norm residual layer around any token mixer (`forward(angles, hidden, metadata)`),
+    registered under the checkpoint's name for it (`self_attn`; Qwen3-Next's linear layers:
+    `linear_attn`), and any MLP; `norm` is the norms' class (Qwen3-Next: zero-centred)."""
 
-    def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        self_attn: nn.Module,
+        mlp: nn.Module,
+        mixer_name: str = "self_attn",
+        norm: type[nn.Module] = RMSNorm,
+    ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mixer_name = mixer_name
+        self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+        self.add_module(mixer_name, self_attn)
+        self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp
 
     def forward(
@@ -183,7 +192,8 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         metadata: StepMetadata,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(angles, self.input_layernorm(hidden), metadata)
+        mixer = self._modules[self.mixer_name]
+        hidden = hidden + mixer(angles, self.input_layernorm(hidden), metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

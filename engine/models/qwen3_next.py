@@ -21,16 +21,15 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
+from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.gated_deltanet import GatedDeltaNet, linear_state_spec
-from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, apply_rotary
-from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
+from dgpp.engine.models.llama import DecoderLayer, DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.parallel import ParallelContext
@@ -121,26 +120,6 @@ class GatedAttention(nn.Module):
         return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
 
 
-class HybridDecoderLayer(nn.Module):
-    """Pre-norm residual layer around a token mixer named as the checkpoint names it
-    (`linear_attn` or `self_attn`) and an MLP, with zero-centred norms."""
-
-    def __init__(self, config: ModelConfig, mixer_name: str, mixer: nn.Module, mlp: nn.Module):
-        super().__init__()
-        self.mixer_name = mixer_name
-        self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.add_module(mixer_name, mixer)
-        self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = mlp
-
-    def forward(
-        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
-    ) -> torch.Tensor:
-        mixer = self._modules[self.mixer_name]
-        hidden = hidden + mixer(angles, self.input_layernorm(hidden), metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
-
-
 def qwen3_next_mlp(
     config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
 ) -> nn.Module:
@@ -194,17 +173,15 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
                 f"{prefix}.linear_attn",
                 split=self.split_projections,
             )
-            return HybridDecoderLayer(config, "linear_attn", mixer, mlp)
+            return DecoderLayer(config, mixer, mlp, "linear_attn", ZeroCentredRMSNorm)
         attn = GatedAttention(config, parallel, attention, f"{prefix}.self_attn")
-        return HybridDecoderLayer(config, "self_attn", attn, mlp)
+        return DecoderLayer(config, attn, mlp, norm=ZeroCentredRMSNorm)
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
-        heads = partition_heads(
-            config.num_heads, config.num_kv_heads, parallel.tp_size, parallel.tp_rank
-        )
+        """The full-attention layers' KV, as a Llama layer's."""
         full = layer_types(config).count("full_attention")
-        return [PagedKVSpec(heads.num_kv, config.head_dim)] * full
+        return super().cache_specs(config, parallel)[:full]
 
     @classmethod
     def state_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:
