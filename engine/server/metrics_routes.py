@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 from dgpp.engine.server import prometheus
 from dgpp.engine.server.deps import State
 from dgpp.engine.server.metrics import ServiceCounters, ServiceMetrics
+from dgpp.engine.server.process_memory import MemoryReading, read_memory
 from dgpp.engine.stats import EngineStats
 
 router = APIRouter()
@@ -54,9 +55,13 @@ def _snapshots(stats: EngineStats) -> dict[str, Any] | None:
     }
 
 
-def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]:
+def metrics_body(
+    stats: EngineStats, service: ServiceCounters, memory: MemoryReading | None = None
+) -> dict[str, Any]:
+    """The `/v1/metrics` body; `memory` is read from this process now unless given."""
     counters, cache = stats.counters, stats.counters.prefix_cache
     spec = counters.spec_decode
+    memory = memory if memory is not None else read_memory()
     return {
         "scheduler": {
             "running": stats.running,
@@ -64,12 +69,15 @@ def metrics_body(stats: EngineStats, service: ServiceCounters) -> dict[str, Any]
             "prefilling": stats.prefilling,
             "kv_blocks_total": stats.kv_blocks_total,
             "kv_blocks_in_use": stats.kv_blocks_in_use,
+            "kv_block_size": stats.block_size,
+            "kv_tokens_total": stats.kv_blocks_total * stats.block_size,
             "tokens_generated": counters.tokens_generated,
             "prompt_tokens_total": counters.prompt_tokens_total,
             "prompt_tokens_computed": counters.prompt_tokens_computed,
             "decode_steps": counters.num_decode_steps,
         },
         "service": asdict(service),
+        "memory": asdict(memory),
         "prefix_cache": {
             "enabled": stats.prefix_cache_enabled,
             "queries": cache.queries,

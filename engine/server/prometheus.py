@@ -1,8 +1,9 @@
 """The Prometheus exposition of one app (GET /metrics), in its own `CollectorRegistry`.
 
 One collector builds every family at scrape time: the engine's gauges and counters from an
-`EngineStats` snapshot, and the service counters and latency histograms of `ServiceMetrics`.
-Every sample carries `model_name`. Names and units: docs/metrics.md.
+`EngineStats` snapshot, the service counters and latency histograms of `ServiceMetrics`, and
+rank 0's memory (`process_memory`). Every sample carries `model_name`. Names and units:
+docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.utils import floatToGoString
 
 from dgpp.engine.server.histogram import Histogram
 from dgpp.engine.server.metrics import ServiceMetrics
+from dgpp.engine.server.process_memory import MemoryReading, read_memory
 from dgpp.engine.stats import EngineStats
 
 log = logging.getLogger(__name__)
@@ -32,17 +34,19 @@ LABELS = ["model_name"]
 
 class DgppCollector(Collector):
     """`model_name()` labels every sample; `stats()` is the engine's snapshot, or None while the
-    model loads (the engine families are left out then)."""
+    model loads (the engine families are left out then); `memory()` reads this process."""
 
     def __init__(
         self,
         metrics: ServiceMetrics,
         model_name: Callable[[], str],
         stats: Callable[[], EngineStats | None],
+        memory: Callable[[], MemoryReading] = read_memory,
     ) -> None:
         self.metrics = metrics
         self.model_name = model_name
         self.stats = stats
+        self.memory = memory
 
     def collect(self) -> Iterator[Metric]:
         model = self.model_name()
@@ -55,6 +59,7 @@ class DgppCollector(Collector):
             yield from _engine_families(model, stats)
         yield from _service_families(model, self.metrics)
         yield from _latency_families(model, self.metrics)
+        yield from _memory_families(model, self.memory())
 
 
 def build_registry(
@@ -187,6 +192,35 @@ SERVICE_COUNTERS = (
     ("dgpp:output_tokens", "tokens_out", "Completion tokens of finished choices sent to clients."),
     ("dgpp:tool_calls", "tool_calls_out", "Tool calls parsed out of answers sent to clients."),
 )
+
+
+def _memory_families(model: str, memory: MemoryReading) -> Iterator[Metric]:
+    yield _gauge(
+        "dgpp:process_resident_memory_bytes",
+        "Resident host memory of rank 0's process (bytes).",
+        model,
+        memory.host_rss_bytes,
+    )
+    device = (
+        (
+            "dgpp:device_memory_allocated_bytes",
+            "Device memory held by live tensors on rank 0 (bytes).",
+            memory.device_allocated_bytes,
+        ),
+        (
+            "dgpp:device_memory_reserved_bytes",
+            "Device memory held by rank 0's caching allocator, allocated or not (bytes).",
+            memory.device_reserved_bytes,
+        ),
+        (
+            "dgpp:device_memory_total_bytes",
+            "Total memory of the devices rank 0 holds memory on (bytes).",
+            memory.device_total_bytes,
+        ),
+    )
+    for name, doc, value in device:
+        if value is not None:  # CUDA only: a CPU engine has no device memory to report
+            yield _gauge(name, doc, model, value)
 
 
 def _service_families(model: str, metrics: ServiceMetrics) -> Iterator[Metric]:

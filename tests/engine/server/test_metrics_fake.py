@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import psutil
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -159,6 +161,8 @@ def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
         "prefilling": 1,
         "kv_blocks_total": 100,
         "kv_blocks_in_use": 25,
+        "kv_block_size": 16,
+        "kv_tokens_total": 1600,  # the pool's token capacity
         "tokens_generated": 50,
         "prompt_tokens_total": 200,
         "prompt_tokens_computed": 120,
@@ -186,6 +190,34 @@ def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
             "ttft_avg_s": None,
         },
     }
+
+
+def test_memory_is_rank_0s_process_and_no_device_on_cpu(tokenizer: Any) -> None:
+    with TestClient(_app(MeteredEngine(tokenizer))) as client:
+        memory = client.get("/v1/metrics").json()["memory"]
+        samples = _prometheus(client)
+    # This test process runs the app: its resident memory is what both report, give or take
+    # what it allocated between the two reads.
+    rss = psutil.Process().memory_info().rss
+    assert 0.5 * rss < memory["host_rss_bytes"] < 2 * rss
+    assert 0.5 * rss < samples[("dgpp:process_resident_memory_bytes", ())] < 2 * rss
+    if not torch.cuda.is_initialized():  # a CPU engine: no device reading, no device gauges
+        assert memory["device_allocated_bytes"] is None
+        assert memory["device_reserved_bytes"] is None
+        assert memory["device_total_bytes"] is None
+        assert not [name for name, _ in samples if name.startswith("dgpp:device_memory")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_memory_counts_what_this_process_holds_on_cuda() -> None:
+    from dgpp.engine.server.process_memory import read_memory
+
+    block = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # 64 MiB
+    reading = read_memory()
+    assert reading.device_allocated_bytes is not None and reading.device_total_bytes is not None
+    assert reading.device_allocated_bytes >= block.numel()
+    assert reading.device_allocated_bytes <= (reading.device_reserved_bytes or 0)
+    assert reading.device_reserved_bytes <= reading.device_total_bytes  # type: ignore[operator]
 
 
 def test_n_choices_are_one_request_and_n_observations(tokenizer: Any) -> None:

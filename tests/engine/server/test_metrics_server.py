@@ -27,6 +27,8 @@ JSON_KEYS = {
         "prefilling",
         "kv_blocks_total",
         "kv_blocks_in_use",
+        "kv_block_size",
+        "kv_tokens_total",
         "tokens_generated",
         "prompt_tokens_total",
         "prompt_tokens_computed",
@@ -41,6 +43,12 @@ JSON_KEYS = {
         "rejected",
         "tokens_out",
         "tool_calls_out",
+    },
+    "memory": {
+        "host_rss_bytes",
+        "device_allocated_bytes",
+        "device_reserved_bytes",
+        "device_total_bytes",
     },
     "prefix_cache": {
         "enabled",
@@ -239,7 +247,11 @@ def test_prometheus_has_every_documented_name_with_the_model_label(metered: Runn
     # Exposed for models with recurrent layers only (tests/engine/test_qwen3_next.py reads them).
     hybrid_only = {"dgpp:state_snapshots", "dgpp:state_snapshot_bytes"}
     hybrid_only.add("dgpp:state_snapshot_hits_total")
-    assert names - hybrid_only <= exposed, names - hybrid_only - exposed
+    # Exposed where rank 0 holds device memory (CUDA) only.
+    cuda_only = {f"dgpp:device_memory_{kind}_bytes" for kind in ("allocated", "reserved", "total")}
+    device = {f.name for f in families if f.name.startswith("dgpp:device_memory")}
+    assert device in (set(), cuda_only)  # all three or none
+    assert names - hybrid_only - cuda_only <= exposed, names - hybrid_only - cuda_only - exposed
     dgpp_samples = [s for f in families for s in f.samples if s.name.startswith("dgpp:")]
     assert dgpp_samples
     assert all(s.labels.get("model_name") == metered.model for s in dgpp_samples)
@@ -262,6 +274,11 @@ def test_json_has_every_documented_key(metered: RunningServer) -> None:
     scheduler = body["scheduler"]
     assert scheduler["kv_blocks_total"] > 0
     assert 0 <= scheduler["kv_blocks_in_use"] <= scheduler["kv_blocks_total"]
+    assert scheduler["kv_tokens_total"] == scheduler["kv_blocks_total"] * scheduler["kv_block_size"]
+    memory = body["memory"]
+    assert memory["host_rss_bytes"] > 0  # the server is a process of its own here
+    on_device = memory["device_total_bytes"] is not None
+    assert (memory["device_allocated_bytes"] is not None) == on_device
 
 
 def test_stats_log_line_after_activity(
