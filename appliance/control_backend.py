@@ -3,7 +3,9 @@ deployment file, says what state each rank's process is in, and tails each rank'
 
 Two implementations: `SystemdBackend` (a cluster: `dgpp@rankN` units, workers follow rank 0) and
 `LocalBackend` (a development box: one `dgpp serve --deployment FILE` child process). Switching
-models is the same on both: write the new deployment file, `restart()`, follow `/health`.
+models is the same on both: write the new deployment file, `restart()`, follow `/health`. Both
+read earlier runs' logs apart (`log_runs`): systemd each unit's invocations from the journal, the
+local backend rank 0's output files of its last runs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ class RankStatus:
     pid: int | None = None
     started_at: float | None = None  # wall clock, seconds since the epoch
     detail: str = ""  # the supervisor's own words: unit sub-state, exit code
+
+
+@dataclass(frozen=True)
+class LogRun:
+    """One run of a rank's process whose log the backend keeps apart from the others."""
+
+    id: str  # what `log_tail(rank, lines, run=id)` takes
+    started_at: float | None  # wall clock, seconds since the epoch; None when unknown
+    is_current: bool  # the latest run: running now, or the last one that ran
 
 
 @dataclass(frozen=True)
@@ -59,8 +70,15 @@ class ControlBackend(Protocol):
         """Every rank this backend can see, rank 0 first."""
         ...
 
-    def log_tail(self, rank: int, lines: int) -> str:
-        """The last `lines` lines of rank `rank`'s log ("" when it has none)."""
+    def log_runs(self, rank: int) -> list[LogRun]:
+        """The runs of rank `rank` whose logs can be read one by one, newest first; [] when the
+        backend keeps that rank's runs in one log."""
+        ...
+
+    def log_tail(self, rank: int, lines: int, run: str | None = None) -> str:
+        """The last `lines` lines of rank `rank`'s log ("" when it has none): of the run `run`
+        (an id from `log_runs`; "" for an id it does not list), or by default the latest lines
+        (the current run's, and on the systemd backend the runs before it, read on)."""
         ...
 
 
@@ -97,4 +115,4 @@ def make_backend(
         return SystemdBackend(deployment_path, systemctl=systemctl)
     from dgpp.appliance.control_backend_local import LocalBackend
 
-    return LocalBackend(deployment_path, output_path=state_dir / "engine.out")
+    return LocalBackend(deployment_path, output_path=state_dir / "rank0.log")

@@ -1,14 +1,17 @@
 """The local control backend: one `dgpp serve --deployment FILE` child process (rank 0, which
 supervises its own local workers), for a development box or a single machine without systemd.
 
-Rank 0's standard output and error go to `output_path` (truncated at each start, the previous
-run's kept beside it as `<name>.previous`), so a start that fails before rank 0 opens its log
-file (a bad model reference, a knob the engine refuses) still leaves its reason to read."""
+Rank 0's standard output and error (its workers' too) go to `output_path`, so a start that fails
+before rank 0 opens its log file (a bad model reference, a knob the engine refuses) still leaves
+its reason to read. Each start rotates the earlier runs' files (`rank0.log` -> `rank0.log.1` ...
+`rank0.log.5`, the oldest dropped) and begins the new file with one line of its own: when the run
+started and what it ran, which is also where `log_runs` reads a run's start time."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,7 +22,11 @@ from pathlib import Path
 
 import psutil
 
-from dgpp.appliance.control_backend import ActionResult, RankStatus, read_tail
+from dgpp.appliance.control_backend import ActionResult, LogRun, RankStatus, read_tail
+from dgpp.appliance.log_format import log_time, parse_log_time
+
+KEPT_RUNS = 5  # earlier runs' output files kept beside the current one
+_START_MARK = " console: starting "  # the first line of each output file, after its timestamp
 
 
 class LocalBackend:
@@ -71,12 +78,12 @@ class LocalBackend:
         if self._process is not None and self._process.poll() is None:
             return ActionResult(True, f"rank 0 is already running (pid {self._process.pid})")
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.output_path.exists():
-            os.replace(
-                self.output_path, self.output_path.with_name(self.output_path.name + ".previous")
-            )
+        self._rotate()
         argv = [*self.command, "--deployment", str(self._deployment_path)]
-        with self.output_path.open("wb") as output:
+        # Appending: rank 0 and the workers it starts share this file, each line at its end.
+        with self.output_path.open("ab") as output:
+            output.write(f"{log_time(time.time())}{_START_MARK}{shlex.join(argv)}\n".encode())
+            output.flush()
             try:
                 # A session of its own: the console's terminal signals do not reach the engine,
                 # and a stop that times out can kill rank 0 and its workers as one group.
@@ -129,11 +136,51 @@ class LocalBackend:
         process = self._process
         return process.poll() if process is not None else None
 
-    def log_tail(self, rank: int, lines: int) -> str:
+    def run_path(self, index: int) -> Path:
+        """Rank 0's output file of the run `index` starts back (0: the current one)."""
+        name = self.output_path.name if index == 0 else f"{self.output_path.name}.{index}"
+        return self.output_path.with_name(name)
+
+    def _rotate(self) -> None:
+        for index in range(KEPT_RUNS, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.run_path(index - 1), self.run_path(index))
+
+    def log_runs(self, rank: int) -> list[LogRun]:
+        """Rank 0's runs whose output files are here, newest first (ids "0" .. "5": how many
+        starts back); the workers log into one file per deployment, so none for them."""
+        if rank != 0:
+            return []
+        runs = []
+        for index in range(KEPT_RUNS + 1):
+            path = self.run_path(index)
+            if path.exists():
+                runs.append(LogRun(str(index), _started_at(path), is_current=index == 0))
+        return runs
+
+    def log_tail(self, rank: int, lines: int, run: str | None = None) -> str:
         if rank == 0:
-            return read_tail(self.output_path, lines)
+            if run is None:
+                return read_tail(self.output_path, lines)
+            if run not in {str(index) for index in range(KEPT_RUNS + 1)}:
+                return ""
+            return read_tail(self.run_path(int(run)), lines)
         folder = _log_folder(self._deployment_path)
-        return read_tail(folder / f"rank{rank}.log", lines) if folder is not None else ""
+        if run is not None or folder is None:
+            return ""
+        return read_tail(folder / f"rank{rank}.log", lines)
+
+
+def _started_at(path: Path) -> float | None:
+    """When the run of an output file started, from its first line (None for a file that does
+    not begin with the backend's own line)."""
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(4096).decode(errors="replace")
+    except OSError:
+        return None
+    stamp, mark, _ = first.partition(_START_MARK)
+    return parse_log_time(stamp) if mark else None
 
 
 def _worker_statuses(pid: int) -> list[RankStatus]:

@@ -1,17 +1,28 @@
 """The systemd control backend: `dgpp@rankN` units on this host, driven through `systemctl` and
 read through `journalctl`. Only rank 0 is ever restarted: the workers notice, dissolve the world
-and follow the new rank 0 (docs/runtime.md)."""
+and follow the new rank 0 (docs/runtime.md).
+
+A unit's runs are its invocations: systemd gives every start a new invocation id, logs its own
+messages about the unit (starting, started, exited, stopped) with `INVOCATION_ID=` and stamps
+every line of the unit's processes with `_SYSTEMD_INVOCATION_ID=`. The runs are listed from
+systemd's own messages (a handful per run, so the listing costs the same however much the rank
+logged), a run's log is read by its id."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dgpp.appliance.control_backend import ActionResult, RankStatus, tail_lines
+from dgpp.appliance.control_backend import ActionResult, LogRun, RankStatus, tail_lines
 
 MAX_RANKS = 4  # the largest world the appliance supports; units beyond it are not looked for
+MAX_RUNS = 10  # the latest invocations listed
+_MANAGER_MESSAGES = 2000  # systemd's latest messages about a unit read to list its invocations
+_INVOCATION_ID = re.compile(r"[0-9a-f]{32}")
 _PROPERTIES = "Id,LoadState,ActiveState,SubState,MainPID,ExecMainStartTimestamp,ExecMainStatus"
 _STATES = {
     "active": "running",
@@ -112,7 +123,44 @@ class SystemdBackend:
             statuses.append(_rank_status(rank, block))
         return statuses
 
-    def log_tail(self, rank: int, lines: int) -> str:
+    def log_runs(self, rank: int) -> list[LogRun]:
+        """The unit's latest invocations, newest first, from systemd's (PID 1's) messages about
+        it; [] when the journal cannot be read."""
+        unit = self.unit_name(rank)
+        service = unit if "." in unit.rpartition("@")[2] else f"{unit}.service"
+        result = self.runner(
+            [
+                *self.journalctl,
+                "_PID=1",
+                f"UNIT={service}",
+                "-n",
+                str(_MANAGER_MESSAGES),
+                "--no-pager",
+                "-o",
+                "json",
+                "--output-fields=INVOCATION_ID",
+            ]
+        )
+        if result.returncode != 0:
+            return []
+        started = _invocation_starts(result.stdout)
+        newest = sorted(started, key=lambda ident: started[ident], reverse=True)[:MAX_RUNS]
+        return [
+            LogRun(ident, started[ident], is_current=index == 0)
+            for index, ident in enumerate(newest)
+        ]
+
+    def log_tail(self, rank: int, lines: int, run: str | None = None) -> str:
+        """By default the unit's latest lines, whichever runs wrote them (after a failed start
+        the failure and systemd's restart of it read on); a run: the lines of its processes and
+        systemd's messages about it."""
+        matches: list[str] = []
+        if run is not None:
+            if not _INVOCATION_ID.fullmatch(run) or run not in {
+                listed.id for listed in self.log_runs(rank)
+            }:
+                return ""
+            matches = [f"_SYSTEMD_INVOCATION_ID={run}", "+", f"INVOCATION_ID={run}"]
         result = self.runner(
             [
                 *self.journalctl,
@@ -123,10 +171,26 @@ class SystemdBackend:
                 "--no-pager",
                 "-o",
                 "short-iso",
+                *matches,
             ]
         )
         text = result.stdout if result.returncode == 0 else result.stderr or result.stdout
         return tail_lines(text.rstrip("\n"), lines)
+
+
+def _invocation_starts(journal_json: str) -> dict[str, float]:
+    """Each invocation id in `journalctl -o json` lines, with its earliest entry's time."""
+    started: dict[str, float] = {}
+    for line in journal_json.splitlines():
+        try:
+            entry = json.loads(line)
+            ident, micros = entry.get("INVOCATION_ID"), int(entry["__REALTIME_TIMESTAMP"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(ident, str) and _INVOCATION_ID.fullmatch(ident):
+            seconds = micros / 1e6
+            started[ident] = min(seconds, started.get(ident, seconds))
+    return started
 
 
 def _properties(block: str) -> dict[str, str]:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.deployment_files import deployment_id, deployment_json
+from dgpp.appliance.log_format import RankLogFormatter
 from dgpp.appliance.paths import deployment_log_dir
 
 log = logging.getLogger(__name__)
-
-LOG_FORMAT = "%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"
 
 
 def record_deployment(deployment: Deployment) -> tuple[str, Path | None]:
@@ -43,6 +42,6 @@ def attach_rank_log(deployment: str, rank: int) -> logging.FileHandler | None:
     except OSError as err:
         log.warning("cannot log to %s: %s", path, err)
         return None
-    handler.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank)))
+    handler.setFormatter(RankLogFormatter(rank))
     logging.getLogger().addHandler(handler)
     return handler

@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
+from dgpp.appliance.http_access_log import http_server_config
 from dgpp.appliance.local_backend import LocalWorkers
 from dgpp.appliance.node_probe import (
     NodeBoard,
@@ -69,9 +70,7 @@ def run_head(options: HeadOptions) -> int:
     import_s = process_age_s()
     app = create_app(None, options.server)
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=options.server.host, port=options.server.port, log_level=options.log_level
-        )
+        http_server_config(app, options.server.host, options.server.port, options.log_level)
     )
     runtime = HeadRuntime(options, app, server, import_s, publish_interval_s(os.environ))
     workers = None

@@ -22,6 +22,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from tqdm import tqdm
 
 from dgpp.appliance.default_model import (
     DEFAULT_MODEL_NAME,
@@ -104,11 +105,23 @@ def tagged_gguf(snapshot: Path, tag: str, repo_id: str) -> Path:
     return found[0]
 
 
-def pull(repo_id: str, revision: str | None = None) -> Path:
-    """Download a checkpoint from the Hugging Face hub into its cache; return its snapshot dir
-    (for `repo:TAG`, the one GGUF file of the repo named like TAG, e.g. Q4_K_M).
+def _hub_endpoint() -> str | None:
+    """HF_ENDPOINT as set now (a mirror; None: huggingface_hub's own default)."""
+    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
 
-    Files already cached are not fetched again. huggingface_hub draws its own progress bars.
+
+def pull(
+    repo_id: str,
+    revision: str | None = None,
+    local_dir: Path | None = None,
+    tqdm_class: type[tqdm] | None = None,
+) -> Path:
+    """Download a checkpoint from the Hugging Face hub into its cache, or into `local_dir` (a
+    weights directory such as the NFS share, `paths.models_dir`); return its snapshot dir (for
+    `repo:TAG`, the one GGUF file of the repo named like TAG, e.g. Q4_K_M).
+
+    Files already there are not fetched again. huggingface_hub draws its own progress bars unless
+    `tqdm_class` replaces them (it sees the byte counts; an exception it raises stops the pull).
     """
     offline = _hub_offline()
     repo_id, tag = split_quant_tag(repo_id)
@@ -118,9 +131,12 @@ def pull(repo_id: str, revision: str | None = None) -> Path:
             repo_id,
             revision=revision,
             cache_dir=hf_hub_cache_dir(),
+            local_dir=local_dir,
             local_files_only=offline,
             allow_patterns=CHECKPOINT_PATTERNS if tag is None else _gguf_patterns(tag),
             ignore_patterns=SKIPPED_PATTERNS,
+            tqdm_class=tqdm_class,
+            endpoint=_hub_endpoint(),
         )
     except GatedRepoError as error:
         raise ModelLoadError(

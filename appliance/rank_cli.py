@@ -61,9 +61,13 @@ def _int_env(name: str) -> int | None:
 
 
 def configure_logging(level: str, rank: int) -> None:
-    from dgpp.appliance.deployment_log import LOG_FORMAT
+    """Every record of this process, uvicorn's included (head_runtime hands its loggers to the
+    root), to standard error in the rank log format."""
+    from dgpp.appliance.log_format import RankLogFormatter
 
-    logging.basicConfig(level=level.upper(), format=LOG_FORMAT.format(rank=rank))
+    handler = logging.StreamHandler()
+    handler.setFormatter(RankLogFormatter(rank))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def run_rank(args: argparse.Namespace) -> int:

@@ -24,10 +24,20 @@ def add_webui_parser(commands: Any) -> None:
         "webui", help="the web admin console (login required; binds 127.0.0.1 by default)"
     )
     _add_settings(webui)
+    webui.add_argument(
+        "--no-autostart",
+        dest="autostart",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="local backend: do not start the engine with the console (settings: autostart)",
+    )
     webui.add_argument("--log-level", default="info")
     actions = webui.add_subparsers(dest="webui_command")
     password = actions.add_parser(
-        "set-password", help="create or replace the console's login (a scrypt hash, mode 0600)"
+        "set-password",
+        help="create or replace the console's login (a scrypt hash, mode 0600); give it the "
+        "console's own settings (--config or $DGPP_WEBUI_CONFIG, --state-dir, --backend, "
+        "--credentials): it writes the credentials file they name",
     )
     _add_settings(password)
     password.add_argument("--username", default="admin")
@@ -54,9 +64,21 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    """The console's settings, resolved the same way for `dgpp webui` and for `set-password`
+    (so both name the same credentials file): the file from --config or $DGPP_WEBUI_CONFIG,
+    the flags on top, then the defaults that follow from the backend and the state dir."""
     from dgpp.webui.config import load_console_config
 
-    keys = ("deployment", "backend", "host", "port", "state_dir", "credentials", "engine_url")
+    keys = (
+        "deployment",
+        "backend",
+        "host",
+        "port",
+        "state_dir",
+        "credentials",
+        "engine_url",
+        "autostart",
+    )
     overrides = {key: getattr(args, key) for key in keys if hasattr(args, key)}
     path = getattr(args, "config", None) or (
         Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None
