@@ -24,10 +24,12 @@ from dgpp.webui.deps import CsrfRefusedError, LoginRequiredError, get_engine_fac
 from dgpp.webui.pages import STATIC_DIR
 from dgpp.webui.routes import (
     auth_routes,
+    history_routes,
     knob_routes,
     log_routes,
     model_routes,
     overview_routes,
+    pull_routes,
     switch_routes,
 )
 from dgpp.webui.sampler import Sampler
@@ -51,6 +53,10 @@ def _is_api(request: Request) -> bool:
 
 def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> FastAPI:
     """The console. `backend` replaces the one the settings name (tests pass fakes)."""
+    from dgpp.webui.engine_address import check_engine_url
+
+    # Before anything is built: a console that would start one engine and watch another refuses.
+    check_engine_url(config, backend.kind if backend is not None else config.backend)
     console = build_console(config, backend)
 
     @asynccontextmanager
@@ -80,6 +86,9 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
                 log.info("%s", result.message)
             console.history.close()
             console.sessions.close()
+            console.switcher.journal.close()
+            console.pulls.close()  # a download cut short leaves nothing behind
+            console.plans.close()
 
     app = FastAPI(
         title="dgpp console", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -90,8 +99,10 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
         auth_routes,
         overview_routes,
         model_routes,
+        pull_routes,
         knob_routes,
         switch_routes,
+        history_routes,
         log_routes,
     ):
         app.include_router(module.router)

@@ -25,10 +25,12 @@ class ConsoleConfig(BaseModel):
     credentials: Path
     host: str = "127.0.0.1"
     port: int = Field(18090, ge=1, le=65535)
-    # The engine's base URL; by default from the deployment (http.host, http.port).
+    # The engine's base URL; by default from the deployment (http.host, http.port). With the
+    # local backend it must reach that address (webui/engine_address.py).
     engine_url: str | None = None
     systemctl: tuple[str, ...] = ("systemctl",)  # e.g. ("sudo", "-n", "systemctl")
-    autostart: bool = True  # local backend: start the engine with the console, stop it after
+    # Local backend: start the engine with the console, stop it after (--no-autostart: off).
+    autostart: bool = True
     sample_interval_s: float = Field(2.0, ge=0.0)  # 0: no sampler (tests)
     history_retention_s: float = Field(7 * 86400.0, gt=0)
     history_max_rows: int = Field(500_000, ge=100)

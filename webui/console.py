@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dgpp.appliance.control_backend import ControlBackend, make_backend
@@ -11,11 +11,14 @@ from dgpp.webui.config import ConsoleConfig
 from dgpp.webui.deployment_store import DeploymentStore, engine_target
 from dgpp.webui.engine_client import EngineApi, EngineClient
 from dgpp.webui.history import HistoryStore
+from dgpp.webui.model_pull import PullManager
 from dgpp.webui.node_probe import NvmlProbe
+from dgpp.webui.plan_cache import PlanCache
 from dgpp.webui.security.credentials import Credentials, load_credentials
 from dgpp.webui.security.login_limiter import LoginLimiter
 from dgpp.webui.security.sessions import SessionStore, credentials_tag
 from dgpp.webui.switch import Switcher, SwitchTimeouts
+from dgpp.webui.switch_log import SwitchLog
 
 
 @dataclass
@@ -29,6 +32,8 @@ class Console:
     limiter: LoginLimiter
     gpus: NvmlProbe
     credentials_path: Path
+    plans: PlanCache = field(default_factory=PlanCache)  # memory plans, kept once drawn
+    pulls: PullManager = field(default_factory=PullManager)  # checkpoint downloads
 
     def credentials(self) -> Credentials:
         """Read at every login, so `dgpp webui set-password` needs no console restart."""
@@ -57,6 +62,7 @@ def build_console(config: ConsoleConfig, backend: ControlBackend | None = None) 
         ),
         switcher=Switcher(
             store,
+            SwitchLog(state_dir / "switches.sqlite"),
             SwitchTimeouts(config.drain_timeout_s, config.ready_timeout_s, config.poll_interval_s),
         ),
         sessions=SessionStore(config.session_ttl_s, path=state_dir / "sessions.sqlite"),

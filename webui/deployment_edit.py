@@ -14,7 +14,7 @@ from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.deployment_files import merge
 
 # What belongs to the site, not to the model: kept when a template replaces the deployment.
-SITE_KEYS = ("world_size", "rendezvous", "timeouts", "resident_cache")
+SITE_KEYS = ("world_size", "rendezvous", "timeouts", "resident_cache", "paths")
 SITE_HTTP_KEYS = ("host", "port", "api_key_file", "max_body_bytes", "stats_log_interval_s")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,21 @@ from dgpp.appliance.json_file import read_object
 from dgpp.engine.errors import ConfigError
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+# The name `_back_up` gives a kept file, without `.json`: the only names `read_kept` opens.
+_KEPT_NAME = re.compile(r"deployment-\d{8}-\d{6}-\d{9}")
+
+
+def deployment_text(raw: dict[str, Any]) -> str:
+    """A deployment file's content as the console writes it."""
+    return json.dumps(raw, indent=2) + "\n"
+
+
+@dataclass(frozen=True)
+class KeptDeployment:
+    """An earlier deployment file, kept when a write replaced it."""
+
+    name: str  # "deployment-20261202-041834-123456789"
+    replaced_at: float  # when it was replaced (wall clock)
 
 
 @dataclass(frozen=True)
@@ -88,7 +104,7 @@ class DeploymentStore:
         """Replace the file with `raw` (after keeping the present one under `backups_dir`).
         The new file keeps the old one's mode and group: the ranks read it through group dgpp,
         which is not the console user's own group."""
-        text = json.dumps(raw, indent=2) + "\n"
+        text = deployment_text(raw)
         old = self.path.stat() if self.path.exists() else None
         if old is not None:
             self._back_up()
@@ -108,6 +124,27 @@ class DeploymentStore:
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
+
+    def kept(self) -> list[KeptDeployment]:
+        """The earlier files kept under `backups_dir`, newest first."""
+        found = []
+        for path in self.backups_dir.glob("deployment-*.json"):
+            if _KEPT_NAME.fullmatch(path.stem):
+                try:
+                    found.append(KeptDeployment(path.stem, path.stat().st_mtime))
+                except FileNotFoundError:  # pruned meanwhile
+                    continue
+        return sorted(found, key=lambda kept: kept.name, reverse=True)
+
+    def read_kept(self, name: str) -> str | None:
+        """The content of the kept file `name` (see `kept`); None for a name it does not
+        list, or a file pruned since."""
+        if not _KEPT_NAME.fullmatch(name):
+            return None
+        try:
+            return (self.backups_dir / f"{name}.json").read_text()
+        except FileNotFoundError:
+            return None
 
     def _back_up(self) -> None:
         self.backups_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
-"""The console's view of rank 0's HTTP server: health, served models, JSON metrics, and the drain
-switch. Every call answers (an unreachable engine is a result, not an exception), so pages render
-whatever state the engine is in."""
+"""The console's view of rank 0's HTTP server: health, served models, JSON and Prometheus
+metrics, and the drain switch. Every call answers (an unreachable engine is a result, not an
+exception), so pages render whatever state the engine is in."""
 
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ class EngineApi(Protocol):
     async def health(self) -> Health: ...
 
     async def metrics(self) -> dict[str, Any] | None: ...
+
+    async def prometheus(self) -> str | None:
+        """The Prometheus text of `GET /metrics`; None when it does not answer 200."""
+        ...
 
     async def models(self) -> list[str] | None: ...
 
@@ -94,6 +98,12 @@ class EngineClient:
 
     async def metrics(self) -> dict[str, Any] | None:
         return await self._json("GET", "/v1/metrics")
+
+    async def prometheus(self) -> str | None:
+        response = await self._call("GET", "/metrics")
+        if isinstance(response, str) or response.status_code != 200:
+            return None
+        return response.text
 
     async def models(self) -> list[str] | None:
         body = await self._json("GET", "/v1/models")

@@ -1,6 +1,8 @@
 """The metric history behind the console's charts: one row per sample in SQLite, so charts
 survive a console restart and a model switch. Rows older than the retention, and the oldest rows
-beyond `max_rows`, are deleted as new ones arrive."""
+beyond `max_rows`, are deleted as new ones arrive. A history written by an older console gains
+the newer columns, empty; columns this one no longer writes (the engine's TTFT means since start)
+stay in the file, unread."""
 
 from __future__ import annotations
 
@@ -22,11 +24,11 @@ class Sample:
     serving: int  # 1 when /health said serving
     gen_tps: float | None = None  # generated tokens per second since the previous sample
     prompt_tps: float | None = None  # prompt tokens admitted per second
-    ttft_hit_s: float | None = None  # engine's mean TTFT of requests with a prefix-cache hit
-    ttft_miss_s: float | None = None
     prefix_hit_rate: float | None = None  # hit tokens / prompt tokens since the previous sample
     kv_in_use: int | None = None  # KV blocks held by requests
     kv_total: int | None = None
+    kv_used_pct: float | None = None  # kv_in_use / kv_total, in percent
+    kv_tokens_total: int | None = None  # the KV pool's token capacity
     running: int | None = None
     waiting: int | None = None
     spec_acceptance: float | None = None  # accepted / drafted tokens since the previous sample
@@ -35,6 +37,24 @@ class Sample:
     queue_long_s: float | None = None
     ttft_short_s: float | None = None
     ttft_long_s: float | None = None
+    # p50 / p95 of the observations between the previous sample and this one (latency_histogram).
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p95_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p95_s: float | None = None
+    # API requests per second since the previous sample, by outcome (docs/metrics.md, service).
+    succeeded_rps: float | None = None
+    failed_rps: float | None = None
+    shed_rps: float | None = None  # refused: 503 overloaded
+    cancelled_rps: float | None = None
+    rejected_rps: float | None = None
+    # Rank 0's memory at this instant, bytes; the device ones None on CPU.
+    host_rss_bytes: int | None = None
+    device_allocated_bytes: int | None = None
+    device_reserved_bytes: int | None = None
+    device_total_bytes: int | None = None
 
 
 COLUMNS = tuple(f.name for f in fields(Sample))

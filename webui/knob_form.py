@@ -14,7 +14,7 @@ import annotated_types
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
 
 # (key path, label, help); the order is the form's.
@@ -218,11 +218,19 @@ class KnobResult:
     raw: dict[str, Any]  # the new deployment file content (the old one when there are errors)
     values: dict[str, str]  # what the operator typed, to show the form again
     errors: dict[str, str]  # field path -> problem; "" for problems of no one field
+    # The new deployment with every refused knob left at its current value, which passes every
+    # check (None when none does): the memory plan is drawn for it, so its verdict comes in the
+    # same pass as the fields' errors.
+    checked: Deployment | None = None
 
 
 def apply_form(form: dict[str, str], raw: dict[str, Any], current: Deployment) -> KnobResult:
     """The posted form applied to the file `raw`. Only knobs whose value differs from the
-    effective deployment are written, so the file keeps its shape (and its template)."""
+    effective deployment are written, so the file keeps its shape (and its template).
+
+    Every problem comes back at once: a knob that does not convert keeps its current value
+    while the others are validated, and a knob the schema or the engine's checks refuse is put
+    back while the rest are checked again, so no mistake hides another."""
     fields = knob_fields()
     effective = current_values(current)
     typed = {
@@ -238,9 +246,59 @@ def apply_form(form: dict[str, str], raw: dict[str, Any], current: Deployment) -
             continue
         if value != effective[field.path]:
             new_raw = set_path(new_raw, field.path, value)
-    if not errors:
-        errors = validation_errors(new_raw)
-    return KnobResult(raw if errors else new_raw, typed, errors)
+    found, checked = _check_all(new_raw, raw)
+    for path, message in found.items():
+        errors.setdefault(path, message)
+    return KnobResult(raw if errors else new_raw, typed, errors, checked)
+
+
+def _check_all(
+    new_raw: dict[str, Any], raw: dict[str, Any]
+) -> tuple[dict[str, str], Deployment | None]:
+    """`validation_errors` of `new_raw`, again and again with each refused knob restored to
+    its value in `raw`, until the rest passes (then also that deployment) or what is refused
+    is no knob the form changed."""
+    errors: dict[str, str] = {}
+    candidate = new_raw
+    paths = {path for path, _, _ in KNOBS}
+    while True:
+        found = validation_errors(candidate)
+        if not found:
+            return errors, parse_deployment(expand_template(candidate))
+        for path, message in found.items():
+            errors.setdefault(path, message)
+        restorable = [
+            path
+            for path in found
+            if path in paths and _lookup(candidate, path) != _lookup(raw, path)
+        ]
+        if not restorable:
+            return errors, None
+        for path in restorable:
+            candidate = _restore(candidate, raw, path)
+
+
+_MISSING = object()
+
+
+def _lookup(data: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return _MISSING
+        data = data[key]
+    return data
+
+
+def _restore(raw: dict[str, Any], original: dict[str, Any], path: str) -> dict[str, Any]:
+    """A copy of `raw` whose `path` is as in `original` (absent when it is absent there)."""
+    value = _lookup(original, path)
+    if value is not _MISSING:
+        return set_path(raw, path, copy.deepcopy(value))
+    result = copy.deepcopy(raw)
+    section, key = path.split(".")
+    if isinstance(result.get(section), dict):
+        result[section].pop(key, None)
+    return result
 
 
 def validation_errors(raw: dict[str, Any]) -> dict[str, str]:

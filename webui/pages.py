@@ -19,17 +19,18 @@ NAVIGATION = (
     ("overview", "/", "Overview"),
     ("models", "/models", "Models"),
     ("knobs", "/knobs", "Knobs"),
+    ("history", "/history", "History"),
     ("logs", "/logs", "Logs"),
 )
 
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 
 
-def _when(ts: float | None) -> str:
+def when(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)
@@ -43,8 +44,16 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes}m {seconds}s" if minutes else f"{seconds}s"
 
 
-templates.env.filters["when"] = _when
-templates.env.filters["duration"] = _duration
+def elapsed(seconds: float | None) -> str:
+    """A short span (a switch) to the tenth of a second; a longer one as `duration` has it."""
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f} s" if seconds < 60 else duration(seconds)
+
+
+templates.env.filters["when"] = when
+templates.env.filters["duration"] = duration
+templates.env.filters["elapsed"] = elapsed
 
 
 def render(

@@ -1,10 +1,12 @@
-"""Samples the engine's `/v1/metrics` every few seconds into the history.
+"""Samples the engine every few seconds into the history: its JSON `/v1/metrics` and its
+Prometheus `/metrics` (the latency histograms).
 
-Rates come from the difference of two snapshots of the engine's cumulative counters; a counter
-that went down means the engine restarted, and that interval has no rate. TTFT is the engine's
-own running mean for requests with and without a prefix-cache hit (docs/metrics.md); queue time
-and TTFT by prompt class (short / long) are means over the requests that got their first token
-since the previous sample."""
+Everything per interval comes from the difference of two snapshots of the engine's cumulative
+counters: token and request rates, hit and acceptance ratios, mean queue time and TTFT by
+prompt class, and p50 / p95 of TTFT, inter-token and end-to-end latency (`latency_histogram`).
+A counter that went down means the engine restarted, and that interval has no value; so has an
+interval with nothing to divide by (no request, no draft). KV use and memory are the state at
+the sampling instant. Fields and units: docs/metrics.md; the charts: docs/webui.md."""
 
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ from typing import Any
 
 from dgpp.webui.engine_client import EngineApi
 from dgpp.webui.history import HistoryStore, Sample
+from dgpp.webui.latency_histogram import LATENCY_FAMILIES, Buckets, read_histograms
 
 log = logging.getLogger(__name__)
+
+OUTCOMES = ("succeeded", "failed", "shed", "cancelled", "rejected")  # `service` counters
+QUANTILES = (("p50", 0.5), ("p95", 0.95))
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class Snapshot:
     accepted: int
     # Per prompt class: (requests, queue seconds summed, TTFT seconds summed).
     classes: dict[str, tuple[int, float, float]]
+    outcomes: dict[str, int]  # API requests by outcome, cumulative
+    latencies: dict[str, Buckets]  # by LATENCY_FAMILIES key; absent when /metrics had none
 
 
 def _classes(metrics: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
@@ -57,10 +65,18 @@ def _class_means(now: Snapshot, before: Snapshot) -> dict[str, float | None]:
     return means
 
 
-def snapshot_of(ts: float, metrics: dict[str, Any]) -> Snapshot:
+def _latencies(exposition: str | None) -> dict[str, Buckets]:
+    if exposition is None:
+        return {}
+    histograms = read_histograms(exposition, LATENCY_FAMILIES.values())
+    return {key: histograms[name] for key, name in LATENCY_FAMILIES.items() if name in histograms}
+
+
+def snapshot_of(ts: float, metrics: dict[str, Any], exposition: str | None = None) -> Snapshot:
     scheduler = metrics.get("scheduler", {})
     cache = metrics.get("prefix_cache", {})
     spec = metrics.get("spec_decode", {})
+    service = metrics.get("service") or {}
     return Snapshot(
         ts,
         int(scheduler.get("tokens_generated", 0)),
@@ -69,6 +85,8 @@ def snapshot_of(ts: float, metrics: dict[str, Any]) -> Snapshot:
         int(spec.get("drafted", 0)),
         int(spec.get("accepted", 0)),
         _classes(metrics),
+        {name: int(service[name]) for name in OUTCOMES if name in service},
+        _latencies(exposition),
     )
 
 
@@ -86,15 +104,56 @@ def _ratio(part_now: int, part_before: int, whole_now: int, whole_before: int) -
     return part / whole
 
 
+def _outcome_rates(now: Snapshot, before: Snapshot, seconds: float) -> dict[str, float | None]:
+    return {
+        f"{name}_rps": _rate(now.outcomes[name], before.outcomes[name], seconds)
+        if name in now.outcomes and name in before.outcomes
+        else None
+        for name in OUTCOMES
+    }
+
+
+def _quantiles(now: Snapshot, before: Snapshot) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in LATENCY_FAMILIES:
+        current, previous = now.latencies.get(key), before.latencies.get(key)
+        interval = current.since(previous) if current and previous else None
+        for label, q in QUANTILES:
+            out[f"{key}_{label}_s"] = interval.quantile(q) if interval else None
+    return out
+
+
+def _kv(scheduler: dict[str, Any]) -> dict[str, float | int | None]:
+    in_use, total = scheduler.get("kv_blocks_in_use"), scheduler.get("kv_blocks_total")
+    block_size = scheduler.get("kv_block_size")
+    return {
+        "kv_in_use": in_use,
+        "kv_total": total,
+        "kv_used_pct": 100.0 * in_use / total if in_use is not None and total else None,
+        "kv_tokens_total": scheduler.get("kv_tokens_total")
+        or (total * block_size if total is not None and block_size else None),
+    }
+
+
+def _memory(metrics: dict[str, Any]) -> dict[str, int | None]:
+    memory = metrics.get("memory") or {}
+    names = ("host_rss_bytes", "device_allocated_bytes", "device_reserved_bytes")
+    return {name: memory.get(name) for name in (*names, "device_total_bytes")}
+
+
 def sample_of(
-    ts: float, metrics: dict[str, Any] | None, serving: bool, previous: Snapshot | None
+    ts: float,
+    metrics: dict[str, Any] | None,
+    serving: bool,
+    previous: Snapshot | None,
+    exposition: str | None = None,
 ) -> tuple[Sample, Snapshot | None]:
-    """The sample for this instant and the snapshot to compare the next one with."""
+    """The sample for this instant and the snapshot to compare the next one with. `metrics` is
+    the `/v1/metrics` body, `exposition` the `/metrics` text (None: not read)."""
     if metrics is None:
         return Sample(ts, int(serving)), None
-    now = snapshot_of(ts, metrics)
+    now = snapshot_of(ts, metrics, exposition)
     scheduler = metrics.get("scheduler", {})
-    cache = metrics.get("prefix_cache", {})
     rates: dict[str, float | None] = {}
     if previous is not None:
         seconds = now.ts - previous.ts
@@ -108,19 +167,16 @@ def sample_of(
                 now.accepted, previous.accepted, now.drafted, previous.drafted
             ),
             **_class_means(now, previous),
+            **_outcome_rates(now, previous, seconds),
+            **_quantiles(now, previous),
         }
-    sample = Sample(
-        ts,
-        int(serving),
-        ttft_hit_s=cache.get("ttft_avg_hit_s"),
-        ttft_miss_s=cache.get("ttft_avg_miss_s"),
-        kv_in_use=scheduler.get("kv_blocks_in_use"),
-        kv_total=scheduler.get("kv_blocks_total"),
-        running=scheduler.get("running"),
-        waiting=scheduler.get("waiting"),
-        **rates,
-    )
-    return sample, now
+    state: dict[str, Any] = {
+        "running": scheduler.get("running"),
+        "waiting": scheduler.get("waiting"),
+        **_kv(scheduler),
+        **_memory(metrics),
+    }
+    return Sample(ts, int(serving), **state, **rates), now
 
 
 class Sampler:
@@ -140,8 +196,13 @@ class Sampler:
     async def tick(self) -> Sample:
         engine = self.engine()
         health = await engine.health()
-        metrics = await engine.metrics() if health.is_serving else None
-        sample, self._previous = sample_of(self.clock(), metrics, health.is_serving, self._previous)
+        metrics = exposition = None
+        if health.is_serving:
+            metrics = await engine.metrics()
+            exposition = await engine.prometheus() if metrics is not None else None
+        sample, self._previous = sample_of(
+            self.clock(), metrics, health.is_serving, self._previous, exposition
+        )
         await asyncio.to_thread(self.history.add, sample)
         return sample
 

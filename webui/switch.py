@@ -3,15 +3,17 @@
 validate -> drain (stop admitting; running requests finish, up to `drain_s`) -> write the new
 deployment file -> restart rank 0 -> follow `/health` until the new server serves. When it does
 not within `ready_s` (or rank 0 exits, or reports `failed`), the previous file is written back
-and rank 0 restarted with it; the job then says why, with rank 0's log tail.
+and rank 0 restarted with it; the job then says why (rank 0's own last error line when its log
+has one: `root_cause`), with rank 0's log tail.
 
-One job at a time; jobs run as asyncio tasks and are read as snapshots while they run.
+One job at a time; jobs run as asyncio tasks and are read as snapshots while they run. Every
+job is recorded in the switch log at its start, at each step and at its end, and written to the
+console's log when it starts (who, what, the changed keys) and ends (outcome, duration, reason).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import logging
 import time
@@ -22,29 +24,24 @@ from typing import Any
 
 from dgpp.appliance.control_backend import ControlBackend
 from dgpp.appliance.deployment import Deployment
-from dgpp.webui.deployment_edit import Change, diff
-from dgpp.webui.deployment_store import DeploymentStore, resolve_raw, served_names
+from dgpp.webui.deployment_edit import diff
+from dgpp.webui.deployment_store import (
+    DeploymentStore,
+    deployment_text,
+    resolve_raw,
+    served_names,
+)
 from dgpp.webui.engine_client import EngineApi
+from dgpp.webui.root_cause import root_cause
+from dgpp.webui.switch_job import ChangeRecord, Phase, Step, SwitchJob
+from dgpp.webui.switch_log import SwitchLog
 
 log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[Deployment], EngineApi]
 UPTIME_SLACK_S = 2.0  # a serving rank 0 older than the restart (plus this) is the old one
 LOG_TAIL_LINES = 80
-
-
-class Phase(enum.StrEnum):
-    DRAINING = "draining"
-    WRITING = "writing"
-    RESTARTING = "restarting"
-    WAITING = "waiting"
-    READY = "ready"
-    ROLLING_BACK = "rolling back"
-    ROLLED_BACK = "rolled back"
-    FAILED = "failed"
-
-
-FINAL = frozenset({Phase.READY, Phase.ROLLED_BACK, Phase.FAILED})
+HISTORY_JOBS = 20  # jobs kept in memory (the overview, /switch); the journal keeps more
 
 
 class SwitchBusyError(Exception):
@@ -59,60 +56,47 @@ class SwitchTimeouts:
 
 
 @dataclass(frozen=True)
-class Step:
-    at: float  # wall clock
-    phase: Phase
-    message: str
-
-
-@dataclass(frozen=True)
-class SwitchJob:
-    ident: int
-    title: str
-    changes: tuple[Change, ...]
-    started_at: float
-    phase: Phase = Phase.DRAINING
-    steps: tuple[Step, ...] = ()
-    reason: str | None = None  # why the new deployment was not kept
-    log_tail: str = ""  # rank 0's log when it failed
-    finished_at: float | None = None
-
-    @property
-    def is_final(self) -> bool:
-        return self.phase in FINAL
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.ident,
-            "title": self.title,
-            "phase": str(self.phase),
-            "final": self.is_final,
-            "changes": [
-                {"path": c.path, "old": c.old_text, "new": c.new_text} for c in self.changes
-            ],
-            "steps": [
-                {"at": s.at, "phase": str(s.phase), "message": s.message} for s in self.steps
-            ],
-            "reason": self.reason,
-            "log_tail": self.log_tail,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-        }
-
-
-@dataclass
 class _Outcome:
     ok: bool
     reason: str = ""
+    # Set when rank 0 itself failed: what happened ("rank 0 failed") and the supervisor's
+    # detail ("exit code 3"). The reason then names the root cause from rank 0's log.
+    failure: str = ""
+    detail: str = ""
+
+    def explained(self, log_tail: str) -> tuple[str, str]:
+        """(the job's reason, the rolling-back step's message) once rank 0's log is read: the
+        root-cause line when the log has one (the supervisor's detail stays in the step)."""
+        cause = root_cause(log_tail) if self.failure else None
+        if cause is None:
+            return self.reason, self.reason
+        return f"{self.failure}: {cause}", f"{self.failure} ({self.detail}): {cause}"
+
+
+def _failure(what: str, detail: str) -> _Outcome:
+    return _Outcome(False, f"{what} ({detail})", what, detail)
 
 
 @dataclass
 class Switcher:
+    """Runs switches one at a time and keeps the latest ones; every change of a job is
+    recorded in `journal` at once. Built on a journal, it resumes from it: the latest jobs are
+    its history, ids go on, and a job the console stopped during is marked failed."""
+
     store: DeploymentStore
+    journal: SwitchLog
     timeouts: SwitchTimeouts = field(default_factory=SwitchTimeouts)
-    history: deque[SwitchJob] = field(default_factory=lambda: deque(maxlen=20))
-    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    history: deque[SwitchJob] = field(default_factory=lambda: deque(maxlen=HISTORY_JOBS))
+    _ids: itertools.count[int] = field(init=False)
     _task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        for job in self.journal.unfinished():
+            stopped = _interrupted(job)
+            self.journal.save(stopped)
+            log.warning("switch %d failed: %s", job.ident, stopped.reason)
+        self.history.extend(reversed(self.journal.recent(self.history.maxlen or HISTORY_JOBS)))
+        self._ids = itertools.count(self.journal.last_ident() + 1)
 
     @property
     def latest(self) -> SwitchJob | None:
@@ -131,15 +115,35 @@ class Switcher:
         new_raw: dict[str, Any],
         backend: ControlBackend,
         engine_for: EngineFactory,
+        *,
+        who: str,
     ) -> SwitchJob:
-        """Start switching to `new_raw` (already validated by the caller; checked again here).
-        `SwitchBusyError` while another switch runs; `ConfigError` for an invalid deployment."""
+        """Start switching to `new_raw` for user `who` (already validated by the caller;
+        checked again here). `SwitchBusyError` while another switch runs; `ConfigError` for an
+        invalid deployment."""
         if self.is_busy:
             raise SwitchBusyError("another switch is still running")
         old_raw = self.store.read_raw()
         old, new = resolve_raw(old_raw), resolve_raw(new_raw, "the new deployment")
-        job = SwitchJob(next(self._ids), title, tuple(diff(old, new)), time.time())
+        changes = tuple(ChangeRecord.of(change) for change in diff(old, new))
+        job = SwitchJob(
+            next(self._ids),
+            title,
+            changes,
+            time.time(),
+            who=who,
+            applied=deployment_text(new_raw),
+            replaced=deployment_text(old_raw),
+        )
         self.history.append(job)
+        self.journal.save(job)
+        log.info(
+            "switch %d started by %s: %s; changes: %s",
+            job.ident,
+            who,
+            title,
+            ", ".join(change.path for change in changes) or "none",
+        )
         self._task = asyncio.create_task(
             self._run(job.ident, old_raw, old, new_raw, new, backend, engine_for)
         )
@@ -151,27 +155,36 @@ class Switcher:
             await asyncio.shield(self._task)
         return self.latest
 
-    def _update(self, ident: int, **changes: Any) -> None:
+    def _step(self, ident: int, phase: Phase, message: str, **changes: Any) -> None:
+        """Append a step (and apply `changes`) to job `ident`, and record it."""
         for index, job in enumerate(self.history):
             if job.ident == ident:
-                self.history[index] = replace(job, **changes)
-
-    def _step(self, ident: int, phase: Phase, message: str) -> None:
-        job = self.job(ident)
-        assert job is not None
-        step = Step(time.time(), phase, message)
-        self._update(ident, phase=phase, steps=(*job.steps, step))
+                step = Step(time.time(), phase, message)
+                job = replace(job, phase=phase, steps=(*job.steps, step), **changes)
+                self.history[index] = job
+                self.journal.save(job)
 
     def _finish(self, ident: int, phase: Phase, message: str, **changes: Any) -> None:
-        self._step(ident, phase, message)
-        self._update(ident, finished_at=time.time(), **changes)
+        self._step(ident, phase, message, finished_at=time.time(), **changes)
+        job = self.job(ident)
+        assert job is not None and job.duration_s is not None
+        level = logging.INFO if phase is Phase.READY else logging.WARNING
+        log.log(
+            level,
+            "switch %d %s after %.1f s: %s",
+            ident,
+            phase,
+            job.duration_s,
+            job.reason or message,
+        )
 
     async def _run(self, ident: int, *args: Any) -> None:
         try:
             await self._switch(ident, *args)
         except Exception as err:  # the job must end, whatever broke
             log.exception("switch %d failed", ident)
-            self._finish(ident, Phase.FAILED, f"internal error: {type(err).__name__}: {err}")
+            reason = f"internal error: {type(err).__name__}: {err}"
+            self._finish(ident, Phase.FAILED, reason, reason=reason)
 
     async def _switch(
         self,
@@ -190,7 +203,8 @@ class Switcher:
             await asyncio.to_thread(self.store.write, new_raw)
         except OSError as err:
             await old_engine.undrain()
-            self._finish(ident, Phase.FAILED, f"cannot write {self.store.path}: {err}")
+            reason = f"cannot write {self.store.path}: {err}"
+            self._finish(ident, Phase.FAILED, reason, reason=reason)
             return
         outcome = await self._start(ident, backend, engine_for(new), new)
         if outcome.ok:
@@ -198,14 +212,18 @@ class Switcher:
             self._finish(ident, Phase.READY, f"serving {new.model} as {names}")
             return
         tail = await asyncio.to_thread(backend.log_tail, 0, LOG_TAIL_LINES)
-        self._update(ident, reason=outcome.reason, log_tail=tail)
+        reason, message = outcome.explained(tail)
         self._step(
-            ident, Phase.ROLLING_BACK, f"{outcome.reason}; restoring the previous deployment"
+            ident,
+            Phase.ROLLING_BACK,
+            f"{message}; restoring the previous deployment",
+            reason=reason,
+            log_tail=tail,
         )
         await asyncio.to_thread(self.store.write, old_raw)
         restored = await self._start(ident, backend, engine_for(old), old)
         if restored.ok:
-            self._finish(ident, Phase.ROLLED_BACK, f"back on {old.model}: {outcome.reason}")
+            self._finish(ident, Phase.ROLLED_BACK, f"back on {old.model}: {reason}")
         else:
             self._finish(
                 ident,
@@ -266,9 +284,9 @@ class Switcher:
             statuses = await asyncio.to_thread(backend.status)
             rank0 = next((status for status in statuses if status.rank == 0), None)
             if rank0 is not None and rank0.state == "failed":
-                return _Outcome(False, f"rank 0 failed ({rank0.detail})")
+                return _failure("rank 0 failed", rank0.detail)
             if rank0 is not None and rank0.state == "restarting" and left_restarting:
-                return _Outcome(False, f"rank 0 exited and is restarting ({rank0.detail})")
+                return _failure("rank 0 exited and is restarting", rank0.detail)
             left_restarting = left_restarting or (rank0 is not None and rank0.state != "restarting")
             if health.status is not None and health.state == "failed":
                 return _Outcome(False, f"rank 0 reports {health.reason}")
@@ -289,3 +307,17 @@ def _is_new_process(body: dict[str, Any], before: object, elapsed: float) -> boo
 
 def _requests_left(report: dict[str, Any]) -> int:
     return int(report.get("running", 0)) + int(report.get("waiting", 0))
+
+
+def _interrupted(job: SwitchJob) -> SwitchJob:
+    """`job` as the console found it after a restart: failed where it stopped. Its end is its
+    last recorded step (the console's downtime is no part of the switch)."""
+    ended = job.steps[-1].at if job.steps else job.started_at
+    reason = (
+        f"the console stopped during this switch (while {job.phase}); the deployment file and "
+        "rank 0 were left as they were then"
+    )
+    step = Step(ended, Phase.FAILED, reason)
+    return replace(
+        job, phase=Phase.FAILED, steps=(*job.steps, step), reason=reason, finished_at=ended
+    )

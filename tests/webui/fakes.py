@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgpp.appliance.control_backend import ActionResult, RankStatus
+from dgpp.appliance.control_backend import ActionResult, LogRun, RankStatus
 from dgpp.appliance.deployment import Deployment
+from dgpp.engine.server.metrics import ServiceMetrics
+from dgpp.engine.server.prometheus import build_registry, render
 from dgpp.webui.deployment_store import resolve_raw, served_names
 from dgpp.webui.engine_client import Health
 
@@ -22,8 +24,16 @@ METRICS = {
         "waiting": 0,
         "kv_blocks_total": 64,
         "kv_blocks_in_use": 4,
+        "kv_block_size": 16,
+        "kv_tokens_total": 1024,
         "tokens_generated": 100,
         "prompt_tokens_total": 400,
+    },
+    "memory": {
+        "host_rss_bytes": 3 << 30,
+        "device_allocated_bytes": 20 << 30,
+        "device_reserved_bytes": 24 << 30,
+        "device_total_bytes": 128 << 30,
     },
     "prefix_cache": {"hit_tokens": 100, "ttft_avg_hit_s": 0.05, "ttft_avg_miss_s": 0.4},
     "spec_decode": {
@@ -74,10 +84,14 @@ class FakeWorld:
     nodes: list[dict[str, Any]] = field(
         default_factory=lambda: [node_snapshot(0, "spark-1"), node_snapshot(1, "spark-2")]
     )
+    # The server's outcome counters and latency histograms (`/v1/metrics` service, `/metrics`);
+    # tests record into it, and a restart starts it afresh as a real server's does.
+    service: ServiceMetrics = field(default_factory=ServiceMetrics)
 
     def restart(self) -> None:
         deployment = resolve_raw(json.loads(self.deployment_path.read_text()))
         self.draining = False
+        self.service = ServiceMetrics()
         self.started_at = time.time()
         self.model = served_names(deployment)[0]
         spec = deployment.speculative
@@ -116,9 +130,19 @@ class FakeBackend:
         state = "failed" if self.world.state == "failed" else "running"
         return [RankStatus(0, state, pid=4242, started_at=self.world.started_at, detail="fake")]
 
-    def log_tail(self, rank: int, lines: int) -> str:
-        if self.world.state == "failed":
-            return f"rank{rank} ERROR cannot load the model\nexit code 3"
+    def log_runs(self, rank: int) -> list[LogRun]:
+        return [LogRun("0", self.world.started_at, is_current=True)]
+
+    def log_tail(self, rank: int, lines: int, run: str | None = None) -> str:
+        if run not in (None, "0"):
+            return ""
+        if self.world.state == "failed":  # what rank 0 logs before it exits with code 3
+            return (
+                f"2026-12-02T04:18:30.114+00:00 rank{rank} INFO dgpp.head: loading {BROKEN_MODEL}\n"
+                f"2026-12-02T04:18:34.387+00:00 rank{rank} ERROR dgpp.head: cannot serve: "
+                f"ModelLoadError: cannot load the model {BROKEN_MODEL}\n"
+                f"2026-12-02T04:18:34.401+00:00 rank{rank} INFO uvicorn.error: Shutting down"
+            )
         return f"rank{rank} INFO serving"
 
 
@@ -145,8 +169,16 @@ class FakeEngine:
         method, depth = self.world.speculative
         return {
             **METRICS,
+            "service": asdict(self.world.service.counters()),
             "spec_decode": {**METRICS["spec_decode"], "method": method, "depth": depth},
         }
+
+    async def prometheus(self) -> str | None:
+        """`/metrics` as the engine's own collector writes it, from the world's service."""
+        if self.world.state != "serving":
+            return None
+        registry = build_registry(self.world.service, lambda: self.world.model, lambda: None)
+        return render(registry).decode()
 
     async def models(self) -> list[str] | None:
         return [self.world.model] if self.world.state == "serving" else None

@@ -26,6 +26,22 @@ def test_writes_replace_the_file_and_keep_earlier_versions(tmp_path: Path) -> No
     assert not list(tmp_path.glob(".deployment.json.*"))
 
 
+def test_kept_files_are_listed_newest_first_and_read_by_name_only(tmp_path: Path) -> None:
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps({"model": "a"}))
+    store = DeploymentStore(path, tmp_path / "backups")
+    assert store.kept() == []
+    store.write({"model": "b"})
+    store.write({"model": "c"})
+    kept = store.kept()
+    assert [json.loads(store.read_kept(k.name) or "")["model"] for k in kept] == ["b", "a"]
+    assert all(abs(k.replaced_at - path.stat().st_mtime) < 60 for k in kept)
+    (tmp_path / "secret.json").write_text("{}")
+    for name in ("../secret", "deployment-x", f"{kept[0].name}.json", "deployment.json"):
+        assert store.read_kept(name) is None
+    assert store.read_kept("deployment-20000101-000000-000000000") is None  # pruned or never
+
+
 def test_a_rewrite_keeps_the_group_the_ranks_read_it_through(tmp_path: Path) -> None:
     """The console runs as its own user; the ranks read the file through its group (dgpp)."""
     import os

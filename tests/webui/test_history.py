@@ -35,7 +35,7 @@ def test_rates_come_from_two_snapshots() -> None:
     assert second.prompt_tps == pytest.approx(100.0)
     assert second.prefix_hit_rate == pytest.approx(0.75)
     assert second.spec_acceptance == pytest.approx(0.7)
-    assert second.ttft_hit_s == 0.1 and second.ttft_miss_s is None
+    assert second.kv_used_pct == pytest.approx(6.25)  # 5 of 80 blocks
     # A counter going down means the engine restarted: no rate for that interval.
     third, _ = sample_of(104.0, _metrics(5, 20, 0), True, snapshot)
     assert third.gen_tps is None and third.prefix_hit_rate is None and third.running == 2
@@ -81,6 +81,23 @@ def test_a_history_from_an_older_console_gains_the_new_columns(tmp_path: Path) -
     assert series["gen_tps"] == [3.0, 5.0] and series["ttft_short_s"] == [None, 0.2]
 
 
+def test_columns_no_longer_written_stay_in_an_older_history_unread(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "history.sqlite"
+    old = sqlite3.connect(path)  # an older console charted the engine's TTFT means since start
+    old.execute("CREATE TABLE samples (ts REAL NOT NULL, serving REAL, ttft_hit_s REAL)")
+    old.execute("INSERT INTO samples VALUES (50.0, 1, 0.65)")
+    old.commit()
+    old.close()
+    store = HistoryStore(path, retention_s=1e9, max_rows=100)
+    store.add(Sample(100.0, 1, ttft_p95_s=0.4, kv_used_pct=12.5))
+    series = store.series(window_s=1e9, now=101.0)
+    store.close()
+    assert "ttft_hit_s" not in series
+    assert series["ttft_p95_s"] == [None, 0.4] and series["kv_used_pct"] == [None, 12.5]
+
+
 def test_an_engine_down_is_a_gap(tmp_path: Path) -> None:
     sample, snapshot = sample_of(100.0, None, False, None)
     assert sample == Sample(100.0, 0) and snapshot is None
@@ -96,6 +113,9 @@ class _Engine:
     async def metrics(self) -> dict:
         self.tokens += 30
         return _metrics(self.tokens, self.tokens * 2, 0)
+
+    async def prometheus(self) -> None:
+        return None  # an engine without /metrics: no percentiles, the rest as before
 
 
 def test_the_sampler_stores_samples_that_survive_a_restart(tmp_path: Path) -> None:

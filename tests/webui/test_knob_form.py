@@ -48,7 +48,7 @@ def test_only_changed_knobs_are_written_and_objects_replace() -> None:
 
 def test_errors_name_their_field() -> None:
     current = parse_deployment({"model": "default"})
-    result = apply_form({"http.queue_limit": "-1", "engine.prefix_cache": "maybe"}, {}, current)
+    result = apply_form({"engine.prefix_cache": "maybe"}, {"model": "default"}, current)
     assert result.errors == {"engine.prefix_cache": "must be on or off"}
     result = apply_form({"http.queue_limit": "-1"}, {"model": "default"}, current)
     assert result.errors == {"http.queue_limit": "Input should be greater than or equal to 0"}
@@ -64,7 +64,7 @@ def test_the_snapshot_budget_is_converted_and_validated() -> None:
     assert result.raw == {"model": "default", "engine": {"prefix_cache_gib": 1.5}}
     unchanged = apply_form({"engine.prefix_cache_gib": "4"}, {"model": "default"}, current)
     assert unchanged.raw == {"model": "default"}  # the default: not written
-    errors = apply_form({"engine.prefix_cache_gib": "lots"}, {}, current).errors
+    errors = apply_form({"engine.prefix_cache_gib": "lots"}, {"model": "default"}, current).errors
     assert errors == {"engine.prefix_cache_gib": "must be a number"}
     errors = apply_form({"engine.prefix_cache_gib": "-1"}, {"model": "default"}, current).errors
     assert errors == {"engine.prefix_cache_gib": "Input should be greater than or equal to 0"}
@@ -72,6 +72,47 @@ def test_the_snapshot_budget_is_converted_and_validated() -> None:
     errors = apply_form({"engine.prefix_cache_gib": "1e9"}, {"model": "default"}, current).errors
     assert list(errors) == ["engine.prefix_cache_gib"]
     assert "prefix_cache_gib must be a number >= 0" in errors["engine.prefix_cache_gib"]
+
+
+def test_every_mistake_is_reported_in_one_pass() -> None:
+    """A value that does not convert, one the schema refuses and one the runtime's own check
+    refuses come back together, each on its field; the deployment checked beside them keeps
+    the refused knobs at their current values and the valid change."""
+    raw = {"model": "default", "timeouts": {"control_deadline_s": 120.0}}
+    current = parse_deployment(raw)
+    result = apply_form(
+        {
+            "engine.kv_capacity": "lots",  # conversion
+            "http.queue_limit": "-1",  # schema
+            "timeouts.heartbeat_s": "100",  # the runtime's rule across two timeouts
+            "engine.max_concurrency": "8",  # valid
+        },
+        raw,
+        current,
+    )
+    assert result.errors == {
+        "engine.kv_capacity": "must be a whole number",
+        "http.queue_limit": "Input should be greater than or equal to 0",
+        "timeouts.heartbeat_s": (
+            "timeouts.heartbeat_s (100.0) must be at most half of "
+            "timeouts.control_deadline_s (120.0), or idle workers would declare a healthy head lost"
+        ),
+    }
+    assert result.raw == raw  # nothing of a refused form is kept
+    checked = result.checked
+    assert checked is not None
+    assert (checked.engine.kv_capacity, checked.http.queue_limit) == (16384, 256)
+    assert checked.timeouts.heartbeat_s == 1.0
+    assert checked.engine.max_concurrency == 8
+
+
+def test_a_valid_form_is_checked_as_written() -> None:
+    current = parse_deployment({"model": "default"})
+    result = apply_form({"engine.kv_capacity": "4096"}, {"model": "default"}, current)
+    assert result.errors == {}
+    assert result.checked is not None and result.checked.engine.kv_capacity == 4096
+    # What names no knob cannot be put back: nothing is checked beside it.
+    assert apply_form({}, {"template": "nope"}, current).checked is None
 
 
 def test_set_path_copies() -> None:

@@ -17,6 +17,8 @@ VALID_FORMS = {
     "/logout": {},
     "/models/preview": {"model": "/models/other", "served_name": "other"},
     "/knobs/preview": {"engine.kv_capacity": "4096"},
+    "/models/pull": {"repo": "org/other"},
+    "/models/pull/cancel": {"repo": "org/other"},
     "/switch": {"deployment": json.dumps({**DEPLOYMENT, "model": "/models/other"})},
     "/logs/bundle": {},
 }

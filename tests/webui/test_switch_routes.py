@@ -24,14 +24,15 @@ def test_an_invalid_knob_shows_its_error_and_restarts_nothing(logged_in: Console
     )
     assert response.status_code == 400
     errors = dict(re.findall(r'id="error-([^"]+)">([^<]+)<', response.text))
+    # Every mistake in one pass: conversions and the schema's bounds alike.
     assert errors == {
         "engine.kv_capacity": "must be a whole number",
+        "engine.prefill_chunk_tokens": "Input should be greater than or equal to 1",
         "engine.prefill_precision": "must be one of fp32, model",
         "http.default_chat_template_kwargs": "must be a JSON object",
     }
     # The typed values come back so the operator can fix them.
     assert 'value="lots"' in response.text
-    # Schema bounds are checked once the values convert.
     response = logged_in.preview_knobs({"engine.prefill_chunk_tokens": "0"})
     assert response.status_code == 400
     assert 'id="error-engine.prefill_chunk_tokens">Input should be greater than or equal to 1' in (
@@ -124,7 +125,13 @@ def test_switching_to_a_model_that_cannot_load_rolls_back(logged_in: Console) ->
     logged_in.apply({**DEPLOYMENT, "model": BROKEN_MODEL, "http": {}}, "Switch to broken")
     job = logged_in.wait_for_switch()
     assert job["phase"] == "rolled back", job
-    assert job["reason"] == "rank 0 failed (fake)"
+    # The reason is rank 0's own last error line; the supervisor's detail stays in the step.
+    assert job["reason"] == f"rank 0 failed: ModelLoadError: cannot load the model {BROKEN_MODEL}"
+    rolling_back = next(step for step in job["steps"] if step["phase"] == "rolling back")
+    assert rolling_back["message"] == (
+        f"rank 0 failed (fake): ModelLoadError: cannot load the model {BROKEN_MODEL}; "
+        "restoring the previous deployment"
+    )
     assert "cannot load the model" in job["log_tail"]
     assert logged_in.world.actions == ["drain", "restart", "restart"]
     assert logged_in.written() == before  # the previous deployment is back

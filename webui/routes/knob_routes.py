@@ -1,8 +1,10 @@
 """GET /knobs (the form generated from the deployment schema) and POST /knobs/preview (server-side
-validation with an error per field; when valid, what would change; applying is POST /switch)."""
+validation with every field's error at once, the memory plan of the result among them; when all
+is valid, what would change and the plan; applying is POST /switch)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import APIRouter, Request
@@ -13,6 +15,7 @@ from dgpp.webui.deployment_edit import diff
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
 from dgpp.webui.knob_form import apply_form, current_values, knob_fields
+from dgpp.webui.memory_preview import MemoryPreview
 from dgpp.webui.pages import render
 
 router = APIRouter(dependencies=LOGGED_IN)
@@ -24,6 +27,7 @@ def _form_page(
     values: dict[str, str],
     errors: dict[str, str],
     status_code: int = 200,
+    plan: MemoryPreview | None = None,
 ) -> HTMLResponse:
     fields = knob_fields()
     paths = {field.path for field in fields}
@@ -36,6 +40,7 @@ def _form_page(
         "values": values,
         "errors": errors,
         "general_error": "; ".join(general),
+        "plan": plan,
     }
     return render(request, "knobs.html", context, session, status_code=status_code)
 
@@ -64,8 +69,16 @@ async def preview_knobs(
     except ConfigError as err:
         return _form_page(request, session, posted, {"": err.message}, status_code=500)
     result = apply_form(posted, raw, current)
-    if result.errors:
-        return _form_page(request, session, result.values, result.errors, status_code=400)
+    errors = dict(result.errors)
+    plan = None
+    if result.checked is not None:  # what passes every other check: does it fit?
+        plan = await asyncio.to_thread(console.plans.plan, result.checked)
+        if plan.verdict == "refused":
+            field = plan.field if plan.field in {f.path for f in knob_fields()} else ""
+            message = f"the memory plan refuses it: {plan.message}"
+            errors[field] = f"{errors[field]}; {message}" if field in errors else message
+    if errors:
+        return _form_page(request, session, result.values, errors, status_code=400, plan=plan)
     new = resolve_raw(result.raw, "the new deployment")
     return render(
         request,
@@ -77,6 +90,7 @@ async def preview_knobs(
             "deployment_json": json.dumps(result.raw),
             "back": "/knobs",
             "busy": console.switcher.is_busy,
+            "plan": plan,
         },
         session,
     )

@@ -1,5 +1,5 @@
 """GET / (the overview page), GET /api/overview (what it refreshes from) and GET /api/history
-(the chart series)."""
+(the chart series and the switches to mark on them)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from dgpp.engine.errors import ConfigError
 from dgpp.webui.console import Console
 from dgpp.webui.deployment_store import engine_target, served_names
 from dgpp.webui.deps import LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor, get_console
+from dgpp.webui.engine_address import foreign_engine_warning
 from dgpp.webui.node_probe import NodesApi, NodesClient, local_node, node_view
 from dgpp.webui.pages import render
 from dgpp.webui.switch import EngineFactory
+from dgpp.webui.switch_marks import rollback_banner, switch_events
 
 router = APIRouter(dependencies=LOGGED_IN)
 
@@ -58,7 +60,8 @@ def speculative_view(metrics: dict[str, Any] | None, deployment: Deployment) -> 
 async def overview(
     console: Console, backend: Backend, engine_for: EngineFactory, nodes_for: NodesFactory
 ) -> dict[str, Any]:
-    """Deployment, health, ranks, every node's GPUs and CPU, and the latest switch."""
+    """Deployment, health, ranks, every node's GPUs and CPU, the latest switch, and the rollback
+    banner's content (None unless the last switch that ended was not kept)."""
     body: dict[str, Any] = {"time": time.time(), "backend": backend.kind}
     nodes = None
     try:
@@ -106,8 +109,13 @@ async def overview(
     body["warnings"] = [warning for node in body["nodes"] for warning in node["warnings"]]
     if deployment is not None and (warning := exposure_warning(deployment)) is not None:
         body["warnings"].insert(0, warning)
+    if deployment is not None and (
+        warning := foreign_engine_warning(console.config, backend.kind, deployment)
+    ):
+        body["warnings"].insert(0, warning)
     latest = console.switcher.latest
     body["switch"] = latest.as_json() if latest is not None else None
+    body["rollback"] = rollback_banner(list(console.switcher.history))
     return body
 
 
@@ -151,5 +159,9 @@ async def overview_json(
 async def history(
     console: ConsoleDep, window_s: Annotated[float, Query(gt=0, le=30 * 86400)] = 3600.0
 ) -> dict[str, Any]:
-    series = await asyncio.to_thread(console.history.series, window_s)
-    return {"window_s": window_s, "series": series}
+    """Columns of the last `window_s` seconds up to `now` (the charts' x range), and the
+    switches that ended in it (`events`, drawn as markers)."""
+    now = time.time()
+    series = await asyncio.to_thread(console.history.series, window_s, now)
+    events = switch_events(list(console.switcher.history), now - window_s)
+    return {"window_s": window_s, "now": now, "series": series, "events": events}

@@ -44,7 +44,7 @@ async def start_switch(
         problems = "; ".join(f"{path or 'deployment'}: {text}" for path, text in errors.items())
         return _refusal(request, session, f"the deployment is invalid: {problems}", 400)
     try:
-        console.switcher.begin(title[:200], raw, backend, engine_for)
+        console.switcher.begin(title[:200], raw, backend, engine_for, who=session.username)
     except SwitchBusyError as err:
         return _refusal(request, session, str(err), 409)
     except ConfigError as err:

@@ -1,62 +1,20 @@
-// Overview: draws the history charts with uPlot and refreshes the summary, all from this console.
+// Overview: refreshes the history charts (charts.js), the summary and the rollback banner, all from
+// this console.
 (function () {
   "use strict";
-  const colours = ["#2563eb", "#dc6803", "#067647", "#7a5af8"];
   const chartsEl = document.getElementById("charts");
   const intervalMs = Math.max(1, Number(chartsEl.dataset.interval) || 2) * 1000;
   const windowSelect = document.getElementById("window");
-  const charts = Array.from(document.querySelectorAll(".chart")).map(function (el) {
-    return { el: el, keys: el.dataset.series.split(","), labels: el.dataset.labels.split(","),
-             percent: el.dataset.percent === "true", plot: null, caption: null };
-  });
-
-  function options(chart) {
-    const series = [{}].concat(chart.keys.map(function (key, i) {
-      return { label: chart.labels[i] || key, stroke: colours[i % colours.length], width: 1.5,
-               spanGaps: false,
-               value: function (u, v) { return v == null ? "-" : chart.percent ? (v * 100).toFixed(1) + "%" : +v.toFixed(3); } };
-    }));
-    return { title: chart.el.dataset.title, width: Math.max(300, chart.el.clientWidth - 10), height: 200,
-             series: series,
-             scales: chart.percent ? { x: { time: true }, y: { range: [0, 1] } } : { x: { time: true } },
-             axes: [{}, { size: 56, values: function (u, ticks) { return ticks.map(function (v) { return chart.percent ? (v * 100).toFixed(0) + "%" : v; }); } }] };
-  }
-
-  function caption(chart, text) {
-    if (!chart.caption) {
-      chart.caption = document.createElement("p");
-      chart.caption.className = "caption";
-      chart.el.appendChild(chart.caption);
-    }
-    chart.caption.textContent = text;
-  }
-
-  function draw(series) {
-    const xs = series.ts || [];
-    charts.forEach(function (chart) {
-      const data = [xs].concat(chart.keys.map(function (key) { return series[key] || []; }));
-      if (chart.plot === null) {
-        chart.plot = new uPlot(options(chart), data, chart.el);
-      } else {
-        chart.plot.setData(data);
-      }
-      const points = chart.keys.reduce(function (n, key) {
-        return n + (series[key] || []).filter(function (v) { return v != null; }).length;
-      }, 0);
-      chart.el.dataset.points = String(points);
-      if (points === 0) {
-        caption(chart, chart.el.dataset.empty || "no samples in this window yet");
-      } else if (chart.caption) {
-        chart.caption.textContent = "";
-      }
-    });
-  }
+  const charts = window.DgppCharts.all();
 
   async function refreshHistory() {
     try {
       const response = await fetch("/api/history?window_s=" + windowSelect.value, { credentials: "same-origin" });
       if (response.status === 401) { window.location.assign("/login?next=%2F"); return; }
-      if (response.ok) { draw((await response.json()).series); }
+      if (response.ok) {
+        const history = await response.json();
+        charts.forEach(function (chart) { chart.draw(history); });
+      }
     } catch (err) { /* the next refresh tries again */ }
   }
 
@@ -109,7 +67,18 @@
     });
   }
 
+  // Shown while the last switch that ended was not kept (`rollback` of /api/overview).
+  function renderBanner(rollback) {
+    const banner = document.getElementById("rollback-banner");
+    banner.hidden = rollback == null;
+    if (rollback == null) return;
+    banner.querySelector("[data-banner=title]").textContent = rollback.title;
+    banner.querySelector("[data-banner=phase]").textContent = rollback.phase;
+    banner.querySelector("[data-banner=reason]").textContent = rollback.reason;
+  }
+
   function render(data) {
+    renderBanner(data.rollback);
     document.querySelectorAll("[data-field]").forEach(function (el) {
       const value = field(data, el.dataset.field);
       el.textContent = value == null ? (el.dataset.empty || "unavailable") : text(value);
@@ -149,11 +118,7 @@
   }
 
   windowSelect.addEventListener("change", refreshHistory);
-  window.addEventListener("resize", function () {
-    charts.forEach(function (chart) {
-      if (chart.plot) chart.plot.setSize({ width: Math.max(300, chart.el.clientWidth - 10), height: 200 });
-    });
-  });
+  window.addEventListener("resize", function () { charts.forEach(function (chart) { chart.resize(); }); });
   refreshHistory();
   setInterval(refreshHistory, intervalMs);
   setInterval(refreshOverview, Math.max(intervalMs, 3000));
