@@ -2,7 +2,8 @@
 starting a real `dgpp serve`, headless Chromium (the system's /usr/bin/chromium through
 Playwright), and a few waits and requests.
 
-Screenshots land in the test's tmp dir, and in $DGPP_TEST_ARTIFACTS/webui-e2e when that is set."""
+Screenshots land in the test's tmp dir and are copied to `$DGPP_TEST_ARTIFACTS/webui-e2e/`
+(default `build/test-artifacts/webui-e2e/` in the checkout, which git ignores)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ CHROMIUM_ARGS = [
 USER, PASSWORD = "admin", "end-to-end password"
 READY_S = 240.0  # a cold `dgpp serve` on two busy cores: interpreter, torch, weights
 VIEWPORT = {"width": 1400, "height": 900}  # every page's screenshot is taken at this size
+DEFAULT_ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
@@ -134,10 +136,9 @@ def running_appliance(tmp_path: Path) -> Iterator[Appliance]:
     finally:
         server.should_exit = True  # the console's shutdown stops the engine it started
         thread.join(timeout=90)
-        artifacts = os.environ.get("DGPP_TEST_ARTIFACTS")
-        if artifacts:
-            target = Path(artifacts) / "webui-e2e"
-            shutil.copytree(shots, target, dirs_exist_ok=True)
+        target = Path(os.environ.get("DGPP_TEST_ARTIFACTS") or DEFAULT_ARTIFACTS) / "webui-e2e"
+        shutil.rmtree(target, ignore_errors=True)  # only this run's screenshots
+        shutil.copytree(shots, target)
     assert not thread.is_alive(), "the console did not stop"
 
 

@@ -1,10 +1,13 @@
 """The console end to end in headless Chromium (Playwright, the system's /usr/bin/chromium): a real
-engine under the local backend, a login, the overview's charts drawing from it, invalid knobs
-refused without a restart, valid ones applied (n-gram speculative decoding among them, whose
-acceptance chart then draws), and a switch to a second model.
+engine under the local backend; a login; the overview's charts drawing from it and following the
+chosen window; invalid knobs refused, all at once, and a KV pool that cannot fit refused by the
+memory plan, without a restart; valid ones applied (n-gram speculative decoding among them, whose
+acceptance chart then draws); a switch to a second model; a switch that rolls back, with rank
+0's own error as the reason, a banner and a chart marker; the History page and a restore through
+it; the Logs page (no polling lines, search, earlier runs); the Models page's fit verdicts.
 
-Screenshots of every page (1400x900) land in the test's tmp dir, and in
-$DGPP_TEST_ARTIFACTS/webui-e2e when that is set."""
+Screenshots of every page (1400x900) are copied to $DGPP_TEST_ARTIFACTS/webui-e2e/ (default
+build/test-artifacts/webui-e2e/)."""
 
 from __future__ import annotations
 

@@ -104,6 +104,21 @@ def test_a_knob_preview_refuses_a_kv_pool_that_does_not_fit(machine, tmp_path) -
         assert console.config.deployment.read_text() == before
 
 
+def test_a_switch_posted_without_a_preview_is_refused_by_the_memory_plan(machine, tmp_path) -> None:
+    with console_with(tmp_path, QWEN3_8B) as console:
+        before = console.config.deployment.read_text()
+        huge = {**QWEN3_8B, "engine": {**QWEN3_8B["engine"], "kv_capacity": 10**11}}
+        response = console.client.post(
+            "/switch",
+            data={"deployment": json.dumps(huge), "title": "t", "csrf_token": console.csrf()},
+            follow_redirects=False,
+        )
+        assert response.status_code == 400
+        assert "the memory plan refuses it: does not fit on DGX Spark" in response.text
+        assert console.world.actions == []
+        assert console.config.deployment.read_text() == before
+
+
 def test_every_stage_of_a_knob_form_reports_in_one_pass(machine, tmp_path) -> None:
     with console_with(tmp_path, QWEN3_8B) as console:
         response = console.preview_knobs(

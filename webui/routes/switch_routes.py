@@ -3,6 +3,7 @@ and GET /api/switch (the same as JSON, polled by the page)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dgpp.engine.errors import ConfigError
+from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor
 from dgpp.webui.knob_form import validation_errors
 from dgpp.webui.pages import render
@@ -43,6 +45,12 @@ async def start_switch(
     if errors:
         problems = "; ".join(f"{path or 'deployment'}: {text}" for path, text in errors.items())
         return _refusal(request, session, f"the deployment is invalid: {problems}", 400)
+    # The preview ran the memory plan already (cached); a stale page or a hand-made POST must not
+    # drain and restart into a refusal either.
+    plan = await asyncio.to_thread(console.plans.plan, resolve_raw(raw, "the new deployment"))
+    if plan.verdict == "refused":
+        message = f"the memory plan refuses it: {plan.message}"
+        return _refusal(request, session, message, 400)
     try:
         console.switcher.begin(title[:200], raw, backend, engine_for, who=session.username)
     except SwitchBusyError as err:
