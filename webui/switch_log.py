@@ -17,6 +17,7 @@ from typing import Any
 from dgpp.webui.switch_job import FINAL, ChangeRecord, Phase, Step, SwitchJob
 
 log = logging.getLogger(__name__)
+SQLITE_INTEGER_LIMIT = 1 << 63  # an INTEGER column holds signed 64-bit values
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS switches (
@@ -92,6 +93,8 @@ class SwitchLog:
         return self._select("ORDER BY id DESC LIMIT ?", (limit,))
 
     def get(self, ident: int) -> SwitchJob | None:
+        if not 0 < ident < SQLITE_INTEGER_LIMIT:  # ids start at 1; SQLite cannot bind past this
+            return None
         found = self._select("WHERE id = ?", (ident,))
         return found[0] if found else None
 

@@ -148,6 +148,10 @@ def clear_thinking(
     `keep` thinking turns is dropped (`keep: "all"` keeps every one; without `keep`, the last
     turn's). Other edits (clearing old tool results) are accepted and left to the client."""
     edits = (management or {}).get("edits") or []
+    if not isinstance(edits, list):
+        raise InvalidRequestError(
+            "context_management edits must be a list", param="context_management.edits"
+        )
     edit = next(
         (
             e

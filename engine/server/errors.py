@@ -189,11 +189,16 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        message = str(err.detail)
+        if err.status_code == 400:
+            # FastAPI's only 400: a JSON body it could not decode (bytes that are not UTF-8).
+            codes[400] = "invalid_json"
+            message = "the request body is not valid JSON: it is not UTF-8 text"
         return respond(
             request,
             APIError(
                 err.status_code,
-                str(err.detail),
+                message,
                 code=codes.get(err.status_code),
                 headers=getattr(err, "headers", None),
             ),

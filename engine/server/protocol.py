@@ -42,6 +42,14 @@ def bounded_stops(stops: Any) -> Any:
 StopStrings = Annotated[list[StrictStr], AfterValidator(bounded_stops)]
 
 
+def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools whose `function`, where given, is an object: every reader of a tool looks inside."""
+    for index, tool in enumerate(tools or []):
+        if "function" in tool and not isinstance(tool["function"], dict):
+            raise ValueError(f"tools.{index}.function must be an object")
+    return tools
+
+
 class StreamOptions(TolerantModel):
     include_usage: StrictBool = False
     continuous_usage_stats: StrictBool = False
@@ -110,7 +118,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, AfterValidator(function_tools)] = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None

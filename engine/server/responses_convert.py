@@ -80,12 +80,17 @@ def to_chat_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
                 message.reasoning_content, reasoning = reasoning, ""
             out.append(message)
         elif kind == "function_call":
+            arguments = item.get("arguments") or "{}"
+            if not isinstance(arguments, str | dict):
+                raise InvalidRequestError(
+                    "arguments must be a JSON string", param=f"{where}.arguments"
+                )
             call = {
                 "id": _string(item, "call_id", where),
                 "type": "function",
                 "function": {
                     "name": _string(item, "name", where),
-                    "arguments": item.get("arguments") or "{}",
+                    "arguments": arguments,
                 },
             }
             out.append(_with_call(out, call, reasoning))

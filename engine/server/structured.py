@@ -30,6 +30,8 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 def format_grammar(spec: dict[str, Any] | None, param: str) -> str | None:
     """The grammar of an OpenAI `response_format` (chat) or `text.format` (Responses) object;
     None for plain text. Chat nests the schema under `json_schema`, Responses does not."""
+    if spec is not None and not isinstance(spec, dict):
+        raise InvalidRequestError(f"{param} must be an object", param=param)
     kind = (spec or {}).get("type", "text")
     if kind == "text":
         return None

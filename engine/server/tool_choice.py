@@ -64,7 +64,9 @@ def openai_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None,
     if tool_choice == "required":
         return None, True
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        function = tool_choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+        name = named or tool_choice.get("name")
         if isinstance(name, str) and name:
             return name, True
     raise InvalidRequestError(
