@@ -1,0 +1,38 @@
+"""The short load run (bench/load.py for 45 s, 16 clients) passes every check of the long one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LOAD = Path(__file__).resolve().parents[2] / "bench" / "load.py"
+
+
+@pytest.mark.slow
+def test_short_load_run_passes(default_checkpoint: Path, tmp_path: Path) -> None:
+    report = tmp_path / "load.json"
+    command = [sys.executable, str(LOAD), "--model", str(default_checkpoint), "--seconds", "45"]
+    command += ["--clients", "16", "--warmup-seconds", "15", "--json", str(report)]
+    command += ["--request-timeout", "90", "--server-log", str(tmp_path / "server.log")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert report.is_file(), done.stdout + done.stderr
+    summary = json.loads(report.read_text())
+    assert summary["checks"] == {
+        "no_5xx": True,
+        "no_started_then_overloaded": True,
+        "no_lost": True,
+        "idle_at_end": True,
+        "rss_bounded": True,
+    }, done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = summary["outcomes"]
+    # The run exercised what it claims: answers, queue overflow refused before any stream
+    # started (always with Retry-After), and clients that gave up mid-way.
+    assert outcomes["succeeded"] > 0
+    assert outcomes["refused"] > 0 and summary["refused_without_retry_after"] == 0
+    assert outcomes["aborted"] + outcomes["disconnected"] > 0
+    assert summary["prefix_cache"]["hits"] > 0
