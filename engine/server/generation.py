@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 
@@ -56,11 +57,19 @@ async def run_to_completion(
         raise
     finally:
         work.cancel()
+        # A choice that ends with an error while the request is being cancelled leaves it on
+        # the gather; read it, so asyncio does not log "exception was never retrieved".
+        work.add_done_callback(_consume_outcome)
         if watch is not None:
             watch.cancel()
         admission.release()
     tracker.finish(Outcome.SUCCEEDED)
     return list(results)
+
+
+def _consume_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _disconnected(client: Request) -> None:
