@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +50,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the server's child process: the kernel sends it SIGTERM when this bench dies, even by
+    SIGKILL (a test's timeout), so no server outlives its run."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -74,7 +85,9 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         *args.server_arg,
     ]
     with log.open("wb") as sink:
-        server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline and server.poll() is None:
         try:
