@@ -65,6 +65,11 @@ def _not_found(
     return render(request, template, context, session, status_code=404)
 
 
+def _no_deployment(request: Request, session: CurrentSession, ref: str) -> HTMLResponse:
+    message = f"no earlier deployment named {ref}"
+    return _not_found(request, session, "history_deployment.html", message)
+
+
 @router.get("/history", response_class=HTMLResponse)
 async def history_page(
     request: Request, console: ConsoleDep, session: CurrentSession
@@ -97,9 +102,7 @@ async def deployment_page(
 ) -> HTMLResponse:
     earlier = earlier_deployment(console, ref)
     if earlier is None:
-        return _not_found(
-            request, session, "history_deployment.html", f"no earlier deployment named {ref}"
-        )
+        return _no_deployment(request, session, ref)
     context = {"page": "history", "deployment": earlier, "pretty": _pretty(earlier.text)}
     return render(request, "history_deployment.html", context, session)
 
@@ -111,9 +114,7 @@ async def restore_preview(
     """What restoring `ref` would change; refused, with every problem, when it is invalid."""
     earlier = earlier_deployment(console, ref)
     if earlier is None:
-        return _not_found(
-            request, session, "history_deployment.html", f"no earlier deployment named {ref}"
-        )
+        return _no_deployment(request, session, ref)
     problems, raw = _restorable(earlier.text)
     try:
         current = console.store.current()

@@ -28,3 +28,29 @@ JSON = st.recursive(
 )
 OBJECT = st.dictionaries(WORD, JSON, max_size=4)
 TYPED = st.builds(lambda kind, rest: {**rest, "type": kind}, st.sampled_from(WORDS), OBJECT)
+
+ROLE = st.sampled_from(["system", "developer", "user", "assistant", "tool"])
+
+
+def chat_message(part: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
+    """An OpenAI chat message of any role with any subset of its fields; content parts from
+    `part`."""
+    return st.fixed_dictionaries(
+        {"role": ROLE},
+        optional={
+            "content": st.none() | WORD | st.lists(part, max_size=3),
+            "tool_calls": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "function": st.fixed_dictionaries(
+                            {"name": WORD}, optional={"arguments": JSON}
+                        )
+                    },
+                    optional={"id": WORD},
+                ),
+                max_size=2,
+            ),
+            "tool_call_id": WORD,
+            "reasoning_content": WORD,
+        },
+    )

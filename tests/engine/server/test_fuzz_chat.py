@@ -22,7 +22,7 @@ from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
 from tests.engine.server.fuzz_checks import TEXT, FuzzEngine, assert_error_shape, fuzz_examples
-from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD
+from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD, chat_message
 
 EXAMPLES = fuzz_examples(150)
 TIMEOUT_S = 10.0  # far beyond any scripted answer: a request this slow is a hang
@@ -61,21 +61,7 @@ def optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
     return st.fixed_dictionaries({}, optional=fields)
 
 
-CHAT_MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"])},
-    optional={
-        "content": st.none() | WORD | st.lists(TYPED, max_size=3),
-        "tool_calls": st.lists(
-            st.fixed_dictionaries(
-                {"function": st.fixed_dictionaries({"name": WORD}, optional={"arguments": JSON})},
-                optional={"id": WORD},
-            ),
-            max_size=2,
-        ),
-        "tool_call_id": WORD,
-        "reasoning_content": WORD,
-    },
-)
+CHAT_MESSAGE = chat_message(TYPED)
 
 
 @FUZZ

@@ -24,29 +24,14 @@ from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.responses_convert import to_chat_messages as responses_messages
 from dgpp.engine.server.responses_convert import to_chat_tools
 from tests.engine.server.fuzz_checks import fuzz_examples
-from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD
+from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD, chat_message
 
 FUZZ = settings(max_examples=fuzz_examples(150), derandomize=True, deadline=None)
-ROLE = st.sampled_from(["system", "developer", "user", "assistant", "tool"])
 PART = st.fixed_dictionaries(
     {"type": st.sampled_from(["text", "thinking", "redacted_thinking", "image_url"])},
     optional={"text": WORD, "thinking": WORD},
 )
-MESSAGE = st.fixed_dictionaries(
-    {"role": ROLE},
-    optional={
-        "content": st.none() | WORD | st.lists(PART, max_size=3),
-        "tool_calls": st.lists(
-            st.fixed_dictionaries(
-                {"function": st.fixed_dictionaries({"name": WORD}, optional={"arguments": JSON})},
-                optional={"id": WORD},
-            ),
-            max_size=2,
-        ),
-        "tool_call_id": WORD,
-        "reasoning_content": WORD,
-    },
-)
+MESSAGE = chat_message(PART)
 
 
 def rendered(tokenizer: Any, messages: list[ChatMessage], **kwargs: Any) -> list[int] | None:
