@@ -27,6 +27,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dgpp.engine.distributed.cluster_secret import SecretMismatch, new_challenge, prove, verify
+from dgpp.engine.distributed.interface import pin_collective_interface
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.parallel import ParallelContext
 
@@ -293,6 +294,7 @@ class RendezvousLost(RuntimeError):
 
 def _init_groups(store: Any, generation: int, rank: int, size: int, spec: WorldSpec) -> World:
     timeouts = spec.timeouts
+    pin_collective_interface(spec.head, spec.port)
     dist.init_process_group(
         backend=spec.backend,
         store=dist.PrefixStore(f"{_PREFIX}/g{generation}/pg", store),
