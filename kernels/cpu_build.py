@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -29,6 +31,7 @@ def load_cpu_extension(
     ("<what> unavailable (<error>); <fallback>"), when it cannot be built. Callers cache it."""
     from torch.utils.cpp_extension import load
 
+    _interpreter_bin_on_path()
     # the headers beside the source are part of it: an edited header rebuilds too
     parts = [source, *sorted(source.parent.glob("*.h"))]
     content = b"".join(part.read_bytes() for part in parts) + torch.__version__.encode()
@@ -50,3 +53,13 @@ def load_cpu_extension(
     except Exception as err:  # no compiler, no ninja, a toolchain error: serve slower, not fail
         log.warning("%s unavailable (%s); %s", what, err, fallback)
         return None
+
+
+def _interpreter_bin_on_path() -> None:
+    """PyTorch's builder runs `ninja` from PATH, and pip installs it (a dependency of dgpp) beside
+    the interpreter; a service (`dgpp@rankN` under systemd) has no virtual environment on its
+    PATH, so without this it never found ninja and served on the slower PyTorch twins."""
+    here = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if here not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(part for part in (here, path) if part)
