@@ -3,6 +3,7 @@ restarted whenever one exits, the way systemd's `Restart=always` restarts `dgpp@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from dgpp.engine.distributed.world import WorldTimeouts
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass
@@ -55,6 +57,9 @@ class LocalWorkers:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # Resolved here, not in the forked child: a child of a threaded process must not load
+        # libraries or take Python's import lock before it execs.
+        self._prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def command(self, rank: int) -> list[str]:
         return [
@@ -108,9 +113,17 @@ class LocalWorkers:
 
     def _spawn(self, rank: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, **secret_env(self.secret)}
-        process = subprocess.Popen(self.command(rank), env=env)
+        process = subprocess.Popen(self.command(rank), env=env, preexec_fn=self._die_with_head)
         log.info("started rank %d (pid %d)", rank, process.pid)
         return process
+
+    def _die_with_head(self) -> None:
+        """In a worker's child process: the kernel sends it SIGTERM (an orderly stop) when the
+        thread that started it goes away, the whole `dgpp serve` killed included. Without it a
+        SIGKILLed rank 0 left its workers running, unsupervised and holding their weights (one
+        that lost rank 1's seat to the next `dgpp serve`'s own worker kept waiting for a world).
+        Workers start from the main thread or the supervisor's, which both live until `stop`."""
+        self._prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
     def _supervise(self) -> None:
         while not self._stopping.wait(_POLL_S):
