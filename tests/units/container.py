@@ -41,6 +41,10 @@ PACKAGES = ["systemd", "dbus", "python3", "python3-venv", "iproute2", "curl", "c
 PACKAGES += ["python3-packaging"]
 # The console's restart path for the webui test: the role picks sudo (no polkitd here).
 PACKAGES += ["sudo"]
+# The two-host cluster test: Ansible reaches each container over SSH,
+PACKAGES += ["openssh-server"]
+# ...and the head loads its dgpp firewall for real (role dgpp_firewall).
+PACKAGES += ["nftables"]
 BACKPORTS = ["systemd", "systemd-sysv", "libpam-systemd", "libsystemd-shared"]
 TORCH = "torch==2.13.0"
 WHEELS = Path("/opt/wheels")  # where this host's pip finds torch 2.13.0+cpu (pip config find-links)
@@ -226,10 +230,18 @@ class PrivateCgroup:
 class Container:
     """A booted container: `start()`, `sh(script)` inside it, `stop()`."""
 
-    def __init__(self, work: Path, binds: dict[str, str], machine: str = "dgpp-test") -> None:
+    def __init__(
+        self,
+        work: Path,
+        binds: dict[str, str],
+        machine: str = "dgpp-test",
+        netns: Path | None = None,
+    ) -> None:
         self.work = work
         self.binds = binds  # host path -> container path, read-only
         self.machine = machine
+        # A network namespace the test made (`ip netns add`), or None: a private loopback.
+        self.netns = netns
         self.console = work / "console.log"
         self.leader: int | None = None
         self._overlay: Overlay | None = None
@@ -241,10 +253,16 @@ class Container:
         self._overlay = Overlay(cached_layers(), self.work)
         merged = self._overlay.__enter__()
         started = time.monotonic()
-        self._cgroup = PrivateCgroup("dgpp-nspawn").__enter__()
+        self._cgroup = PrivateCgroup(f"dgpp-nspawn-{self.machine}").__enter__()  # one per box
         binds = [f"--bind-ro={host}:{inside}" for host, inside in self.binds.items()]
         command = [*NSPAWN, "-b", f"--machine={self.machine}", "--console=read-only"]
-        command += ["--private-network", *binds]  # its own loopback: ports cannot clash
+        # Its own loopback (ports cannot clash), or the test's namespace with its veth.
+        # nspawn keeps CAP_NET_ADMIN only with --private-network: the namespace is the
+        # container's own all the same (the head loads its nftables ruleset into it).
+        network = ["--private-network"]
+        if self.netns:
+            network = [f"--network-namespace-path={self.netns}", "--capability=CAP_NET_ADMIN"]
+        command += [*network, *binds]
         with open(self.console, "wb") as console:
             self._nspawn = subprocess.Popen(
                 [*command, "-D", str(merged)],
@@ -328,3 +346,11 @@ def _container_init(nspawn_pid: int) -> int | None:
                     if fields.get("NSpid", "").split()[-1:] == ["1"] and pid != nspawn_pid:
                         return pid
     return None
+
+
+if __name__ == "__main__":  # CI builds the cached layers as a stage of its own, timed
+    missing = missing_tools()
+    if missing:
+        print("nspawn root not built, missing: " + ", ".join(missing))
+    else:
+        print("\n".join(str(layer) for layer in cached_layers()))
