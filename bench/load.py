@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/load.py [--minutes 5 | --seconds 60] [--clients 32] [--json FILE]
                                    [--max-concurrency 8] [--queue-limit 8] [--url URL]
+                                   [--snapshot-every SECONDS]
+    .venv/bin/python bench/load.py --minutes 60 --json build/soak.json   # the soak
 
 Starts `dgpp serve --model default` (the embedded SmolLM2-135M) with a small running batch and
 queue (or targets `--url`), then runs `--clients` clients, each looping over a mix of streamed and
@@ -17,10 +19,18 @@ percentiles from the SSE streams, output tok/s, 503s with and without Retry-Afte
 rate (the server's counters, delta over the run), the server's RSS every 5 s, and the scheduler
 once the clients stopped. Warm-up is the first `--warmup-seconds` (20; a third of shorter runs).
 
+Every `--snapshot-every` seconds (60 for runs of 10 minutes or more, else off; 0 = off) a
+snapshot (bench/load_snapshots.py) reads `/v1/metrics` (memory, scheduler and KV gauges, the
+request, token and prefix-cache counters) and the clients' tallies; the report gains one row
+per snapshot (RSS, KV in use, running, waiting, requests by outcome, tok/s and prefix hit rate in
+the interval) and three soak checks.
+
 Exit 0 only when every check passes: no 5xx (nor an error event other than `overloaded` inside a
 200 stream); no 200 stream that later reports `overloaded`; nothing lost (every request succeeded,
 was refused with 503 before its answer started, or was given up by its client); running = waiting
-= 0 and no KV block in use at the end; RSS at the end <= RSS after warm-up x 1.05.
+= 0 and no KV block in use at the end; RSS at the end <= RSS after warm-up x 1.05. With
+snapshots, also: the last third of the snapshots after warm-up has a mean RSS <= the first
+third's x 1.05; KV blocks in use never above the pool; no server counter ever goes down.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import dataclasses
+import functools
 import json
 import signal
 import socket
@@ -42,6 +54,7 @@ import httpx
 import psutil
 from load_clients import DOCUMENTS, RequestRecord, burst_loop, client_loop
 from load_report import RunFacts, render, summarise
+from load_snapshots import Snapshot, take_snapshots
 
 RSS_EVERY_S = 5.0
 
@@ -117,12 +130,17 @@ async def metrics(client: httpx.AsyncClient) -> dict[str, Any]:
     return response.json()
 
 
-async def rss_now(client: httpx.AsyncClient, pid: int | None) -> int | None:
-    """The server's RSS: `/v1/metrics` memory.host_rss_bytes, else psutil on its pid."""
-    rss = ((await metrics(client)).get("memory") or {}).get("host_rss_bytes")
+async def reading(client: httpx.AsyncClient, pid: int | None) -> tuple[dict[str, Any], int | None]:
+    """`/v1/metrics` and the server's RSS: its memory.host_rss_bytes, else psutil on its pid."""
+    body = await metrics(client)
+    rss = (body.get("memory") or {}).get("host_rss_bytes")
     if rss is None and pid is not None:
         rss = psutil.Process(pid).memory_info().rss
-    return rss
+    return body, rss
+
+
+async def rss_now(client: httpx.AsyncClient, pid: int | None) -> int | None:
+    return (await reading(client, pid))[1]
 
 
 async def sample_rss(
@@ -161,18 +179,29 @@ def is_idle(snapshot: dict[str, Any]) -> bool:
     )
 
 
-async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, Any]:
+def phases(args: argparse.Namespace) -> tuple[float, float]:
+    """The client phase's length and its warm-up, in seconds."""
     duration = args.seconds if args.seconds is not None else args.minutes * 60
     warmup = args.warmup_seconds if args.warmup_seconds is not None else min(20.0, duration / 3)
+    return duration, warmup
+
+
+async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, Any]:
+    duration, warmup = phases(args)
     records: list[RequestRecord] = []
     samples: list[tuple[float, int]] = []
+    snapshots: list[Snapshot] = []
     async with httpx.AsyncClient(base_url=url) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         await prime(client, model)
         before = await metrics(client)
         t0 = time.monotonic()
         deadline = t0 + duration
-        sampler = asyncio.create_task(sample_rss(client, pid, t0, samples))
+        watchers = [asyncio.create_task(sample_rss(client, pid, t0, samples))]
+        if args.snapshot_every > 0:
+            read = functools.partial(reading, client, pid)
+            watch = take_snapshots(read, t0, args.snapshot_every, records, snapshots)
+            watchers.append(asyncio.create_task(watch))
         loops = [
             client_loop(url, model, args.seed + i, deadline, args.request_timeout, records)
             for i in range(args.clients)
@@ -191,7 +220,8 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
                 )
             )
         await asyncio.gather(*loops)
-        sampler.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         clients_done = time.monotonic()
         # Aborted and disconnected requests are reaped by the engine's next steps: give it time.
         after = await metrics(client)
@@ -203,6 +233,7 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
         if rss is not None:
             samples.append((time.monotonic() - t0, rss))
     facts = RunFacts(args.clients, clients_done - t0, warmup, before, after, settle, samples)
+    facts = dataclasses.replace(facts, snapshots=snapshots, snapshot_every_s=args.snapshot_every)
     return summarise(records, facts)
 
 
@@ -224,12 +255,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle-timeout", type=float, default=30.0)
     parser.add_argument("--start-timeout", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--snapshot-every",
+        type=float,
+        help="seconds between /v1/metrics snapshots: 60 for runs >= 10 min, else off; 0 = off",
+    )
     parser.add_argument("--json", type=Path, help="write the full report here")
     parser.add_argument("--server-log", type=Path, help="keep the started server's log here")
     parser.add_argument(
         "--server-arg", action="append", default=[], help="extra `dgpp serve` argument (repeat)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    duration, warmup = phases(args)
+    if args.snapshot_every is None:
+        args.snapshot_every = 60.0 if duration >= 600 else 0.0
+    if args.snapshot_every > 0 and duration - warmup < 3 * args.snapshot_every:
+        parser.error("--snapshot-every: the drift check needs 3 snapshots after warm-up")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

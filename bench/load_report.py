@@ -1,14 +1,16 @@
 """The report of bench/load.py: figures from the client records and the server's `/v1/metrics`,
-the pass criteria, and their plain-text table."""
+the pass criteria, and their plain-text table; with snapshots, the soak table and checks of
+bench/load_snapshots.py."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from load_clients import Outcome, RequestRecord
+from load_snapshots import Snapshot, render_table, soak
 
 RSS_GROWTH_LIMIT = 1.05  # RSS at the end may exceed RSS after warm-up by at most 5 %
 
@@ -24,6 +26,8 @@ class RunFacts:
     metrics_after: dict[str, Any]  # /v1/metrics once the server settled after the clients
     settle_s: float  # how long the server took to get back to idle (or the cap, if it did not)
     rss_samples: list[tuple[float, int]]  # (seconds since the clients started, bytes)
+    snapshots: list[Snapshot] = field(default_factory=list)
+    snapshot_every_s: float = 0.0  # 0: snapshots were off (no soak section nor soak checks)
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
@@ -80,6 +84,13 @@ def summarise(records: list[RequestRecord], facts: RunFacts) -> dict[str, Any]:
         and end_rss is not None
         and end_rss <= warm_rss * RSS_GROWTH_LIMIT,
     }
+    snapshots = None
+    if facts.snapshot_every_s > 0:
+        end_s = facts.duration_s + facts.settle_s
+        snapshots, soak_checks = soak(
+            facts.snapshots, facts.snapshot_every_s, facts.warmup_s, before, after, end_s
+        )
+        checks |= soak_checks
     return {
         "clients": facts.clients,
         "duration_s": round(facts.duration_s, 1),
@@ -128,6 +139,7 @@ def summarise(records: list[RequestRecord], facts: RunFacts) -> dict[str, Any]:
             for key in ("running", "waiting", "kv_blocks_in_use", "kv_blocks_total")
         }
         | {"settle_s": round(facts.settle_s, 1)},
+        "snapshots": snapshots,
         "checks": checks,
         "passed": all(checks.values()),
     }
@@ -191,6 +203,8 @@ def render(summary: dict[str, Any]) -> str:
         "at the end            " + ", ".join(f"{k} {v}" for k, v in summary["final"].items()),
         "",
     ]
+    if summary.get("snapshots"):
+        lines += [*render_table(summary["snapshots"]), ""]
     lines += [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in summary["checks"].items()]
     lines.append("PASSED" if summary["passed"] else "FAILED")
     return "\n".join(lines)
