@@ -144,6 +144,7 @@ class HeadRuntime:
 
     def run(self) -> None:
         self.notifier.watch(self.status_line, self._stop)
+        self.notifier.keep_alive(self._stop)
         self.nodes.own.start(self._stop)
         retry_s = 1.0
         while not self._stop.is_set():

@@ -163,6 +163,7 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     outcome: list[int] = []
     worker = Worker(spec, expected, resident_dir())
     notifier = Notifier.from_environment()
+    notifier.keep_alive(stop)
     report_worker(notifier, worker)
 
     def serve() -> None:

@@ -5,6 +5,11 @@ written with a leading `@`); a rank sends newline-separated `KEY=value` assignme
 `READY=1` once it serves, `STATUS=...` (the line `systemctl status` shows) and `STOPPING=1` on an
 orderly stop. Without `NOTIFY_SOCKET` (a shell, the local backend's children) every call is a
 no-op, so the ranks need no "am I under systemd" branch.
+
+With `WatchdogSec=` the manager also passes `WATCHDOG_USEC`; the rank then sends `WATCHDOG=1` at
+a third of it from a thread of its own. A rank that is frozen (SIGSTOP, a debugger, a machine
+thrashing) sends nothing, and systemd kills and restarts it, where the world would otherwise wait
+for it forever: dgpp's own deadlines notice a silent rank, but only a restart brings it back.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ log = logging.getLogger(__name__)
 class Notifier:
     """Sends notifications to one socket address (None: to nobody)."""
 
-    def __init__(self, address: str | None) -> None:
+    def __init__(self, address: str | None, watchdog_s: float | None = None) -> None:
         self.address = address or None
+        # The manager's watchdog timeout (WatchdogSec=), None when it watches nothing.
+        self.watchdog_s = watchdog_s if self.address else None
         self.last_status: str | None = None
         self.is_ready = False
         self._lock = threading.Lock()
@@ -39,8 +46,13 @@ class Notifier:
         environment, so that child processes (the local backend's workers) do not inherit it:
         with `NotifyAccess=main` systemd would log every message they sent as refused."""
         env = os.environ if environ is None else environ
-        address = env.pop("NOTIFY_SOCKET", None) if unset else env.get("NOTIFY_SOCKET")
-        return cls(address)
+        take = env.pop if unset else env.get
+        address = take("NOTIFY_SOCKET", None)
+        usec, pid = take("WATCHDOG_USEC", None), take("WATCHDOG_PID", None)
+        watched = usec is not None and usec.isdigit() and int(usec) > 0
+        if watched and pid is not None and pid != str(os.getpid()):
+            watched = False  # the variables were meant for another process (sd_watchdog_enabled)
+        return cls(address, int(usec) / 1e6 if watched and usec else None)
 
     def notify(
         self, ready: bool = False, status: str | None = None, stopping: bool = False
@@ -86,6 +98,23 @@ class Notifier:
                     return
 
         thread = threading.Thread(target=loop, name="dgpp-sd-notify", daemon=True)
+        thread.start()
+        return thread
+
+    def keep_alive(self, stop: threading.Event) -> threading.Thread | None:
+        """Send WATCHDOG=1 every third of the watchdog timeout until `stop` is set, on a daemon
+        thread; None (nothing started) when the manager set no watchdog."""
+        if self.watchdog_s is None or self.address is None:
+            return None
+        address, every_s = self.address, self.watchdog_s / 3
+
+        def loop() -> None:
+            while True:
+                _send(address, b"WATCHDOG=1")
+                if stop.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=loop, name="dgpp-sd-watchdog", daemon=True)
         thread.start()
         return thread
 

@@ -4,6 +4,7 @@ rank, re-forms and stops."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -119,6 +120,30 @@ def test_watch_polls_a_description_until_stopped(listener: Listener) -> None:
     thread.join(2)
     assert not thread.is_alive()
     assert listener.messages() == ["STATUS=waiting for ranks 1, 2", "STATUS=waiting for ranks 2"]
+
+
+def test_keep_alive_pings_at_a_third_of_the_watchdog_until_stopped(listener: Listener) -> None:
+    environ = {"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "300000"}
+    environ["WATCHDOG_PID"] = str(os.getpid())
+    notifier = Notifier.from_environment(environ)
+    assert notifier.watchdog_s == 0.3 and environ == {}  # children inherit no watchdog
+    stop = threading.Event()
+    thread = notifier.keep_alive(stop)
+    assert thread is not None
+    time.sleep(0.55)  # pings at 0, 0.1, 0.2, ... 0.5 s
+    stop.set()
+    thread.join(2)
+    pings = listener.messages()
+    assert set(pings) == {"WATCHDOG=1"} and 4 <= len(pings) <= 7, pings
+
+
+def test_no_watchdog_no_pings(listener: Listener) -> None:
+    stop = threading.Event()
+    assert Notifier(listener.address).keep_alive(stop) is None
+    other = {"NOTIFY_SOCKET": listener.address, "WATCHDOG_USEC": "300000", "WATCHDOG_PID": "1"}
+    assert Notifier.from_environment(other).keep_alive(stop) is None  # meant for another pid
+    assert Notifier(None, watchdog_s=1.0).keep_alive(stop) is None  # nobody to tell
+    assert listener.messages(0.3) == []
 
 
 def test_report_worker_follows_a_workers_life(listener: Listener) -> None:

@@ -139,6 +139,31 @@ def test_a_killed_rank_is_restarted_by_systemd(container: Container) -> None:
     assert _show(container, "dgpp@rank0", "NRestarts")["NRestarts"] == "1"
 
 
+def test_a_frozen_rank_is_restarted_by_the_watchdog(container: Container) -> None:
+    """SIGSTOP freezes the rank, its WATCHDOG=1 pings stop, and systemd aborts it (SIGKILL once
+    TimeoutAbortSec passed: a stopped process holds SIGABRT) and restarts it. A drop-in shortens
+    the unit's WatchdogSec=30s to 6 s to keep the test short; the keys themselves are the unit's."""
+    dropin = "/etc/systemd/system/dgpp@rank0.service.d"
+    container.sh(
+        f"mkdir -p {dropin} && printf '[Service]\\nWatchdogSec=6s\\n' > {dropin}/watchdog.conf"
+        " && systemctl daemon-reload && systemctl restart dgpp@rank0"
+    )
+    try:
+        before = int(_show(container, "dgpp@rank0", "NRestarts")["NRestarts"])
+        container.sh("systemctl kill --signal=SIGSTOP dgpp@rank0")
+        frozen = time.monotonic()
+        while int(_show(container, "dgpp@rank0", "NRestarts")["NRestarts"]) == before:
+            assert time.monotonic() - frozen < 90, _journal(container, "dgpp@rank0")[-3000:]
+            time.sleep(0.5)
+        while container.sh(HEALTH, check=False).stdout != "200":
+            assert time.monotonic() - frozen < 180, _journal(container, "dgpp@rank0")[-3000:]
+            time.sleep(0.5)
+        TIMINGS["frozen rank 0 serving again (WatchdogSec=6s)"] = time.monotonic() - frozen
+        assert "Watchdog timeout" in _journal(container, "dgpp@rank0")
+    finally:
+        container.sh(f"rm -rf {dropin} && systemctl daemon-reload")
+
+
 def test_a_world_of_two_heals_when_systemd_restarts_a_worker(container: Container) -> None:
     container.sh(f"cat > /etc/dgpp/deployment.json <<'EOF'\n{_deployment(2)}\nEOF")
     container.sh("systemctl enable dgpp@rank1")  # what a worker's host enables
