@@ -248,6 +248,8 @@ else:
                 "pytest",
                 "-q",
                 "-s",
+                "-n",
+                "0",
                 "-p",
                 "no:cacheprovider",
                 __file__,

@@ -201,7 +201,7 @@ if not IN_PROCESS:
     def test_in_a_fresh_interpreter() -> None:
         env = {**os.environ, "TRITON_INTERPRET": "1"}
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+            [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
             cwd=Path(__file__).resolve().parents[2],
             env=env,
             capture_output=True,
