@@ -319,7 +319,8 @@ def test_a_deployment_that_cannot_load_is_rolled_back(console: Container) -> Non
     seconds = time.monotonic() - started
     assert job["phase"] == "rolled back", job
     assert job["reason"].startswith("rank 0 exited and is restarting"), job["reason"]
-    assert "exit code 3" in job["reason"], job["reason"]
+    # the reason names the root cause from rank 0's log (webui/root_cause.py), not the exit code
+    assert "no such checkpoint directory: /srv/models/missing" in job["reason"], job["reason"]
     assert "no such checkpoint directory: /srv/models/missing" in job["log_tail"]
     print(f"\nswitch to a missing checkpoint: rolled back in {seconds:.1f} s")
     assert json.loads(box.sh(f"cat {DEPLOYMENT_FILE}").stdout) == kept
