@@ -4,7 +4,6 @@ and returns the logits to sample from."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 
 from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow
 from dgpp.engine.backends.selection import select_backend_for
+from dgpp.engine.background_packing import BackgroundPacking
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.errors import ConfigError
@@ -27,7 +27,7 @@ from dgpp.engine.scheduler import StepPlan
 from dgpp.engine.state_cache import allocate_states, copy_slots, state_layers
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
-from dgpp.kernels.linear import LinearPacker, select_packer
+from dgpp.kernels.linear import select_packer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The warm-up row's seq id: no request has a negative one.
@@ -98,16 +98,14 @@ class ModelRunner:
         for module in packable:
             if isinstance(module, PackableLinear):
                 module.select_kernels()
-        self.packing: threading.Thread | None = None
+        self.packing: BackgroundPacking | None = None
         if packer is not None and warm:
             # Warm weights are memory-mapped from the image: serve on them at once and pack on
             # the side (seconds for billions of parameters); each layer switches when packed.
-            self.packing = threading.Thread(
-                target=_pack_all, args=(packable, packer), name="dgpp-pack", daemon=True
-            )
-            self.packing.start()
+            self.packing = BackgroundPacking(packable, packer)
         elif packer is not None:
-            _pack_all(packable, packer, keep_dense=False)
+            for module in packable:
+                module.pack(packer, keep_dense=False)
         layers = cache_layers(self.model)
         declared = layer_cache_specs(model_config, parallel)  # what the memory plan counted
         assert [layer.cache_spec for layer in layers] == declared, "cache specs disagree"
@@ -186,17 +184,3 @@ def _token_inputs(
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     return tensor(input_ids), tensor(positions), tensor(sample_index)
-
-
-def _pack_all(
-    modules: list[PackableLinear | ParallelLMHead], packer: LinearPacker, keep_dense: bool = True
-) -> None:
-    started = time.monotonic()
-    for module in modules:
-        module.pack(packer, keep_dense=keep_dense)
-    if keep_dense:
-        logging.getLogger(__name__).info(
-            "packed %d linear layers in the background in %.2f s",
-            len(modules),
-            time.monotonic() - started,
-        )
