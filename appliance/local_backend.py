@@ -60,6 +60,7 @@ class LocalWorkers:
         # Resolved here, not in the forked child: a child of a threaded process must not load
         # libraries or take Python's import lock before it execs.
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
+        self._head_pid = os.getpid()
 
     def command(self, rank: int) -> list[str]:
         return [
@@ -122,8 +123,12 @@ class LocalWorkers:
         thread that started it goes away, the whole `dgpp serve` killed included. Without it a
         SIGKILLed rank 0 left its workers running, unsupervised and holding their weights (one
         that lost rank 1's seat to the next `dgpp serve`'s own worker kept waiting for a world).
-        Workers start from the main thread or the supervisor's, which both live until `stop`."""
+        Workers start from the main thread or the supervisor's, which both live until `stop`.
+        A head that died between the fork and here sent nothing: the child is an orphan already
+        (re-parented), and leaves at once."""
         self._prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != self._head_pid:
+            os._exit(1)
 
     def _supervise(self) -> None:
         while not self._stopping.wait(_POLL_S):

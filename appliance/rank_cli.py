@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import threading
 from dataclasses import replace
 from typing import Any
@@ -30,6 +29,7 @@ from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.http_keys import warn_if_unauthenticated
 from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier, report_worker
+from dgpp.appliance.stop_signals import StopSignals
 from dgpp.appliance.timeout_env import apply_env_overrides
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
@@ -178,13 +178,14 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
             outcome.append(EXIT_ENGINE_FAILURE)
         finally:
             stop.set()
+            signals.wake()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    # Never `stop.set` from a signal handler: see StopSignals.
+    signals = StopSignals()
     _publish_node(spec, stop)
     threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
     logged_to, handler = None, None
-    while not stop.wait(0.5):
+    while not stop.is_set() and not signals.wait(0.5):
         report_worker(notifier, worker)
         if worker.deployment_id is not None and worker.deployment_id != logged_to:
             from dgpp.appliance.deployment_log import attach_rank_log
@@ -194,6 +195,7 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
                 handler.close()
             logged_to = worker.deployment_id
             handler = attach_rank_log(logged_to, spec.rank)
+    stop.set()
     code = outcome[0] if outcome else EXIT_OK
     notifier.notify(stopping=True, status=f"stopping with exit code {code}")
     log.info("rank %d exiting with %d", spec.rank, code)
