@@ -216,7 +216,8 @@ async def send(
             else:
                 _classify_whole(record, response)
     except TimeoutError:
-        record.outcome, record.detail = Outcome.LOST, f"timeout after {timeout_s:.0f} s"
+        where = "before the first token" if record.ttft_s is None else "mid-stream"
+        record.outcome, record.detail = Outcome.LOST, f"timeout after {timeout_s:.0f} s, {where}"
     except (httpx.TransportError, httpx.StreamError) as err:
         record.outcome, record.detail = Outcome.LOST, f"transport: {type(err).__name__}"
     except ValueError as err:  # a body or an event that is not the JSON it must be
