@@ -6,12 +6,13 @@
     .venv/bin/python bench/load.py --minutes 60 --json build/soak.json   # the soak
 
 Starts `dgpp serve --model default` (the embedded SmolLM2-135M) with a small running batch and
-queue (or targets `--url`), then runs `--clients` clients, each looping over a mix of streamed and
-whole Chat Completions: short prompts, ~3K-token prompts that share three long prefixes (prefix
-cache hits), requests with a function tool (tool_choice auto), streams the client cancels after a
-few events, and whole requests whose client closes the connection before the answer. Every
-`--burst-every` seconds a burst of `--burst-size` simultaneous streams overflows the queue.
-Before the clients start, one request per long prefix caches it (not counted in the figures).
+queue (or targets `--url`), then runs `--clients` clients, each looping over a mix (one deck the
+clients share) of streamed and whole Chat Completions: short prompts, ~3K-token prompts that share
+two long prefixes (prefix cache hits), requests with a function tool (tool_choice auto), streams
+the client cancels after a few events, and whole requests whose client closes the connection before
+the answer. Every `--burst-every` seconds a burst of `--burst-size` simultaneous streams overflows
+the queue. Before the clients start, one request per long prefix caches it (not counted in the
+figures).
 
 Every request gets one outcome (bench/load_clients.py). The report (bench/load_report.py; plain
 text, and JSON with `--json`) gives requests by outcome, client-side TTFT and inter-token latency
@@ -52,7 +53,7 @@ from typing import Any
 
 import httpx
 import psutil
-from load_clients import DOCUMENTS, RequestRecord, burst_loop, client_loop
+from load_clients import DOCUMENTS, KindDeck, RequestRecord, burst_loop, client_loop
 from load_report import RunFacts, render, summarise
 from load_snapshots import Snapshot, take_snapshots
 
@@ -202,8 +203,9 @@ async def run(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, 
             read = functools.partial(reading, client, pid)
             watch = take_snapshots(read, t0, args.snapshot_every, records, snapshots)
             watchers.append(asyncio.create_task(watch))
+        deck = KindDeck(args.seed)
         loops = [
-            client_loop(url, model, args.seed + i, deadline, args.request_timeout, records)
+            client_loop(url, model, args.seed + i, deadline, args.request_timeout, records, deck)
             for i in range(args.clients)
         ]
         if args.burst_size > 0:

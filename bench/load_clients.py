@@ -70,8 +70,8 @@ WEATHER_TOOL = {
         },
     },
 }
-# (kind, weight): the per-client mix. `abort` cancels a stream after a few events;
-# `disconnect` closes a whole request before its answer arrives.
+# (kind, weight): the mix. `abort` cancels a stream after a few events; `disconnect` closes a
+# whole request before its answer arrives.
 MIX = [
     ("short_stream", 4),
     ("short_whole", 2),
@@ -89,6 +89,26 @@ MIX = [
 # client-side races out of `LOST`, which must mean the server lost the request.
 KEEPALIVE_EXPIRY_S = 4.0
 LIMITS = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
+class KindDeck:
+    """The mix as a deck of kinds shared by all clients: a request draws a card and a refused
+    one puts it back, so the requests the server admits follow the mix to within one deck (14
+    cards) however many the queue refuses. A random draw per request would let a short run on a
+    slow machine, which admits a few dozen, miss a kind altogether."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._cards: list[str] = []
+
+    def draw(self) -> str:
+        if not self._cards:
+            self._cards = [kind for kind, weight in MIX for _ in range(weight)]
+            self._rng.shuffle(self._cards)
+        return self._cards.pop()
+
+    def put_back(self, kind: str) -> None:
+        self._cards.append(kind)
 
 
 def build_body(kind: str, rng: random.Random, model: str) -> dict[str, Any]:
@@ -264,15 +284,18 @@ async def client_loop(
     deadline: float,
     timeout_s: float,
     records: list[RequestRecord],
+    deck: KindDeck,
 ) -> None:
-    """One looping client with its own connection pool, until `deadline` (monotonic)."""
+    """One looping client with its own connection pool, until `deadline` (monotonic), taking
+    each request's kind from the shared `deck`."""
     rng = random.Random(seed)
-    kinds, weights = zip(*MIX, strict=True)
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=LIMITS) as client:
         while time.monotonic() < deadline:
-            record = await send(client, rng.choices(kinds, weights)[0], rng, model, timeout_s)
+            kind = deck.draw()
+            record = await send(client, kind, rng, model, timeout_s)
             records.append(record)
             if record.outcome is Outcome.REFUSED:
+                deck.put_back(kind)
                 # Back off a random share of Retry-After so the queue keeps being pushed.
                 wait = float(record.retry_after or 1)
                 await asyncio.sleep(rng.uniform(0.0, min(wait, 5.0)))

@@ -6,7 +6,7 @@ import asyncio
 import json
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -15,7 +15,7 @@ import pytest
 # bench/ holds scripts, not a package: import its modules as bench/load.py does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from load_clients import Outcome, RequestRecord, send
+from load_clients import MIX, KindDeck, Outcome, RequestRecord, send
 from load_report import RunFacts, summarise
 
 
@@ -82,6 +82,38 @@ def test_a_broken_connection_is_lost() -> None:
 
     record = _classify("short_whole", broken)
     assert record.outcome is Outcome.LOST and "ReadError" in record.detail
+
+
+@pytest.mark.parametrize("sent_first_token", [False, True])
+def test_a_timeout_says_where_the_answer_stopped(sent_first_token: bool) -> None:
+    async def stalls() -> AsyncIterator[bytes]:
+        if sent_first_token:
+            yield _events(_chunk("a"), done=False)
+        await asyncio.sleep(60)
+        yield b""
+
+    async def go() -> RequestRecord:
+        answer = httpx.MockTransport(lambda _: httpx.Response(200, content=stalls()))
+        async with httpx.AsyncClient(base_url="http://load.test", transport=answer) as client:
+            return await send(client, "short_stream", random.Random(0), "m", timeout_s=0.3)
+
+    record = asyncio.run(go())
+    where = "mid-stream" if sent_first_token else "before the first token"
+    assert record.outcome is Outcome.LOST and record.detail == f"timeout after 0 s, {where}"
+
+
+def test_admitted_requests_follow_the_mix_however_many_are_refused() -> None:
+    deck, admission, size = KindDeck(seed=3), random.Random(4), sum(w for _, w in MIX)
+    admitted: list[str] = []
+    while len(admitted) < 3 * size:
+        kind = deck.draw()
+        if admission.random() < 0.9:  # refused: the card goes back
+            deck.put_back(kind)
+        else:
+            admitted.append(kind)
+    for start in range(0, len(admitted), size):
+        window = admitted[start : start + size]
+        assert {kind: window.count(kind) for kind in set(window)} == dict(MIX)
 
 
 def test_a_stream_reports_ttft_gaps_and_tokens() -> None:

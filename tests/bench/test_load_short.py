@@ -1,4 +1,4 @@
-"""The short load run (bench/load.py: 60 s, 16 clients, 4 running + 4 queued) passes every
+"""The short load run (bench/load.py: 45 s, 16 clients, 4 running + 4 queued) passes every
 check of the long one."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LOAD = Path(__file__).resolve().parents[2] / "bench" / "load.py"
 @pytest.mark.slow
 def test_short_load_run_passes(default_checkpoint: Path, tmp_path: Path) -> None:
     report = tmp_path / "load.json"
-    command = [sys.executable, str(LOAD), "--model", str(default_checkpoint), "--seconds", "60"]
+    command = [sys.executable, str(LOAD), "--model", str(default_checkpoint), "--seconds", "45"]
     command += ["--clients", "16", "--warmup-seconds", "15", "--json", str(report)]
     # Half the bench's running and queued slots: an admitted request waits behind at most 7
     # others instead of 15, so its latency on 2 shared cores stays well inside the bench's
