@@ -4,8 +4,9 @@
   the same: the whole output is that JSON.
 - A forced tool call (`tool_choice` `required` or a named function; Anthropic `any` / `tool`)
   whose tools are strict (`strict: true`; every Anthropic tool, whose `input_schema` is the
-  contract): the model continues the forced `<tool_call>` opening (tool_choice.py) with a tool
-  name and arguments that match that tool's schema, then closes the call.
+  contract), or any forced call where the template does not write `<tool_call>` blocks: the
+  model continues the forced `<tool_call>` opening (tool_choice.py) with a tool name and
+  arguments that match that tool's schema, then closes the call.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def forced_call_grammar(
     in the Chat Completions shape, `strict: true` on the tool or its function."""
     if forced is None:
         return None
+    strict = strict or forced.constrained
     functions = [(t.get("function") or t, strict or _strict(t)) for t in tools]
     if not any(is_strict for _, is_strict in functions):
         return None
@@ -74,15 +76,28 @@ def forced_call_grammar(
         tool_name = str(function.get("name", ""))
         if name is not None and tool_name != name:
             continue
-        schema = function.get("parameters") or {} if is_strict else ANY_OBJECT
-        if not schema:
-            schema = ANY_OBJECT
-        head = "" if name is not None else lark_string(f'{tool_name}", "arguments": ') + " "
+        schema = _parameters(function, number) if is_strict else ANY_OBJECT
+        escaped = json.dumps(tool_name)[1:-1]  # inside the JSON string the opening began
+        head = "" if name is not None else lark_string(f'{escaped}", "arguments": ') + " "
         rules.append(f"call{number}: {head}args{number}")
         rules.append(f"args{number}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
         choices.append(f"call{number}")
     text = "\n".join([f"start: ({' | '.join(choices)}) {close}", *rules])
     return lark_grammar(text, "tools")
+
+
+def _parameters(function: dict[str, Any], number: int) -> dict[str, Any]:
+    """The JSON schema a function's arguments must match (any object when it gives none)."""
+    schema = function.get("parameters")
+    if schema is None or schema == {}:
+        return ANY_OBJECT
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(
+            f"tools.{number}: a function's parameters must be a JSON schema object, "
+            f"got {type(schema).__name__}",
+            param="tools",
+        )
+    return schema
 
 
 async def checked(state: Any, grammar: str | None, param: str) -> str | None:

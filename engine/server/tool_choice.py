@@ -1,10 +1,17 @@
-"""`tool_choice: "required"` or a named function, without constrained decoding: the assistant
-turn is started with the opening of a tool call in the checkpoint's own tool-call format, so
-the model continues inside the call. The forced text is fed to the output parser before the
-generated text, so it reaches the client only as part of the parsed tool call."""
+"""`tool_choice: "required"` or a named function: the assistant turn is started with the opening
+of a Hermes tool call (`<tool_call>` + JSON), so the model continues inside the call. The forced
+text is fed to the output parser before the generated text, so it reaches the client only as
+part of the parsed tool call.
+
+A template that writes `<tool_call>` blocks (Qwen, Hermes, GLM, Qwen3-Coder) taught its model
+this opening, and the call is constrained only when its tools are strict. Any other template
+(harmony, DeepSeek, one without tools) did not: there the rest of the call is always
+constrained to the tools' names and schemas (structured.py), as vLLM constrains every forced
+call, so the answer is a well-formed call whatever the model's own format."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +25,7 @@ HERMES_CLOSE = "</tool_call>"
 class ForcedStart:
     text: str  # appended to the prompt; the parser sees it first
     closing: str  # fed to the parser at the end when the model stopped without writing it
+    constrained: bool = False  # the template does not write this format: always constrain
 
 
 def with_forced_start(tokenizer: Any, prompt: list[int], forced: ForcedStart | None) -> list[int]:
@@ -43,16 +51,11 @@ def forced_start(
         raise InvalidRequestError(
             f"tool_choice names {name!r}, which is not among the tools", param="tool_choice"
         )
-    if HERMES_OPEN not in chat_template:
-        raise InvalidRequestError(
-            "tool_choice 'required' or a named tool needs a model whose chat template writes "
-            "<tool_call> blocks; use 'auto' with this model",
-            param="tool_choice",
-        )
     opening = f'{HERMES_OPEN}\n{{"name": "'
     if name is not None:
-        opening += f'{name}", "arguments": '
-    return ForcedStart(text=opening, closing=f"\n{HERMES_CLOSE}")
+        opening += f'{json.dumps(name)[1:-1]}", "arguments": '
+    native = HERMES_OPEN in chat_template
+    return ForcedStart(text=opening, closing=f"\n{HERMES_CLOSE}", constrained=not native)
 
 
 def openai_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:

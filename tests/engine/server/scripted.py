@@ -13,15 +13,17 @@ from dgpp.engine.sampling_params import SamplingParams
 
 
 def engine_core(tokenizer: Any) -> SimpleNamespace:
-    """The attributes of `LLMEngine` the HTTP layer reads, for fake `AsyncEngine`s."""
+    """The attributes of `LLMEngine` the HTTP layer reads, for fake `AsyncEngine`s (a model's
+    vocabulary holds every token of its tokenizer, markers added by a test included)."""
+    vocab_size = max(49152, len(tokenizer))
     return SimpleNamespace(
         tokenizer=tokenizer,
         max_model_len=512,
-        model_config=SimpleNamespace(vocab_size=49152),
+        model_config=SimpleNamespace(vocab_size=vocab_size),
         config=SimpleNamespace(max_concurrency=4),
         has_recurrent_state=False,
         sampling_defaults=SamplingDefaults(),
-        grammars=Grammars(tokenizer, 49152, (2,)),
+        grammars=Grammars(tokenizer, vocab_size, (2,)),
     )
 
 
@@ -43,6 +45,7 @@ class ScriptedEngine:
         self.text = text
         self.is_running = True
         self.failure = None
+        self.params: list[SamplingParams] = []  # each request's, in arrival order
 
     def admit(self, num_requests: int = 1) -> FakeAdmission:
         return FakeAdmission(num_requests)
@@ -55,6 +58,7 @@ class ScriptedEngine:
         use_prefix_cache: bool = True,
         admission: Any = None,
     ) -> AsyncIterator[RequestOutput]:
+        self.params.append(params)
         sizes = [3, 1, 7, 2, 5]
         start, step = 0, 0
         while start < len(self.text):

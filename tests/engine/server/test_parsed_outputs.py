@@ -216,12 +216,48 @@ def test_bad_tool_choice_is_a_400(hermes: Any, tool_choice: Any, needle: str) ->
         assert response.json()["error"]["param"] == "tool_choice"
 
 
-def test_required_needs_a_tool_call_template(tool_client: TestClient) -> None:
-    body = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "hi"}],
-        "tools": TOOLS,
-        "tool_choice": "required",
-    }
-    response = tool_client.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400 and "<tool_call>" in response.json()["error"]["message"]
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "ls"}}])
+def test_a_forced_call_is_constrained_where_the_template_has_no_tool_calls(
+    tokenizer: Any, hermes: Any, choice: Any
+) -> None:
+    """The default template writes no `<tool_call>` blocks (nor do harmony's and DeepSeek's):
+    a forced call is still served, its rest constrained to the tools' schemas though no tool is
+    strict. Behind a template that writes them, a non-strict forced call is left free."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    body["tool_choice"] = choice
+    rest = '{"path": "/"}}' if isinstance(choice, dict) else 'ls", "arguments": {"path": "/"}}'
+    for template_tokenizer, constrained in ((tokenizer, True), (hermes, False)):
+        engine = ScriptedEngine(template_tokenizer, rest)
+        state = ServerState(engine, ServerConfig(), ("m",))  # type: ignore[arg-type]
+        with TestClient(create_app(state)) as client:
+            response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        (choice_out,) = response.json()["choices"]
+        (call,) = choice_out["message"]["tool_calls"]
+        assert call["function"]["name"] == "ls"
+        assert json.loads(call["function"]["arguments"]) == {"path": "/"}
+        assert choice_out["finish_reason"] == "tool_calls"
+        assert (engine.params[-1].grammar is not None) is constrained
+
+
+@pytest.mark.parametrize("parameters", [5, "object", [1], True])
+def test_a_forced_call_of_a_function_whose_parameters_are_not_a_schema_is_a_400(
+    tokenizer: Any, parameters: Any
+) -> None:
+    """Was a 500 (the grammar spread a non-object) once the call is constrained."""
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": parameters}}]
+    with _client(tokenizer, "{}}") as client:
+        for route, body in (
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/responses", {"input": "hi"}),
+        ):
+            request_tools = (
+                tools
+                if route.endswith("completions")
+                else [{"type": "function", **tools[0]["function"]}]
+            )
+            request = {"model": "m", **body, "tools": request_tools, "tool_choice": "required"}
+            response = client.post(route, json=request)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == "tools" and "parameters" in error["message"]

@@ -1,7 +1,8 @@
 """Structured outputs over real sockets on the default model (SmolLM2-135M, real weights):
 JSON schemas and JSON objects in Chat Completions and the Responses API, sampled at
-temperature 1 over 112 seeds, and strict forced tool calls in Chat, Responses and Anthropic
-on the same weights behind a chat template that writes `<tool_call>` blocks."""
+temperature 1 over 112 seeds, strict forced tool calls in Chat, Responses and Anthropic on
+the same weights behind a chat template that writes `<tool_call>` blocks, and forced calls of
+loose tools behind the model's own template, which writes none."""
 
 from __future__ import annotations
 
@@ -233,3 +234,52 @@ def test_forced_tools_follow_their_schemas_in_responses_and_anthropic(
         assert message.status_code == 200, message.text
         (block,) = [b for b in message.json()["content"] if b["type"] == "tool_use"]
         jsonschema.validate(block["input"], LS["function"]["parameters"])
+
+
+def _loose(tool: dict[str, Any]) -> dict[str, Any]:
+    """`tool` without `strict`."""
+    function = {k: v for k, v in tool["function"].items() if k != "strict"}
+    return {"type": "function", "function": function}
+
+
+def test_a_forced_call_follows_its_schema_under_a_template_without_tool_calls(
+    http: httpx.Client,
+) -> None:
+    """The default model's own template writes no `<tool_call>` blocks (nor do harmony's and
+    DeepSeek's): a forced call is constrained to the tools' schemas though no tool is strict,
+    in Chat Completions and Anthropic messages alike."""
+    schemas = {"ls": LS["function"]["parameters"], "cat": CAT["function"]["parameters"]}
+    for choice in ("required", {"type": "function", "function": {"name": "ls"}}):
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Show me notes.txt"}],
+            "tools": [_loose(LS), _loose(CAT)],
+            "tool_choice": choice,
+            "temperature": 1.0,
+            "seed": 7,
+            "max_tokens": 120,
+        }
+        response = http.post(CHAT, json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        (answer,) = response.json()["choices"]
+        (call,) = answer["message"]["tool_calls"]
+        name, arguments = _arguments(call)
+        assert answer["finish_reason"] == "tool_calls"
+        assert name == ("ls" if isinstance(choice, dict) else name) and name in schemas
+        jsonschema.validate(arguments, schemas[name])
+    message = http.post(
+        "/v1/messages",
+        json={
+            "model": MODEL,
+            "max_tokens": 120,
+            "messages": [{"role": "user", "content": "list /tmp"}],
+            "tools": [{"name": "cat", "input_schema": CAT["function"]["parameters"]}],
+            "tool_choice": {"type": "any"},
+        },
+        timeout=120,
+    )
+    assert message.status_code == 200, message.text
+    assert message.json()["stop_reason"] == "tool_use"
+    (block,) = [b for b in message.json()["content"] if b["type"] == "tool_use"]
+    assert block["name"] == "cat"
+    jsonschema.validate(block["input"], CAT["function"]["parameters"])

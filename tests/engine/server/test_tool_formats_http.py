@@ -105,6 +105,7 @@ class TokenEngine(ScriptedEngine):
         use_prefix_cache: bool = True,
         admission: Any = None,
     ) -> AsyncIterator[RequestOutput]:
+        self.params.append(params)
         tokenizer = self.engine.tokenizer
         ids = list(tokenizer(self.text, add_special_tokens=False).input_ids)
         detokenizer = IncrementalDetokenizer(
@@ -276,3 +277,36 @@ def test_the_setting_overrides_the_template(tokenizer: Any) -> None:
             .message
         )
         assert not message.tool_calls and "<tool_call>get_weather" in (message.content or "")
+
+
+def test_forced_calls_under_harmony_and_deepseek(tokenizer: Any) -> None:
+    """Neither template writes `<tool_call>`: a forced call starts the Hermes opening and, the
+    rest being constrained to the tool's schema (test_parsed_outputs.py), the model writes the
+    arguments; they come back as the call, with no marker in sight."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    rest = json.dumps(PARIS) + "}"  # after `<tool_call>\n{"name": "get_weather", "arguments": `
+    for template, markers in ((HARMONY_TEMPLATE, HARMONY_MARKERS), (DEEPSEEK_TEMPLATE, DS_MARKERS)):
+        with serving(tokenizer, template, markers, rest) as client:
+            sdk, claude = sdks(client)
+            reply = sdk.chat.completions.create(
+                model="m", messages=ASK, tools=[WEATHER_TOOL], tool_choice=named
+            )
+            (call,) = reply.choices[0].message.tool_calls or []
+            assert call.function.name == "get_weather" and reply.choices[0].message.content is None
+            assert json.loads(call.function.arguments) == PARIS
+            assert reply.choices[0].finish_reason == "tool_calls"
+            assert streamed_chat(sdk, tools=[WEATHER_TOOL], tool_choice=named)[2] == [
+                ("get_weather", PARIS)
+            ]
+            answer = claude.messages.create(
+                model="m",
+                max_tokens=64,
+                messages=ASK,
+                tools=[ANTHROPIC_TOOL],
+                tool_choice={"type": "tool", "name": "get_weather"},
+            )
+            assert [block.type for block in answer.content] == ["tool_use"]
+            assert answer.content[0].input == PARIS and answer.stop_reason == "tool_use"
+            engine = client.app.state.dgpp.engine  # type: ignore[attr-defined]
+            assert len(engine.params) == 3  # whole, streamed, Anthropic: each constrained
+            assert all(params.grammar is not None for params in engine.params)
