@@ -82,6 +82,13 @@ CHAT_MESSAGE = chat_message(TYPED)
 @example(  # found by this test: a named tool_choice whose `function` is not an object
     messages=USER, extra={"tool_choice": {"type": "function", "function": 5}}
 )
+@example(  # found by hand: a forced call of a function whose parameters are not an object
+    messages=USER,
+    extra={
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": 5}}],
+        "tool_choice": "required",
+    },
+)
 def test_chat_completions(
     client: ASGIClient, messages: list[dict[str, Any]], extra: dict[str, Any]
 ) -> None:
