@@ -23,7 +23,7 @@ from dgpp.engine.grammar import (
     lark_grammar,
     lark_string,
 )
-from dgpp.engine.server.tool_choice import ForcedStart
+from dgpp.engine.server.tool_choice import ForcedStart, in_json_string
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -77,8 +77,9 @@ def forced_call_grammar(
         if name is not None and tool_name != name:
             continue
         schema = _parameters(function, number) if is_strict else ANY_OBJECT
-        escaped = json.dumps(tool_name)[1:-1]  # inside the JSON string the opening began
-        head = "" if name is not None else lark_string(f'{escaped}", "arguments": ') + " "
+        head = ""
+        if name is None:
+            head = lark_string(f'{in_json_string(tool_name)}", "arguments": ') + " "
         rules.append(f"call{number}: {head}args{number}")
         rules.append(f"args{number}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
         choices.append(f"call{number}")

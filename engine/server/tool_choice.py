@@ -28,6 +28,11 @@ class ForcedStart:
     constrained: bool = False  # the template does not write this format: always constrain
 
 
+def in_json_string(text: str) -> str:
+    """`text` escaped as it appears inside a JSON string (the opening leaves one open)."""
+    return json.dumps(text)[1:-1]
+
+
 def with_forced_start(tokenizer: Any, prompt: list[int], forced: ForcedStart | None) -> list[int]:
     """The rendered prompt followed by the forced tool-call opening, if any."""
     if forced is None:
@@ -53,7 +58,7 @@ def forced_start(
         )
     opening = f'{HERMES_OPEN}\n{{"name": "'
     if name is not None:
-        opening += f'{json.dumps(name)[1:-1]}", "arguments": '
+        opening += f'{in_json_string(name)}", "arguments": '
     native = HERMES_OPEN in chat_template
     return ForcedStart(text=opening, closing=f"\n{HERMES_CLOSE}", constrained=not native)
 
