@@ -13,8 +13,8 @@ engine for the last):
     kv_full               3 ~420-token prompts growing by 96 tokens on a 1,024-token KV pool,
                           and one ~1,100-token prompt that can never fit
     disconnect            3 streams closed mid-way by their clients, a whole request after 1 s
-    slow_reader           a ~200 KB stream read at 2 KB/s for 20 s, then closed, beside two
-                          normal streams
+    slow_reader           a ~200 KB stream read at 2 KB/s until the server is idle, then
+                          closed, beside two normal streams
     restart_rank0         SIGKILL of the `dgpp serve` process under load, started again at once
     kill_worker           SIGKILL of worker rank 1 mid-stream (world 2)
     stop_worker           SIGSTOP of worker rank 1 mid-stream past the world's deadlines, then

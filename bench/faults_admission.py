@@ -36,7 +36,9 @@ LONG_PROMPT = "word " * 400
 FIRST_WORDS = ("apple", "pear", "plum")
 GROW = 96
 TOO_LONG_PROMPT = "word " * 1100  # more than the whole pool: can never fit
-SLOW_TOKENS, HOLD_S = 120, 20.0  # generated in ~7 s; read at 2 KB/s: ~40 KB of ~200 KB
+# Generated in ~7-18 s; read at 2 KB/s until the server is idle, at most HOLD_S: <= 120 KB of
+# ~200 KB, so the reader is always behind when it closes.
+SLOW_TOKENS, HOLD_S = 120, 60.0
 OTHERS, OTHERS_S = 2, 8.0
 SETTLE_S = 5.0  # a client that left must have its blocks back within this
 
@@ -132,13 +134,15 @@ async def disconnect(serve: Serve, settings: DrillSettings) -> DrillResult:
 
 async def slow_reader_drill(serve: Serve, settings: DrillSettings) -> DrillResult:
     """Two clients stream (their ITL measured alone first) while a third takes a big stream
-    (top_logprobs 20: ~1.7 KB an event) at 1 KB every 0.5 s for HOLD_S, then closes it. The
-    server generates it all well before the reader is through: once the others stopped, nothing
-    may stay allocated while the reader is still connected."""
+    (top_logprobs 20: ~1.7 KB an event) at 1 KB every 0.5 s, then closes it. The server
+    generates it all well before the reader is through: once the others stopped, nothing may stay
+    allocated while the reader is still connected. The reader closes once the server is seen idle
+    (at most HOLD_S), so a slow host only lengthens the drill."""
     result = DrillResult(
         "slow_reader",
-        f"a stream of {SLOW_TOKENS} ~1.7 KB events read at 2 KB/s for {HOLD_S:.0f} s, then "
-        f"closed, beside {OTHERS} normal streams for the first {OTHERS_S:.0f} s",
+        f"a stream of {SLOW_TOKENS} ~1.7 KB events read at 2 KB/s until the server is idle "
+        f"(at most {HOLD_S:.0f} s), then closed, beside {OTHERS} normal streams for the first "
+        f"{OTHERS_S:.0f} s",
     )
     body = chat_body("Tell me about rivers.", settings.max_tokens)
     baseline: list[RequestRecord] = []
@@ -146,10 +150,12 @@ async def slow_reader_drill(serve: Serve, settings: DrillSettings) -> DrillResul
         await asyncio.sleep(4.0)
     big = chat_body("Tell me a long story.", SLOW_TOKENS, logprobs=True, top_logprobs=20)
     before = await serve.metrics()
-    reader = asyncio.create_task(slow_reader(serve.port, big, 1024, 0.5, HOLD_S))
+    release = asyncio.Event()
+    reader = asyncio.create_task(slow_reader(serve.port, big, 1024, 0.5, HOLD_S, release))
     async with looping_clients(serve.url, body, OTHERS, settings.request_timeout_s, result.records):
         await asyncio.sleep(OTHERS_S)
     connected = await end_state(serve.url, timeout_s=HOLD_S - OTHERS_S - 3.0)
+    release.set()
     slow = await reader
     closed = time.monotonic()
     result.end = await end_state(serve.url)
@@ -165,7 +171,9 @@ async def slow_reader_drill(serve: Serve, settings: DrillSettings) -> DrillResul
         "while_reader_connected": {key: connected[key] for key in END_KEYS},
         "its_request_ended_as": ended,
     }
-    bound = max(3.0, 4 * (alone["p95"] or 0.0))
+    # A write that blocked the engine would stall the others until the reader closes (tens of s);
+    # 5 s leaves room for a busy host's hiccups.
+    bound = max(5.0, 4 * (alone["p95"] or 0.0))
     result.checks = shared_checks(result, serve_again_within_s=settings.serve_again_within_s)
     result.checks["others_not_stalled"] = beside["max"] is not None and beside["max"] <= bound
     result.checks["others_complete"] = bool(result.records) and all(

@@ -162,10 +162,16 @@ async def wait_generating(url: str, num_tokens: int, timeout_s: float = 120.0) -
 
 
 async def slow_reader(
-    port: int, body: dict[str, Any], chunk_bytes: int, every_s: float, hold_s: float
+    port: int,
+    body: dict[str, Any],
+    chunk_bytes: int,
+    every_s: float,
+    hold_s: float,
+    release: asyncio.Event | None = None,
 ) -> dict[str, Any]:
     """Stream `body` over a socket with a small receive buffer, reading `chunk_bytes` every
-    `every_s` for `hold_s`, then close it: the server's writes back up behind the reader."""
+    `every_s` for `hold_s` (or until `release` is set), then close it: the server's writes back
+    up behind the reader."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: small window
     sock.setblocking(False)
@@ -181,7 +187,8 @@ async def slow_reader(
     await writer.drain()
     received = bytearray()
     started = time.monotonic()
-    while time.monotonic() - started < hold_s:
+    released = release or asyncio.Event()
+    while time.monotonic() - started < hold_s and not released.is_set():
         data = await reader.read(chunk_bytes)
         if not data:
             break  # the server finished (or closed) the stream
