@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.http_access_log import http_server_config
 from dgpp.appliance.local_backend import LocalWorkers
+from dgpp.appliance.local_watchdog import WATCHDOG_S
 from dgpp.appliance.node_probe import (
     NodeBoard,
     NodeProbe,
@@ -62,6 +63,7 @@ class HeadOptions:
     server: ServerConfig
     log_level: str = "info"
     local_workers: bool = False  # `dgpp serve --world N`: start and supervise ranks 1..N-1 here
+    local_watchdog_s: float | None = WATCHDOG_S  # a local worker silent this long is restarted
     deployment_id: str | None = None  # names the log folder on every rank
 
 
@@ -82,6 +84,7 @@ def run_head(options: HeadOptions) -> int:
             timeouts,
             options.log_level,
             secret=options.spec.secret,
+            watchdog_s=options.local_watchdog_s,
         )
         workers.start()
     thread = threading.Thread(target=runtime.run, name="dgpp-head", daemon=True)

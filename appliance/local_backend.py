@@ -1,5 +1,6 @@
 """The local process backend: a world's worker ranks as child processes of this machine,
-restarted whenever one exits, the way systemd's `Restart=always` restarts `dgpp@rankN`."""
+restarted whenever one exits, the way systemd's `Restart=always` restarts `dgpp@rankN`, and
+killed (then restarted) when one stops feeding its watchdog, as `WatchdogSec=` does."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 from dgpp.appliance.cluster_secret_file import secret_env
 from dgpp.appliance.exit_codes import EXIT_CONFIG
+from dgpp.appliance.local_watchdog import WATCHDOG_S, WatchdogInbox
 from dgpp.engine.distributed.world import WorldTimeouts
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,11 @@ class LocalWorkers:
         log_level: str = "info",
         restart_delay_s: float = 0.5,
         secret: bytes | None = None,
+        watchdog_s: float | None = WATCHDOG_S,
     ) -> None:
         """`secret`: the cluster secret, handed to each rank in its environment (never on its
-        command line)."""
+        command line). `watchdog_s`: how long a rank may send no `WATCHDOG=1` before it is
+        killed and restarted (None: never)."""
         self.world_size = world_size
         self.secret = secret
         self.port = port
@@ -61,6 +65,7 @@ class LocalWorkers:
         # libraries or take Python's import lock before it execs.
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
         self._head_pid = os.getpid()
+        self._watchdog = WatchdogInbox(watchdog_s) if watchdog_s else None
 
     def command(self, rank: int) -> list[str]:
         return [
@@ -98,6 +103,8 @@ class LocalWorkers:
     def stop(self) -> None:
         """SIGTERM every worker, then SIGKILL what is left after `shutdown_s`."""
         self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
         with self._lock:
             processes = [entry.process for entry in self._ranks.values()]
         for process in processes:
@@ -111,9 +118,12 @@ class LocalWorkers:
                 log.warning("worker pid %d did not stop in time; killing it", process.pid)
                 process.kill()
                 process.wait()
+        if self._watchdog is not None:
+            self._watchdog.close()
 
     def _spawn(self, rank: int) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **secret_env(self.secret)}
+        watchdog = self._watchdog.environment() if self._watchdog is not None else {}
+        env = {**os.environ, **secret_env(self.secret), **watchdog}
         process = subprocess.Popen(self.command(rank), env=env, preexec_fn=self._die_with_head)
         log.info("started rank %d (pid %d)", rank, process.pid)
         return process
@@ -132,6 +142,8 @@ class LocalWorkers:
 
     def _supervise(self) -> None:
         while not self._stopping.wait(_POLL_S):
+            if self._watchdog is not None:
+                self._watchdog.drain()
             with self._lock:
                 for entry in self._ranks.values():
                     self._check(entry)
@@ -140,6 +152,7 @@ class LocalWorkers:
         now = time.monotonic()
         code = entry.process.poll()
         if code is None:
+            self._enforce_watchdog(entry)
             return
         if entry.restart_at is None:
             # A rank that refuses its configuration will refuse it again soon: retry slowly.
@@ -152,7 +165,29 @@ class LocalWorkers:
                 delay,
             )
             entry.restart_at = now + delay
+            if self._watchdog is not None:
+                self._watchdog.forget(entry.process.pid)
         elif now >= entry.restart_at and not self._stopping.is_set():
             entry.process = self._spawn(entry.rank)
             entry.started, entry.restart_at = now, None
             entry.restarts += 1
+
+    def _enforce_watchdog(self, entry: _Rank) -> None:
+        """SIGKILL a live rank that has not pinged for the watchdog's timeout (a stopped
+        process holds every other signal until it runs again); `_check` restarts it."""
+        if self._watchdog is None or self._stopping.is_set():
+            return
+        silent = self._watchdog.silent_for(entry.process.pid)
+        if silent is None or silent <= self._watchdog.timeout_s:
+            return
+        status = self._watchdog.status.get(entry.process.pid, "no status")
+        log.warning(
+            "rank %d (pid %d) sent no watchdog ping for %.0f s (frozen? last status: %s); "
+            "killing it",
+            entry.rank,
+            entry.process.pid,
+            silent,
+            status,
+        )
+        entry.process.kill()
+        self._watchdog.forget(entry.process.pid)

@@ -3,8 +3,9 @@
 The service manager passes a datagram socket in `NOTIFY_SOCKET` (a path, or an abstract name
 written with a leading `@`); a rank sends newline-separated `KEY=value` assignments to it:
 `READY=1` once it serves, `STATUS=...` (the line `systemctl status` shows) and `STOPPING=1` on an
-orderly stop. Without `NOTIFY_SOCKET` (a shell, the local backend's children) every call is a
-no-op, so the ranks need no "am I under systemd" branch.
+orderly stop. Without `NOTIFY_SOCKET` (a shell) every call is a no-op, so the ranks need no "am
+I under systemd" branch; the local backend's workers notify `dgpp serve` itself
+(`appliance/local_watchdog.py`).
 
 With `WatchdogSec=` the manager also passes `WATCHDOG_USEC`; the rank then sends `WATCHDOG=1` at
 a third of it from a thread of its own. A rank that is frozen (SIGSTOP, a debugger, a machine

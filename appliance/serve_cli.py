@@ -168,6 +168,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.appliance.local_watchdog import watchdog_seconds
     from dgpp.appliance.rank_cli import configure_logging
     from dgpp.appliance.timeout_env import apply_env_overrides
     from dgpp.engine.config import ModelConfig
@@ -211,5 +212,6 @@ def run_serve(args: argparse.Namespace) -> int:
         server=server,
         log_level=args.log_level,
         local_workers=True,
+        local_watchdog_s=watchdog_seconds(os.environ),
     )
     return run_head(options)

@@ -35,12 +35,14 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path
     return build_tiny_checkpoint(out, tokenizer_dir, "Qwen3ForCausalLM", num_key_value_heads=2)
 
 
-def _serve(checkpoint: Path, world: int, log: Path, *extra: str) -> tuple[DgppProcess, str]:
+def _serve(
+    checkpoint: Path, world: int, log: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[DgppProcess, str]:
     port = free_port()
     args = ["serve", "--model", str(checkpoint), "--world", str(world), "--port", str(port)]
     args += ["--rendezvous-port", str(free_port()), "--served-model-name", "m"]
     args += ["--kv-capacity", "2048", *extra]
-    return start(args, log, FAST_TIMEOUTS), f"http://127.0.0.1:{port}"
+    return start(args, log, {**FAST_TIMEOUTS, **(env or {})}), f"http://127.0.0.1:{port}"
 
 
 def _world_one_and_two(checkpoint: Path, tmp_path: Path) -> None:
@@ -82,7 +84,9 @@ def _stream_killing(url: str, victim: int) -> tuple[int, list[str]]:
 
 
 def test_killed_worker_fails_requests_then_world_heals(qwen3: Path, tmp_path: Path) -> None:
-    process, url = _serve(qwen3, 2, tmp_path / "serve.log")
+    """Then the restarted worker is frozen (SIGSTOP, never resumed): the local backend's
+    watchdog (3 s here, `WatchdogSec=30s` under systemd) kills it and the world heals again."""
+    process, url = _serve(qwen3, 2, tmp_path / "serve.log", env={"DGPP_LOCAL_WATCHDOG_S": "3"})
     try:
         wait_healthy(url, process)
         expected = greedy_texts(url)
@@ -109,6 +113,16 @@ def test_killed_worker_fails_requests_then_world_heals(qwen3: Path, tmp_path: Pa
         assert greedy_texts(url) == expected
         log = process.text()
         assert "re-formed" in log
+
+        reformed = log.count("re-formed")
+        os.kill(restarted, signal.SIGSTOP)
+        deadline = time.monotonic() + 120
+        while process.text().count("re-formed") == reformed and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "sent no watchdog ping" in process.text(), process.text()[-3000:]
+        assert restarted not in process.worker_pids()
+        wait_healthy(url, process, timeout=120)
+        assert greedy_texts(url) == expected
     finally:
         assert process.stop() == 0, process.text()[-3000:]
 
