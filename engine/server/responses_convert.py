@@ -2,13 +2,16 @@
 
 Items: messages (roles `user`, `assistant`, `system`, `developer`; content a string or
 `input_text` / `output_text` parts), `function_call` (joined to the assistant turn before it),
-`function_call_output` (a `tool` message) and `reasoning` (the reasoning of the assistant turn
-that follows). `instructions` become a leading system message of this request only, as OpenAI
-does: they are not carried into the conversation a later `previous_response_id` continues.
+`function_call_output` (a `tool` message), their `custom_tool_call` / `custom_tool_call_output`
+twins, and `reasoning` (the reasoning of the assistant turn that follows). `instructions` become
+a leading system message of this request only, as OpenAI does: they are not carried into the
+conversation a later `previous_response_id` continues.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
@@ -16,6 +19,9 @@ from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.tolerant import note_ignored
 
 ROLES = ("user", "assistant", "system", "developer")
+# A custom tool (free-text input, e.g. Codex's `apply_patch`) is offered to the model as a function
+# whose one argument is that text.
+CUSTOM_INPUT = "input"
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
 
 
@@ -95,14 +101,29 @@ def to_chat_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             }
             out.append(_with_call(out, call, reasoning))
             reasoning = ""
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            text = item.get("input", "")
+            if not isinstance(text, str):
+                raise InvalidRequestError("input must be a string", param=f"{where}.input")
+            call = {
+                "id": _string(item, "call_id", where),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", where),
+                    "arguments": json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False),
+                },
+            }
+            out.append(_with_call(out, call, reasoning))
+            reasoning = ""
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _string(item, "call_id", where)
             output = _text(item.get("output", ""), f"{where}.output")
             out.append(ChatMessage(role="tool", content=output, tool_call_id=call_id))
         else:
             raise InvalidRequestError(
                 f"input item type {kind!r} is not supported (dgpp takes message, "
-                "function_call, function_call_output and reasoning items)",
+                "function_call, function_call_output, custom_tool_call, "
+                "custom_tool_call_output and reasoning items)",
                 param=f"{where}.type",
             )
     return out
@@ -142,20 +163,70 @@ def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+@dataclass(frozen=True)
+class ToolOrigins:
+    """Where the functions offered to the model came from, for reporting their calls: the
+    `namespace` tool of each namespaced function, and the names of custom tools."""
+
+    namespaces: dict[str, str] = field(default_factory=dict)
+    custom: frozenset[str] = frozenset()
+
+
+def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom tool as a function of one string argument; its grammar (if any) is shown to
+    the model in the description, not enforced."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("a custom tool needs a name", param=f"{where}.name")
+    description = tool.get("description") or ""
+    if not isinstance(description, str):
+        raise InvalidRequestError("description must be a string", param=f"{where}.description")
+    form = tool.get("format")
+    if isinstance(form, dict) and isinstance(form.get("definition"), str):
+        syntax = form.get("syntax") if isinstance(form.get("syntax"), str) else "grammar"
+        description += f"\n\nThe input must follow this {syntax} grammar:\n{form['definition']}"
+    text = {"type": "string", "description": "the tool's whole input, as free text"}
+    parameters = {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: text},
+        "required": [CUSTOM_INPUT],
+        "additionalProperties": False,
+    }
+    function = {"name": name, "description": description.strip(), "parameters": parameters}
+    return {"type": "function", "function": function}
+
+
+def custom_input(arguments: str) -> str:
+    """The free-text input of a custom tool's call from the function arguments the model
+    wrote: `{"input": "..."}`, else the arguments as they are."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(CUSTOM_INPUT), str):
+        return value[CUSTOM_INPUT]
+    return arguments
+
+
 def to_chat_tools(
     tools: list[dict[str, Any]] | None,
-) -> tuple[list[dict[str, Any]] | None, dict[str, str]]:
-    """Function tools in the Chat Completions shape, and the namespace of each function that
-    came from a `namespace` tool (its functions are offered by their own names; a call of one
-    is reported with its `namespace`). Other tool types (hosted ones: web search, file search,
-    ...) cannot run here and are left out, logged once by type."""
+) -> tuple[list[dict[str, Any]] | None, ToolOrigins]:
+    """Function and custom tools in the Chat Completions shape, and where each came from
+    (`ToolOrigins`): the functions of a `namespace` tool are offered by their own names, a call
+    of one is reported with its `namespace`; a call of a custom tool is reported as a
+    `custom_tool_call`. Other tool types (hosted ones: web search, file search, ...) cannot run
+    here and are left out, logged once by type."""
     out: list[dict[str, Any]] = []
     namespaces: dict[str, str] = {}
+    custom: set[str] = set()
     for index, tool in enumerate(tools or []):
         kind = tool.get("type")
         where = f"tools.{index}"
         if kind == "function":
             out.append(_function(tool, where))
+        elif kind == "custom":
+            out.append(_custom(tool, where))
+            custom.add(out[-1]["function"]["name"])
         elif kind == "namespace" and isinstance(tool.get("tools"), list):
             for number, inner in enumerate(tool["tools"]):
                 if isinstance(inner, dict) and inner.get("type") == "function":
@@ -163,4 +234,4 @@ def to_chat_tools(
                     namespaces[out[-1]["function"]["name"]] = str(tool.get("name") or "")
         else:
             note_ignored("ResponsesRequest.tools", [f"type {kind!r}"])
-    return out or None, namespaces
+    return out or None, ToolOrigins(namespaces, frozenset(custom))

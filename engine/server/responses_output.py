@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.engine.server.output_parser import ParsedDelta
+from dgpp.engine.server.responses_convert import ToolOrigins, custom_input
 
 
 def new_id(prefix: str) -> str:
@@ -42,33 +43,45 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
 
 
 def function_call_item(
-    call: dict[str, Any], namespaces: dict[str, str], arguments: str | None = None
+    call: dict[str, Any], origins: ToolOrigins, arguments: str | None = None
 ) -> dict[str, Any]:
     """From an OpenAI chat tool call (`{"id", "function": {"name", "arguments"}}`); a function
-    of a namespace tool carries its `namespace`."""
+    of a namespace tool carries its `namespace`, a custom tool's call is a `custom_tool_call`
+    with its free-text `input`. `arguments=""`: the item as it starts streaming."""
     function = call["function"]
+    status = "completed" if arguments is None else "in_progress"
+    written = function["arguments"] if arguments is None else arguments
+    if function["name"] in origins.custom:
+        return {
+            "type": "custom_tool_call",
+            "id": f"ctc_{call['id'].removeprefix('call_')}",
+            "call_id": call["id"],
+            "name": function["name"],
+            "input": custom_input(written) if written else "",
+            "status": status,
+        }
     item = {
         "type": "function_call",
         "id": f"fc_{call['id'].removeprefix('call_')}",
         "call_id": call["id"],
         "name": function["name"],
-        "arguments": function["arguments"] if arguments is None else arguments,
-        "status": "completed" if arguments is None else "in_progress",
+        "arguments": written,
+        "status": status,
     }
-    if function["name"] in namespaces:
-        item["namespace"] = namespaces[function["name"]]
+    if function["name"] in origins.namespaces:
+        item["namespace"] = origins.namespaces[function["name"]]
     return item
 
 
 def output_items(
-    reasoning: str, text: str, calls: list[dict[str, Any]], namespaces: dict[str, str]
+    reasoning: str, text: str, calls: list[dict[str, Any]], origins: ToolOrigins
 ) -> list[dict[str, Any]]:
     items = []
     if reasoning:
         items.append(reasoning_item(new_id("rs"), reasoning))
     if text or not calls:
         items.append(message_item(new_id("msg"), text))
-    items.extend(function_call_item(call, namespaces) for call in calls)
+    items.extend(function_call_item(call, origins) for call in calls)
     return items
 
 
@@ -117,8 +130,8 @@ class ResponseHead:
 class EventWriter:
     """Turns parsed output into Responses stream events; collects the final items."""
 
-    def __init__(self, namespaces: dict[str, str]) -> None:
-        self.namespaces = namespaces
+    def __init__(self, origins: ToolOrigins) -> None:
+        self.origins = origins
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self._open: str | None = None  # "reasoning" or "message" while one is streaming
@@ -196,19 +209,27 @@ class EventWriter:
     def _call(self, call_id: str, name: str, arguments: str) -> list[str]:
         index = len(self.items)
         call = {"id": call_id, "function": {"name": name, "arguments": arguments}}
-        started = function_call_item(call, self.namespaces, arguments="")
-        done = function_call_item(call, self.namespaces)
+        started = function_call_item(call, self.origins, arguments="")
+        done = function_call_item(call, self.origins)
         where = {"item_id": done["id"], "output_index": index}
         events = [self.event("response.output_item.added", output_index=index, item=started)]
-        if arguments:
+        if done["type"] == "custom_tool_call":
+            text = done["input"]
+            if text:
+                events.append(
+                    self.event("response.custom_tool_call_input.delta", **where, delta=text)
+                )
+            events.append(self.event("response.custom_tool_call_input.done", **where, input=text))
+        else:
+            if arguments:
+                events.append(
+                    self.event("response.function_call_arguments.delta", **where, delta=arguments)
+                )
             events.append(
-                self.event("response.function_call_arguments.delta", **where, delta=arguments)
+                self.event(
+                    "response.function_call_arguments.done", **where, name=name, arguments=arguments
+                )
             )
-        events.append(
-            self.event(
-                "response.function_call_arguments.done", **where, name=name, arguments=arguments
-            )
-        )
         events.append(self.event("response.output_item.done", output_index=index, item=done))
         self.items.append(done)
         return events

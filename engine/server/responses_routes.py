@@ -106,7 +106,7 @@ async def create_response(
     messages = conversation
     if request.instructions:
         messages = [ChatMessage(role="system", content=request.instructions), *conversation]
-    tools, namespaces = to_chat_tools(request.tools)
+    tools, origins = to_chat_tools(request.tools)
     if request.tool_choice == "none":
         tools = None
     name, required = openai_choice(request.tool_choice)
@@ -138,7 +138,7 @@ async def create_response(
     turn = _Turn(state, request.store, conversation)
     if request.stream:
         admission = state.engine.admit()  # refused with a status code, or room held
-        writer = EventWriter(namespaces)
+        writer = EventWriter(origins)
         events = _stream(state, tracker, prompt, params, head, parser, turn, admission, writer)
         return StreamingResponse(
             events, media_type="text/event-stream", headers=responses.SSE_HEADERS
@@ -147,7 +147,7 @@ async def create_response(
     ((output,),) = await run_to_completion(state, tracker, [job], client)
     parsed = parser.parse_whole(output.outputs[0].text)
     tracker.tool_calls(parser.num_tool_calls)
-    items = output_items(parsed.reasoning, parsed.content, parser.tool_calls(), namespaces)
+    items = output_items(parsed.reasoning, parsed.content, parser.tool_calls(), origins)
     return JSONResponse(turn.finish(head, output, items, parsed, parser.tool_calls()))
 
 

@@ -66,12 +66,12 @@ def forced_start(
 def openai_choice(tool_choice: str | dict[str, Any] | None) -> tuple[str | None, bool]:
     """(named function, required) from OpenAI's `tool_choice`: Chat Completions names the
     function as `{"type": "function", "function": {"name": ...}}`, the Responses API as
-    `{"type": "function", "name": ...}`."""
+    `{"type": "function", "name": ...}` (or `"custom"` for a custom tool)."""
     if tool_choice is None or tool_choice in ("auto", "none"):
         return None, False
     if tool_choice == "required":
         return None, True
-    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+    if isinstance(tool_choice, dict) and tool_choice.get("type") in ("function", "custom"):
         function = tool_choice.get("function")
         named = function.get("name") if isinstance(function, dict) else None
         name = named or tool_choice.get("name")

@@ -12,13 +12,16 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.errors import APIError
 from dgpp.engine.server.protocol import ChatMessage
-from dgpp.engine.server.responses_convert import to_chat_messages, to_chat_tools
+from dgpp.engine.server.responses_convert import ToolOrigins, to_chat_messages, to_chat_tools
+from dgpp.engine.server.responses_output import function_call_item
 from dgpp.engine.server.responses_store import ResponseStore
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.tool_choice import openai_choice
 from tests.engine.server.scripted import ScriptedEngine
 from tests.engine.server.test_parsed_outputs import THINK_TEXT, TOOL_TEXT
 
@@ -121,9 +124,9 @@ def test_every_input_item_kind_reaches_the_chat_layer() -> None:
 
 
 def test_function_tools_take_the_chat_shape_and_hosted_tools_are_left_out() -> None:
-    tools, namespaces = to_chat_tools(TOOLS)
+    tools, origins = to_chat_tools(TOOLS)
     (tool,) = tools or []
-    assert namespaces == {}
+    assert origins == ToolOrigins()
     assert tool == {
         "type": "function",
         "function": {
@@ -132,11 +135,100 @@ def test_function_tools_take_the_chat_shape_and_hosted_tools_are_left_out() -> N
             "parameters": TOOLS[0]["parameters"],
         },
     }
-    assert to_chat_tools([{"type": "web_search"}]) == (None, {})
+    assert to_chat_tools([{"type": "web_search"}]) == (None, ToolOrigins())
     grouped = {"type": "namespace", "name": "agents", "tools": [{**TOOLS[0], "name": "spawn"}]}
-    tools, namespaces = to_chat_tools([grouped])
+    tools, origins = to_chat_tools([grouped])
     assert [t["function"]["name"] for t in tools or []] == ["spawn"]
-    assert namespaces == {"spawn": "agents"}
+    assert origins.namespaces == {"spawn": "agents"}
+
+
+PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'},
+}
+
+
+def test_a_custom_tool_is_a_function_of_one_text_argument() -> None:
+    tools, origins = to_chat_tools([PATCH_TOOL, *TOOLS])
+    assert origins.custom == frozenset({"apply_patch"})
+    function = (tools or [])[0]["function"]
+    assert function["name"] == "apply_patch"
+    assert function["parameters"]["required"] == ["input"]
+    assert function["parameters"]["properties"]["input"]["type"] == "string"
+    assert function["description"].startswith("Edit files with a patch.")
+    assert 'lark grammar:\nstart: "*** Begin Patch"' in function["description"]
+    with pytest.raises(InvalidRequestError) as error:
+        to_chat_tools([{"type": "custom"}])
+    assert error.value.param == "tools.0.name"
+
+
+def test_a_custom_tool_call_is_reported_with_its_text_input() -> None:
+    _, origins = to_chat_tools([PATCH_TOOL])
+    text = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    call = {"id": "call_7", "function": {"name": "apply_patch", "arguments": ""}}
+    call["function"]["arguments"] = json.dumps({"input": text})
+    item = function_call_item(call, origins)
+    assert item == {
+        "type": "custom_tool_call",
+        "id": "ctc_7",
+        "call_id": "call_7",
+        "name": "apply_patch",
+        "input": text,
+        "status": "completed",
+    }
+    # Arguments that are not {"input": text} are passed on as they are.
+    call["function"]["arguments"] = "not json"
+    assert function_call_item(call, origins)["input"] == "not json"
+
+
+PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+PATCH_TEXT = (
+    "<tool_call>\n"
+    + json.dumps({"name": "apply_patch", "arguments": {"input": PATCH}})
+    + "\n</tool_call>"
+)
+
+
+def test_custom_tool_calls_through_the_sdk_whole_and_streamed(sdk_for: Any) -> None:
+    """What Codex reads back when it offers `apply_patch` as a custom (free-form) tool."""
+    sdk = sdk_for(PATCH_TEXT)
+    response = sdk.responses.create(model="m", input="add a.txt", tools=[PATCH_TOOL])
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert call.input == PATCH and call.call_id.startswith("call_")
+    kinds, done = [], None
+    with sdk.responses.stream(model="m", input="add a.txt", tools=[PATCH_TOOL]) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.custom_tool_call_input.done":
+                done = event.input
+        final = stream.get_final_response()
+    assert done == PATCH
+    assert "response.custom_tool_call_input.delta" in kinds
+    assert "response.function_call_arguments.delta" not in kinds
+    assert [(item.type, item.input) for item in final.output] == [("custom_tool_call", PATCH)]
+    # The Responses API names a custom tool to force as {"type": "custom", "name": ...}.
+    assert openai_choice({"type": "custom", "name": "apply_patch"}) == ("apply_patch", True)
+
+
+def test_custom_tool_call_items_come_back_as_a_call_and_its_output() -> None:
+    messages = to_chat_messages(
+        [
+            {"type": "message", "role": "user", "content": "add a.txt"},
+            {"type": "custom_tool_call", "call_id": "call_7", "name": "apply_patch", "input": "P"},
+            {"type": "custom_tool_call_output", "call_id": "call_7", "output": "Done!"},
+        ]
+    )
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    (call,) = messages[1].tool_calls or []
+    assert (call.id, call.function.name) == ("call_7", "apply_patch")
+    assert json.loads(call.function.arguments) == {"input": "P"}
+    assert (messages[2].tool_call_id, messages[2].content) == ("call_7", "Done!")
+    with pytest.raises(InvalidRequestError) as error:
+        to_chat_messages([{"type": "custom_tool_call", "call_id": "c", "name": "n", "input": 3}])
+    assert error.value.param == "input.0.input"
 
 
 def _body(number: int) -> dict[str, Any]:
