@@ -23,6 +23,7 @@ from dgpp.engine.distributed.world import WorldTimeouts
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
+_STALL_S = 1.0  # a supervisor loop this late means this process was not running either
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -66,6 +67,7 @@ class LocalWorkers:
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
         self._head_pid = os.getpid()
         self._watchdog = WatchdogInbox(watchdog_s) if watchdog_s else None
+        self._grace_until = 0.0
 
     def command(self, rank: int) -> list[str]:
         return [
@@ -141,12 +143,19 @@ class LocalWorkers:
             os._exit(1)
 
     def _supervise(self) -> None:
+        last = time.monotonic()
         while not self._stopping.wait(_POLL_S):
             if self._watchdog is not None:
                 self._watchdog.drain()
             with self._lock:
+                now = time.monotonic()
+                if now - last > _POLL_S + _STALL_S and self._watchdog is not None:
+                    # This process did not run either (the machine stalled, or it was stopped):
+                    # the ranks' pings may still be on their way; give them one ping interval.
+                    self._grace_until = now + self._watchdog.timeout_s / 3 + _POLL_S
                 for entry in self._ranks.values():
                     self._check(entry)
+                last = time.monotonic()
 
     def _check(self, entry: _Rank) -> None:
         now = time.monotonic()
@@ -176,6 +185,8 @@ class LocalWorkers:
         """SIGKILL a live rank that has not pinged for the watchdog's timeout (a stopped
         process holds every other signal until it runs again); `_check` restarts it."""
         if self._watchdog is None or self._stopping.is_set():
+            return
+        if time.monotonic() < self._grace_until:
             return
         silent = self._watchdog.silent_for(entry.process.pid)
         if silent is None or silent <= self._watchdog.timeout_s:

@@ -85,8 +85,8 @@ def _stream_killing(url: str, victim: int) -> tuple[int, list[str]]:
 
 def test_killed_worker_fails_requests_then_world_heals(qwen3: Path, tmp_path: Path) -> None:
     """Then the restarted worker is frozen (SIGSTOP, never resumed): the local backend's
-    watchdog (3 s here, `WatchdogSec=30s` under systemd) kills it and the world heals again."""
-    process, url = _serve(qwen3, 2, tmp_path / "serve.log", env={"DGPP_LOCAL_WATCHDOG_S": "3"})
+    watchdog (6 s here, `WatchdogSec=30s` under systemd) kills it and the world heals again."""
+    process, url = _serve(qwen3, 2, tmp_path / "serve.log", env={"DGPP_LOCAL_WATCHDOG_S": "6"})
     try:
         wait_healthy(url, process)
         expected = greedy_texts(url)
