@@ -11,7 +11,6 @@ starts it again, where the world would otherwise answer `503 re-forming` until i
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
@@ -20,8 +19,6 @@ import time
 from collections.abc import Mapping
 
 from dgpp.engine.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 # dgpp@.service's WatchdogSec= (tests/appliance/test_local_watchdog.py keeps them equal).
 WATCHDOG_S = 30.0

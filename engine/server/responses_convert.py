@@ -85,32 +85,13 @@ def to_chat_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             if role == "assistant" and reasoning:
                 message.reasoning_content, reasoning = reasoning, ""
             out.append(message)
-        elif kind == "function_call":
-            arguments = item.get("arguments") or "{}"
-            if not isinstance(arguments, str | dict):
-                raise InvalidRequestError(
-                    "arguments must be a JSON string", param=f"{where}.arguments"
-                )
+        elif kind in ("function_call", "custom_tool_call"):
             call = {
                 "id": _string(item, "call_id", where),
                 "type": "function",
                 "function": {
                     "name": _string(item, "name", where),
-                    "arguments": arguments,
-                },
-            }
-            out.append(_with_call(out, call, reasoning))
-            reasoning = ""
-        elif kind == "custom_tool_call":
-            text = item.get("input", "")
-            if not isinstance(text, str):
-                raise InvalidRequestError("input must be a string", param=f"{where}.input")
-            call = {
-                "id": _string(item, "call_id", where),
-                "type": "function",
-                "function": {
-                    "name": _string(item, "name", where),
-                    "arguments": json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False),
+                    "arguments": _call_arguments(item, kind, where),
                 },
             }
             out.append(_with_call(out, call, reasoning))
@@ -127,6 +108,20 @@ def to_chat_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
                 param=f"{where}.type",
             )
     return out
+
+
+def _call_arguments(item: dict[str, Any], kind: str, where: str) -> str | dict[str, Any]:
+    """A function call's `arguments`; a custom tool's `input` text as the one argument of the
+    function it is offered as."""
+    if kind == "custom_tool_call":
+        text = item.get("input", "")
+        if not isinstance(text, str):
+            raise InvalidRequestError("input must be a string", param=f"{where}.input")
+        return json.dumps({CUSTOM_INPUT: text}, ensure_ascii=False)
+    arguments = item.get("arguments") or "{}"
+    if not isinstance(arguments, str | dict):
+        raise InvalidRequestError("arguments must be a JSON string", param=f"{where}.arguments")
+    return arguments
 
 
 def _with_call(out: list[ChatMessage], call: dict[str, Any], reasoning: str) -> ChatMessage:
@@ -149,12 +144,16 @@ def _with_call(out: list[ChatMessage], call: dict[str, Any], reasoning: str) -> 
     )
 
 
-def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_name(tool: dict[str, Any], where: str, kind: str) -> str:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
-        raise InvalidRequestError("a function tool needs a name", param=f"{where}.name")
+        raise InvalidRequestError(f"a {kind} tool needs a name", param=f"{where}.name")
+    return name
+
+
+def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
     function = {
-        "name": name,
+        "name": _tool_name(tool, where, "function"),
         "description": tool.get("description") or "",
         "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
     }
@@ -175,9 +174,7 @@ class ToolOrigins:
 def _custom(tool: dict[str, Any], where: str) -> dict[str, Any]:
     """A custom tool as a function of one string argument; its grammar (if any) is shown to
     the model in the description, not enforced."""
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidRequestError("a custom tool needs a name", param=f"{where}.name")
+    name = _tool_name(tool, where, "custom")
     description = tool.get("description") or ""
     if not isinstance(description, str):
         raise InvalidRequestError("description must be a string", param=f"{where}.description")

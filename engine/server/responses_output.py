@@ -57,7 +57,7 @@ def function_call_item(
             "id": f"ctc_{call['id'].removeprefix('call_')}",
             "call_id": call["id"],
             "name": function["name"],
-            "input": custom_input(written) if written else "",
+            "input": custom_input(written),
             "status": status,
         }
     item = {

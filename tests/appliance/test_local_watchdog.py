@@ -77,12 +77,27 @@ def pinging(backend: ScriptWorkers) -> bool:
     return inbox.silent_for(pid) is not None and inbox.status.get(pid) == "child up"
 
 
-def test_a_frozen_rank_is_killed_and_started_again(workers) -> None:
-    backend = workers("ping", 2.0)
+def pinging_child(workers, watchdog_s: float) -> tuple[ScriptWorkers, int]:
+    """A backend whose child pings its watchdog of `watchdog_s`, and that child's pid."""
+    backend = workers("ping", watchdog_s)
     wait_until(lambda: pinging(backend), 30, "the child pings")
-    first = backend.pids()[1]
+    return backend, backend.pids()[1]
+
+
+def pause(pid: int, seconds: float) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(seconds)
+    os.kill(pid, signal.SIGCONT)
+
+
+def assert_untouched(backend: ScriptWorkers, pid: int) -> None:
+    assert backend.pids()[1] == pid and backend.restarts()[1] == 0
+
+
+def test_a_frozen_rank_is_killed_and_started_again(workers) -> None:
+    backend, first = pinging_child(workers, 2.0)
     time.sleep(3.0)  # pinging every 0.67 s: left alone
-    assert backend.pids()[1] == first and backend.restarts()[1] == 0
+    assert_untouched(backend, first)
 
     os.kill(first, signal.SIGSTOP)
     wait_until(lambda: backend.pids()[1] != first, 10, "the frozen child replaced")
@@ -93,28 +108,20 @@ def test_a_frozen_rank_is_killed_and_started_again(workers) -> None:
 
 
 def test_a_pause_shorter_than_the_timeout_is_forgiven(workers) -> None:
-    backend = workers("ping", 4.0)
-    wait_until(lambda: pinging(backend), 30, "the child pings")
-    pid = backend.pids()[1]
-    os.kill(pid, signal.SIGSTOP)
-    time.sleep(1.0)
-    os.kill(pid, signal.SIGCONT)
+    backend, pid = pinging_child(workers, 4.0)
+    pause(pid, 1.0)
     time.sleep(3.0)
-    assert backend.pids()[1] == pid and backend.restarts()[1] == 0
+    assert_untouched(backend, pid)
 
 
 def test_a_stall_of_the_supervisor_itself_is_not_blamed_on_the_rank(workers) -> None:
     """A machine that stalls (a busy VM host) stops the supervisor and the rank alike: when both
     run again, the rank's late pings are waited for, not taken for a freeze."""
-    backend = workers("ping", 2.0)
-    wait_until(lambda: pinging(backend), 30, "the child pings")
-    pid = backend.pids()[1]
+    backend, pid = pinging_child(workers, 2.0)
     with backend._lock:  # the supervisor's loop blocks here
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(3.0)
-        os.kill(pid, signal.SIGCONT)
+        pause(pid, 3.0)
     time.sleep(2.0)
-    assert backend.pids()[1] == pid and backend.restarts()[1] == 0
+    assert_untouched(backend, pid)
 
 
 def test_a_rank_that_never_pinged_is_left_to_the_worlds_deadlines(workers) -> None:
@@ -132,7 +139,7 @@ def test_without_a_watchdog_a_frozen_rank_stays(workers) -> None:
     os.kill(pid, signal.SIGSTOP)
     try:
         time.sleep(2.0)
-        assert backend.pids()[1] == pid and backend.restarts()[1] == 0
+        assert_untouched(backend, pid)
     finally:
         os.kill(pid, signal.SIGCONT)
 
