@@ -7,8 +7,9 @@ The root is built once and cached outside the repository, in two layers under
   wheel needs) with systemd from bookworm-backports (>= 254: `RestartSteps=`), dbus, python3-venv,
   iproute2, curl, ca-certificates and sudo (~2 min the first time);
 * `nspawn-venv-<hash>`: an overlay upper layer holding `/opt/dgpp/venv` with torch 2.13.0 (CPU)
-  and dgpp's dependencies, installed offline from this host's wheel directory and file indexes
-  (`/opt/wheels`, `/opt/pypi`), keyed on `pyproject.toml`'s dependency list.
+  and dgpp's dependencies at the lock's versions (`constraints.txt`, as `scripts/install.sh`
+  installs them): the host downloads them (torch from its wheel directory `/opt/wheels`) and the
+  container installs them with `--no-index`. Keyed on pyproject's dependency list and the lock.
 
 Each boot stacks a fresh, empty upper directory on those layers (overlayfs), so a run never
 changes the cache. `systemd-nspawn --register=no --keep-unit -b` runs the container; commands
@@ -48,11 +49,7 @@ PACKAGES += ["nftables"]
 BACKPORTS = ["systemd", "systemd-sysv", "libpam-systemd", "libsystemd-shared"]
 TORCH = "torch==2.13.0"
 WHEELS = Path("/opt/wheels")  # where this host's pip finds torch 2.13.0+cpu (pip config find-links)
-INDEXES = [Path("/opt/pypi"), Path("/opt/pypi-more")]  # pip's extra-index-url on this host
-PIP_SOURCES = (
-    f"--index-url file://{INDEXES[0]}/simple --extra-index-url file://{INDEXES[1]}/simple "
-    f"--find-links {WHEELS}"
-)
+LOCK = ROOT / "constraints.txt"
 VENV = "/opt/dgpp/venv"
 NSPAWN = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet"]
 # The container gets a pure cgroup v2 tree even on a hybrid host; systemd >= 256 wants one.
@@ -67,7 +64,7 @@ def missing_tools() -> list[str]:
     missing = [tool for tool in tools if shutil.which(tool) is None]
     if os.geteuid() != 0:
         missing.append("root")
-    missing += [str(path) for path in (WHEELS, *INDEXES) if not path.is_dir()]
+    missing += [str(WHEELS)] if not WHEELS.is_dir() else []
     return missing
 
 
@@ -103,7 +100,8 @@ def cached_layers() -> list[Path]:
     base = CACHE / f"nspawn-base-{base_key}"
     if not (base / ".dgpp-complete").exists():
         _build_base(base)
-    venv = CACHE / f"nspawn-venv-{_key(1, base_key, TORCH, _dependencies())}"
+    lock = LOCK.read_text()
+    venv = CACHE / f"nspawn-venv-{_key(2, base_key, TORCH, _dependencies(), lock)}"
     if not (venv / ".dgpp-complete").exists():
         _build_venv(venv, base)
     return [venv, base]
@@ -132,19 +130,27 @@ def _build_venv(layer: Path, base: Path) -> None:
     partial = layer.with_name(layer.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     (partial / "upper").mkdir(parents=True)
-    # The project's direct dependencies as the host's pip finds them (PyPI is reachable from the
-    # host, not from the container): the local mirrors may lack a newly added one.
+    # Every package at the lock's version, downloaded by the host (PyPI is reachable from the
+    # host, not from the container), then installed in the container from that folder alone.
     direct = layer.with_name(layer.name + ".wheels")
     shutil.rmtree(direct, ignore_errors=True)
-    wanted = [d for d in _dependencies() if not d.startswith("torch")]
-    _check([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--dest", direct, *wanted])
+    direct.mkdir(parents=True)
+    constraints = direct / "constraints.txt"
+    effective = [sys.executable, ROOT / "scripts" / "constraints.py", "effective", LOCK]
+    constraints.write_text(
+        subprocess.run(effective, capture_output=True, text=True, check=True).stdout
+    )
+    wanted = [TORCH, "setuptools>=77", *_dependencies()]
+    _check(
+        [sys.executable, "-m", "pip", "download", "-q", "--find-links", WHEELS]
+        + ["--constraint", constraints, "--dest", direct, *wanted]
+    )
     script = (
         f"python3 -m venv {VENV} && {VENV}/bin/pip install -q --disable-pip-version-check "
-        f"{PIP_SOURCES} --find-links /opt/dgpp-direct '{TORCH}' 'setuptools>=77' "
-        + " ".join(f"'{dependency}'" for dependency in _dependencies())
+        "--no-index --find-links /opt/dgpp-direct --constraint /opt/dgpp-direct/constraints.txt "
+        + " ".join(f"'{requirement}'" for requirement in wanted)
     )
-    binds = [f"--bind-ro={path}" for path in (WHEELS, *INDEXES)]
-    binds.append(f"--bind-ro={direct}:/opt/dgpp-direct")
+    binds = [f"--bind-ro={direct}:/opt/dgpp-direct"]
     with Overlay([base], partial) as merged, PrivateCgroup("dgpp-nspawn-build") as cgroup:
         _check([*NSPAWN, "--pipe", *binds, "-D", merged, "/bin/sh", "-c", script], cgroup)
     (partial / "upper" / ".dgpp-complete").touch()

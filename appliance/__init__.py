@@ -1,1 +1,0 @@
-"""Appliance side of dgpp: model store, deployment handling and the `dgpp` command line."""
