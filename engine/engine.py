@@ -188,6 +188,8 @@ class LLMEngine:
         if isinstance(prompt, PromptIds) and not cache_hints:
             cache_hints = prompt.cache_hints
         prompt_ids = self._prompt_ids(prompt)
+        if params.logit_bias:
+            check_token_ids(list(params.logit_bias), self.model_config.vocab_size, "logit_bias")
         num_prompt = len(prompt_ids)
         if num_prompt >= self.max_model_len:
             raise ContextLengthExceededError(

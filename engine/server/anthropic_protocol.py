@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from dgpp.engine.server.protocol import StopStrings
 from dgpp.engine.server.tolerant import TolerantModel
+from dgpp.engine.server.tool_schema import schema_problem
 
 
 class Block(BaseModel):
@@ -40,6 +41,13 @@ class AnthropicTool(BaseModel):
     name: StrictStr
     description: StrictStr | None = None
     input_schema: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("input_schema")
+    @classmethod
+    def _a_json_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        if schema and (problem := schema_problem(schema)):
+            raise ValueError(f"input_schema is not a JSON schema: {problem}")
+        return schema
 
 
 class ThinkingConfig(BaseModel):

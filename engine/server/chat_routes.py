@@ -25,7 +25,7 @@ from dgpp.engine.server.protocol import ChatCompletionRequest
 from dgpp.engine.server.reasoning_knobs import template_kwargs
 from dgpp.engine.server.sampling import (
     chat_logprobs,
-    check_unsupported,
+    chat_max_tokens,
     resolve_max_tokens,
     sampling_params,
 )
@@ -54,7 +54,6 @@ async def chat_completions(
     request: ChatCompletionRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
-    check_unsupported(request)
     tools = request.tools if request.tool_choice != "none" else None
     name, required = openai_choice(request.tool_choice)
     forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)
@@ -66,19 +65,22 @@ async def chat_completions(
         grammar = await checked(state, grammar, "response_format")
     # Rendering and tokenising a long conversation takes a while: off the event loop.
     prompt = await asyncio.to_thread(_prompt, state, request, tools, forced)
-    limit_name = "max_tokens" if request.max_tokens is not None else "max_completion_tokens"
+    requested, limit_name = chat_max_tokens(request)
     max_tokens = resolve_max_tokens(
-        request.max_tokens or request.max_completion_tokens,
+        requested,
         len(prompt),
         state,
         limit_name,
         prompt_param="messages",
     )
     logprobs = chat_logprobs(request)
+    vocab_size = state.engine.engine.model_config.vocab_size
     params = [
         decoding_params(
             state,
-            sampling_params(request, max_tokens, logprobs, i, state.sampling_defaults, grammar),
+            sampling_params(
+                request, max_tokens, logprobs, i, state.sampling_defaults, grammar, vocab_size
+            ),
         )
         for i in range(request.n)
     ]

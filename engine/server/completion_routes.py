@@ -65,7 +65,14 @@ async def completions(
     for number, prompt in enumerate(prompts):
         max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
         params = [
-            sampling_params(request, max_tokens, request.logprobs, i, state.sampling_defaults)
+            sampling_params(
+                request,
+                max_tokens,
+                request.logprobs,
+                i,
+                state.sampling_defaults,
+                vocab_size=state.engine.engine.model_config.vocab_size,
+            )
             for i in range(request.n)
         ]
         jobs.append(Job(prompt, params, f"{request_id}-{number}", request.prefix_cache))

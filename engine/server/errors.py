@@ -153,6 +153,18 @@ def _validation_error(err: RequestValidationError) -> APIError:
     return APIError(400, f"{param}: {detail}", code=code, param=param)
 
 
+def _undecodable(cause: BaseException | None) -> str:
+    """Why FastAPI could not decode a JSON body, in the client's terms."""
+    if isinstance(cause, RecursionError):
+        return (
+            "the request body nests JSON arrays and objects too deeply to parse "
+            "(at most about 1,000 levels)"
+        )
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid JSON: it is not UTF-8 text"
+    return f"the request body could not be decoded as JSON ({type(cause).__name__})"
+
+
 def respond(request: Request, err: APIError) -> JSONResponse:
     """The error response, counted in the app's service metrics when a generation route failed,
     and logged with its reason (an access log says only the status)."""
@@ -191,9 +203,9 @@ def install_error_handlers(app: FastAPI) -> None:
         codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
         message = str(err.detail)
         if err.status_code == 400:
-            # FastAPI's only 400: a JSON body it could not decode (bytes that are not UTF-8).
+            # FastAPI's only 400: a JSON body it could not decode, the reason in its cause.
             codes[400] = "invalid_json"
-            message = "the request body is not valid JSON: it is not UTF-8 text"
+            message = _undecodable(err.__cause__)
         return respond(
             request,
             APIError(

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from dgpp.engine.server.tolerant import TolerantModel
+from dgpp.engine.server.tool_schema import schema_problem
 
 # Every stop string is matched against the text after each step, and every bias entry touches
 # the logits of each step: both are bounded.
@@ -43,10 +44,15 @@ StopStrings = Annotated[list[StrictStr], AfterValidator(bounded_stops)]
 
 
 def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Tools whose `function`, where given, is an object: every reader of a tool looks inside."""
+    """Tools whose `function`, where given, is an object (every reader of a tool looks inside)
+    and whose `parameters`, where given, are a JSON schema."""
     for index, tool in enumerate(tools or []):
-        if "function" in tool and not isinstance(tool["function"], dict):
+        function = tool.get("function")
+        if "function" in tool and not isinstance(function, dict):
             raise ValueError(f"tools.{index}.function must be an object")
+        parameters = (function or {}).get("parameters")
+        if parameters is not None and (problem := schema_problem(parameters)):
+            raise ValueError(f"tools.{index}.function.parameters is not a JSON schema: {problem}")
     return tools
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.tolerant import note_ignored
+from dgpp.engine.server.tool_schema import schema_problem
 
 ROLES = ("user", "assistant", "system", "developer")
 # A custom tool (free-text input, e.g. Codex's `apply_patch`) is offered to the model as a function
@@ -152,10 +153,15 @@ def _tool_name(tool: dict[str, Any], where: str, kind: str) -> str:
 
 
 def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    parameters = tool.get("parameters")
+    if parameters is not None and (problem := schema_problem(parameters)):
+        raise InvalidRequestError(
+            f"{where}.parameters is not a JSON schema: {problem}", param=f"{where}.parameters"
+        )
     function = {
         "name": _tool_name(tool, where, "function"),
         "description": tool.get("description") or "",
-        "parameters": tool.get("parameters") or {"type": "object", "properties": {}},
+        "parameters": parameters or {"type": "object", "properties": {}},
     }
     if tool.get("strict"):
         function["strict"] = True  # a forced call then follows its parameters (structured)

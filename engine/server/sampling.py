@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
 from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenizer import check_token_ids
+
+log = logging.getLogger(__name__)
 
 
 def resolve_max_tokens(
@@ -40,7 +45,9 @@ def resolve_max_tokens(
     return room if default is None else min(default, room)
 
 
-def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+def _logit_bias(raw: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:
+    """The bias by token id; ids past the vocabulary are refused here, before a stream starts
+    (the engine refuses them too, for callers of its own API)."""
     if not raw:
         return None
     bias = {}
@@ -51,6 +58,8 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
             raise InvalidRequestError(
                 f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
             ) from None
+    if vocab_size is not None:
+        check_token_ids(list(bias), vocab_size, param="logit_bias")
     return bias
 
 
@@ -68,9 +77,11 @@ def sampling_params(
     seed_offset: int = 0,
     defaults: SamplingDefaults | None = None,
     grammar: str | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """`seed_offset` gives each of `n` choices its own stream from one request seed; settings
-    the request leaves out come from `defaults` (the checkpoint's), else the OpenAI defaults."""
+    the request leaves out come from `defaults` (the checkpoint's), else the OpenAI defaults;
+    `vocab_size` bounds the `logit_bias` ids."""
     model = defaults or SamplingDefaults()
     stop = (
         request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
@@ -85,7 +96,7 @@ def sampling_params(
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         repetition_penalty=pick(request.repetition_penalty, model.repetition_penalty, 1.0),
-        logit_bias=_logit_bias(request.logit_bias),
+        logit_bias=_logit_bias(request.logit_bias, vocab_size),
         stop=tuple(stop),
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
@@ -96,21 +107,30 @@ def sampling_params(
     )
 
 
+def chat_max_tokens(request: ChatCompletionRequest) -> tuple[int | None, str]:
+    """The chat request's output limit and the field it came from: `max_completion_tokens`
+    (OpenAI's current name) over the deprecated `max_tokens` when a client sends both, as vLLM
+    takes it (load generators such as guidellm do send both); the conflict is logged."""
+    if request.max_completion_tokens is None:
+        return request.max_tokens, "max_tokens"
+    if request.max_tokens is not None and request.max_tokens != request.max_completion_tokens:
+        log.info(
+            "max_tokens %d and max_completion_tokens %d both set: max_completion_tokens applies",
+            request.max_tokens,
+            request.max_completion_tokens,
+        )
+    return request.max_completion_tokens, "max_completion_tokens"
+
+
 def chat_logprobs(request: ChatCompletionRequest) -> int | None:
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
     return (request.top_logprobs or 0) if request.logprobs else None
 
 
-def check_unsupported(request: ChatCompletionRequest | CompletionRequest) -> None:
-    """Refuse fields dgpp accepts in the schema but cannot honour, naming them."""
-    if isinstance(request, CompletionRequest):
-        if request.suffix:
-            raise InvalidRequestError("suffix is not supported", param="suffix")
-        if request.best_of is not None and request.best_of != request.n:
-            raise InvalidRequestError("best_of other than n is not supported", param="best_of")
-    else:
-        if request.max_tokens is not None and request.max_completion_tokens is not None:
-            raise InvalidRequestError(
-                "set max_tokens or max_completion_tokens, not both", param="max_completion_tokens"
-            )
+def check_unsupported(request: CompletionRequest) -> None:
+    """Refuse completion fields dgpp accepts in the schema but cannot honour, naming them."""
+    if request.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if request.best_of is not None and request.best_of != request.n:
+        raise InvalidRequestError("best_of other than n is not supported", param="best_of")

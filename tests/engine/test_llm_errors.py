@@ -147,3 +147,13 @@ def test_bad_knob_values(checkpoint: Path) -> None:
         LLM(str(checkpoint), prefill_precision="fp8")
     with pytest.raises(ConfigError, match="max_model_len=100000 exceeds"):
         LLM(str(checkpoint), max_model_len=100000)
+
+
+def test_logit_bias_past_the_vocabulary_is_refused_and_leaves_no_state(llm: LLM) -> None:
+    vocab_size = llm.engine.model_config.vocab_size
+    with pytest.raises(InvalidRequestError, match=f"in \\[0, {vocab_size}\\)") as info:
+        llm.generate(["hi"], SamplingParams(max_tokens=2, logit_bias={vocab_size: 5.0}))
+    assert info.value.param == "logit_bias"
+    assert not llm.engine.scheduler.requests
+    inside = SamplingParams(max_tokens=2, logit_bias={vocab_size - 1: 5.0}, temperature=0)
+    assert llm.generate(["hi"], inside)[0].outputs[0].token_ids

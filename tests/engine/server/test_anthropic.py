@@ -174,6 +174,16 @@ def test_strip_volatile_header_removes_only_that_line() -> None:
             "invalid_request_error",
         ),
         (
+            {  # a tool whose input_schema is no JSON schema
+                "model": MODEL,
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"name": "f", "input_schema": {"type": "objekt"}}],
+            },
+            400,
+            "invalid_request_error",
+        ),
+        (
             {  # the prompt alone is over the context (a max_tokens over it is clamped)
                 "model": MODEL,
                 "max_tokens": 100000,

@@ -159,7 +159,6 @@ def test_value_constraint_errors_are_coded_invalid_value(
     ("fields", "param"),
     [
         ({"top_logprobs": 2}, "top_logprobs"),  # top_logprobs without logprobs
-        ({"max_tokens": 2, "max_completion_tokens": 2}, "max_completion_tokens"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
@@ -167,12 +166,54 @@ def test_value_constraint_errors_are_coded_invalid_value(
         ),
         ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
         ({"logit_bias": {"5": 500.0}}, "logit_bias"),
+        ({"logit_bias": {"49152": 1.0}}, "logit_bias"),  # past the vocabulary (49,152 ids)
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
+            "tools",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"$schema": "http://x.example"}},
+                    }
+                ]
+            },
+            "tools",
+        ),
         ({"stop": [""]}, "stop"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ],
 )
 def test_invalid_values_name_the_param(http: httpx.Client, fields: dict, param: str) -> None:
     assert_error(http.post(CHAT, json=_chat(**fields)), 400, "invalid_value", param)
+
+
+def test_a_streamed_request_with_logit_bias_past_the_vocabulary_is_refused_before_it_starts(
+    http: httpx.Client,
+) -> None:
+    body = _chat(logit_bias={"100000": -5.0}, stream=True)
+    assert_error(http.post(CHAT, json=body), 400, "invalid_value", "logit_bias")
+
+
+def test_both_output_limits_take_max_completion_tokens(http: httpx.Client) -> None:
+    """guidellm sends both (its documented request extras); vLLM takes max_completion_tokens."""
+    for max_tokens, max_completion_tokens in ((2, 5), (5, 2)):
+        body = _chat(
+            max_tokens=max_tokens, max_completion_tokens=max_completion_tokens, ignore_eos=True
+        )
+        response = http.post(CHAT, json=body)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == max_completion_tokens
+
+
+def test_a_body_nested_too_deeply_says_so(http: httpx.Client) -> None:
+    """A 5,000-deep body was refused as 'not UTF-8 text'."""
+    for body in (b"[" * 5000 + b"]" * 5000, b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"):
+        response = http.post(CHAT, content=body, headers={"content-type": "application/json"})
+        assert_error(response, 400, "invalid_json", None)
+        assert "nests JSON arrays and objects too deeply" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -183,6 +224,7 @@ def test_invalid_values_name_the_param(http: httpx.Client, fields: dict, param: 
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": [49152]}, "prompt"),  # token id outside the vocabulary
+        ({"prompt": "x", "logit_bias": {"49152": 2.0}}, "logit_bias"),
     ],
 )
 def test_invalid_completion_requests(http: httpx.Client, body: dict, param: str) -> None:

@@ -141,6 +141,20 @@ def test_store_false_keeps_nothing(sdk: openai.OpenAI) -> None:
         ({"input": "hi", "max_output_tokens": 0}, "invalid_value", "max_output_tokens"),
         ({"input": "hi", "tool_choice": "required"}, "invalid_value", "tool_choice"),
         ({"input": 7}, "invalid_type", "input"),
+        (  # found by a hostile-input probe: a tool whose parameters are no JSON schema
+            {
+                "input": "hi",
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": 5},
+                    }
+                ],
+            },
+            "invalid_value",
+            "tools.0.parameters",
+        ),
     ],
 )
 def test_bad_requests_name_the_field(
