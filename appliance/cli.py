@@ -12,7 +12,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import version
+from importlib.metadata import entry_points, version
 
 from dgpp.appliance.cache_cli import add_cache_parser
 from dgpp.appliance.default_model import DEFAULT_FORM, INSTALL_FORMS
@@ -26,8 +26,11 @@ from dgpp.appliance.exit_codes import (
 )
 from dgpp.appliance.rank_cli import add_rank_parser
 from dgpp.appliance.serve_cli import add_server_options, add_world_options
-from dgpp.appliance.webui_cli import add_webui_parser
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError, UnsupportedModelError
+
+# Commands of the layers above the appliance (the console: `dgpp webui`), which this module
+# must not import: each entry point adds its parser to the subcommands and sets `handler`.
+COMMANDS_GROUP = "dgpp.commands"
 
 # Errors that no retry fixes: the command line, deployment or model must change.
 CONFIG_ERRORS = (ConfigError, ModelLoadError, UnsupportedModelError)
@@ -76,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(chat)
     add_sampling_options(chat)
     add_cache_parser(commands)
-    add_webui_parser(commands)
+    for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda point: point.name):
+        command.load()(commands)
     return parser
 
 
@@ -148,10 +152,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.cache_cli import run_cache
 
         return run_cache(args)
-    if args.command == "webui":
-        from dgpp.appliance.webui_cli import run_webui
-
-        return run_webui(args)
+    if getattr(args, "handler", None) is not None:  # a command of a layer above (COMMANDS_GROUP)
+        return args.handler(args)
     from dgpp.appliance import generate_cli
 
     if args.command == "generate":

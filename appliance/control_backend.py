@@ -100,19 +100,3 @@ def read_tail(path: Path, lines: int, max_bytes: int = 1 << 20) -> str:
     except OSError:
         return ""
     return tail_lines(data.decode(errors="replace"), lines)
-
-
-def make_backend(
-    kind: BackendKind,
-    deployment_path: Path,
-    state_dir: Path,
-    systemctl: tuple[str, ...] = ("systemctl",),
-) -> ControlBackend:
-    """The backend the console's settings name."""
-    if kind == "systemd":
-        from dgpp.appliance.control_backend_systemd import SystemdBackend
-
-        return SystemdBackend(deployment_path, systemctl=systemctl)
-    from dgpp.appliance.control_backend_local import LocalBackend
-
-    return LocalBackend(deployment_path, output_path=state_dir / "rank0.log")

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.quant.group_codes import GroupFormat
 from dgpp.engine.quant.quant_schemes import (
     GROUP_METHODS,
     LayerScheme,
@@ -26,6 +25,7 @@ from dgpp.engine.quant.quant_schemes import (
     canonical_method,
     quant_config,
 )
+from dgpp.kernels.group_codes import GroupFormat
 
 FACTS_DIR = Path(__file__).parent / "checkpoint_facts"
 _ROUTERS = (".mlp.gate", ".mlp.router")

@@ -8,7 +8,7 @@ variables into `huggingface_hub.constants` when it is first imported.
 import os
 from pathlib import Path
 
-from dgpp.engine.cache_dir import dgpp_cache_dir
+from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 
 def _env_path(name: str) -> Path | None:

@@ -24,7 +24,7 @@ import torch
 
 from dgpp.appliance.default_model import ensure_default_gguf, install_default
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.cache_dir import dgpp_cache_dir
+from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 PEER_VERSION = "llama-cpp-python==0.3.36"
 PROMPT = [{"role": "user", "content": "Write a long story about a fox."}]

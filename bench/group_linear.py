@@ -25,9 +25,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight, effective_scales, pack_nibbles
 from dgpp.kernels import group_linear_cpu as cpu
-from dgpp.kernels.group_linear import group_linear_torch
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight, effective_scales, pack_nibbles
+from dgpp.kernels.group_linear_torch import group_linear_torch
 
 LAYER = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate/up, down
 LAYERS = 30

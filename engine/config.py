@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.loader import checkpoint_files
-from dgpp.engine.quant.group_codes import GroupFormat
 from dgpp.engine.quant.quant_schemes import (
     GROUP_METHODS,
     QuantSchemes,
@@ -27,6 +26,7 @@ from dgpp.engine.quant.quant_schemes import (
     tensor_meta,
 )
 from dgpp.engine.quant.weight_formats import WeightFormats
+from dgpp.kernels.group_codes import GroupFormat
 
 PrefillPrecision = Literal["fp32", "model"]
 Speculative = Literal["off", "ngram"]
@@ -99,6 +99,11 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """How many of each head's dims the rotary embedding turns."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_latent_attention(self) -> bool:
+        """Whether the attention is MLA (the config names a key/value latent rank)."""
+        return self.raw.get("kv_lora_rank") is not None
 
     @property
     def quant_method(self) -> str:

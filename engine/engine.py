@@ -15,7 +15,7 @@ from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.config import EngineConfig, ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel
-from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
 from dgpp.engine.memory_plan import size_kv_pool
 from dgpp.engine.model_runner import ModelRunner
@@ -191,19 +191,8 @@ class LLMEngine:
         if params.logit_bias:
             check_token_ids(list(params.logit_bias), self.model_config.vocab_size, "logit_bias")
         num_prompt = len(prompt_ids)
-        if num_prompt >= self.max_model_len:
-            raise ContextLengthExceededError(
-                f"the prompt has {num_prompt} tokens; this model's context is {self.max_model_len} "
-                "tokens and at least one must be left to generate",
-                param="prompt",
-            )
         max_tokens = params.max_tokens or self.max_model_len - num_prompt
-        if num_prompt + max_tokens > self.max_model_len:
-            raise ContextLengthExceededError(
-                f"prompt ({num_prompt} tokens) plus max_tokens ({max_tokens}) exceeds this model's "
-                f"context of {self.max_model_len} tokens",
-                param="max_tokens",
-            )
+        check_context(num_prompt, self.max_model_len, max_tokens)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)

@@ -31,6 +31,29 @@ class ContextLengthExceededError(InvalidRequestError):
     code = "context_length_exceeded"
 
 
+def check_context(
+    num_prompt: int,
+    max_model_len: int,
+    max_tokens: int | None = None,
+    prompt_param: str = "prompt",
+    limit_param: str = "max_tokens",
+) -> None:
+    """The one context-length check (every API and the offline engine): the prompt must leave
+    at least one token to generate, and the prompt plus `max_tokens`, where given, must fit."""
+    if num_prompt >= max_model_len:
+        raise ContextLengthExceededError(
+            f"the prompt has {num_prompt} tokens; this model's context is {max_model_len} "
+            "tokens and at least one must be left to generate",
+            param=prompt_param,
+        )
+    if max_tokens is not None and num_prompt + max_tokens > max_model_len:
+        raise ContextLengthExceededError(
+            f"prompt ({num_prompt} tokens) plus {limit_param} ({max_tokens}) exceeds this "
+            f"model's context of {max_model_len} tokens",
+            param=limit_param,
+        )
+
+
 class ModelLoadError(DgppError):
     """A checkpoint could not be found, read or understood."""
 

@@ -18,8 +18,8 @@ from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.checkpoint_formats import PackedModule, packed_module
 from dgpp.engine.quant.gguf_file import GgufFile, GgufTensor
 from dgpp.engine.quant.gguf_view import WEIGHTS_NAME
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
 from dgpp.engine.quant.quant_schemes import IGNORED_SUFFIXES, QuantSchemes
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight
 
 Loaded = torch.Tensor | GgufTensor | PackedModule
 # A model's own name rule, tried before `packed_modules_mapping`: the parameter a checkpoint

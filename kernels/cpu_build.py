@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from dgpp.engine.cache_dir import dgpp_cache_dir
+from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 

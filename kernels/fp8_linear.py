@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight, effective_scales
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight, effective_scales
 
 E4M3_MAX = 448.0
 _MIN_SCALE = 1e-12  # an all-zero row of x keeps a finite scale (its codes are all zero)

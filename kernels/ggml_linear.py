@@ -1,7 +1,7 @@
 """Linear layers on GGML-block weights (GGUF's Q4_0, Q4_1, Q8_0, ...), kept packed in memory.
 
 `ggml_linear_torch` is the PyTorch twin of every kernel here: dequantize (bit-exact,
-`engine.quant.ggml_blocks`) and `F.linear`. On CPUs `ggml_linear_cpu` runs a small compiled
+`kernels.ggml_blocks`) and `F.linear`. On CPUs `ggml_linear_cpu` runs a small compiled
 kernel (kernels/cpu/ggml_linear.cpp, built once per machine with the system C++ compiler into
 dgpp's cache) that decodes each block in registers instead of expanding the weight; where it
 cannot be built, layers fall back to the twin and say so once. Choice and figures:
@@ -18,8 +18,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
 from dgpp.kernels.cpu_build import load_cpu_extension
+from dgpp.kernels.ggml_blocks import FORMATS, dequantize
 
 SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
 CPU_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # what the compiled kernel decodes

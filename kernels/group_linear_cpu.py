@@ -1,6 +1,6 @@
-"""The CPU kernel for linear layers on group-quantized weights (`engine.quant.group_codes`).
+"""The CPU kernel for linear layers on group-quantized weights (`kernels.group_codes`).
 
-`group_linear_cpu` has the twin's signature and meaning (`kernels.group_linear.group_linear_torch`:
+`group_linear_cpu` has the twin's signature and meaning (`kernels.group_linear_torch`:
 perm applied to x, W dequantized exactly, `F.linear`) and runs kernels/cpu/group_linear.cpp, built
 once per machine into dgpp's cache (`kernels.cpu_build`). The kernel computes every weight as
 `dequantize_group` does (bit-equal; for 1-2 rows of int4/uint4/e4m3 it applies each group's scale
@@ -26,14 +26,14 @@ from types import ModuleType
 
 import torch
 
-from dgpp.engine.quant.group_codes import (
+from dgpp.kernels.cpu_build import load_cpu_extension
+from dgpp.kernels.group_codes import (
     GroupFormat,
     GroupWeight,
     codebook_values,
     dequantize_group,
 )
-from dgpp.kernels.cpu_build import load_cpu_extension
-from dgpp.kernels.group_linear import group_linear_torch
+from dgpp.kernels.group_linear_torch import group_linear_torch
 
 SOURCE = Path(__file__).with_name("cpu") / "group_linear.cpp"
 # Below this many rows of x the kernel decodes in registers (decode, small batches; W decoded once

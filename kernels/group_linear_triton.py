@@ -1,8 +1,8 @@
-"""Triton kernel for linear layers on group-quantized weights (`engine.quant.group_codes`).
+"""Triton kernel for linear layers on group-quantized weights (`kernels.group_codes`).
 
 `group_linear_triton(x, weight, fmt)` computes `x[..., perm] @ W^T` with W dequantized on the fly
 from its packed codes: int4, uint4 (with or without zero codes), e2m1 (NVFP4, MXFP4) and e4m3.
-Its PyTorch twin is `kernels.group_linear.group_linear_torch`; the two agree up to the order of
+Its PyTorch twin is `kernels.group_linear_torch`; the two agree up to the order of
 the float32 sums.
 
 Each program computes a [BLOCK_M, BLOCK_N] tile of the output. Along K it loads a
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight, codebook_values
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight, codebook_values
 
 _TORCH_TO_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dgpp.appliance.control_backend import ControlBackend, make_backend
+from dgpp.appliance.control_backend import BackendKind, ControlBackend
+from dgpp.appliance.control_backend_local import LocalBackend
+from dgpp.appliance.control_backend_systemd import SystemdBackend
 from dgpp.appliance.deployment import Deployment
 from dgpp.webui.config import ConsoleConfig
 from dgpp.webui.deployment_store import DeploymentStore, engine_target
@@ -70,3 +72,15 @@ def build_console(config: ConsoleConfig, backend: ControlBackend | None = None) 
         gpus=NvmlProbe(),
         credentials_path=config.credentials,
     )
+
+
+def make_backend(
+    kind: BackendKind,
+    deployment_path: Path,
+    state_dir: Path,
+    systemctl: tuple[str, ...] = ("systemctl",),
+) -> ControlBackend:
+    """The backend the console's settings name."""
+    if kind == "systemd":
+        return SystemdBackend(deployment_path, systemctl=systemctl)
+    return LocalBackend(deployment_path, output_path=state_dir / "rank0.log")

@@ -10,7 +10,6 @@ from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.layers.mla import is_latent_attention
 
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
@@ -31,6 +30,6 @@ def select_backend_for(
 ) -> AttentionBackend:
     """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
     compressed key/value latent (DeepSeek-V3), paged attention otherwise."""
-    if is_latent_attention(model):
+    if model.is_latent_attention:
         return select_mla_backend(device, dtype)
     return select_attention_backend(device, dtype)

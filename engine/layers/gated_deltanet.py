@@ -38,10 +38,10 @@ from dgpp.engine.layers.linear import (
 from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.quant.group_codes import GroupWeight
 from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_gated_delta
+from dgpp.kernels.group_codes import GroupWeight
 
 
 def linear_state_spec(config: ModelConfig, parallel: ParallelContext) -> LinearStateSpec:

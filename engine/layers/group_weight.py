@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dgpp.engine.errors import ModelLoadError
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight
 
 _BITS_DTYPE = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32}
 

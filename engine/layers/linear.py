@@ -24,10 +24,11 @@ from dgpp.engine.layers.group_weight import (
 )
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.quant.ggml_blocks import FORMATS
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
+from dgpp.kernels.ggml_blocks import FORMATS
 from dgpp.kernels.ggml_linear import ggml_linear_cpu
-from dgpp.kernels.group_linear import GroupLinearFn, group_linear_torch, select_group_linear
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight
+from dgpp.kernels.group_linear import select_group_linear
+from dgpp.kernels.group_linear_torch import GroupLinearFn, group_linear_torch
 from dgpp.kernels.linear import LinearFn, LinearPacker
 
 WeightFormat = str | GroupFormat | None  # a GGML type, a group-quantized form, or dense

@@ -30,11 +30,6 @@ from dgpp.engine.parallel import ParallelContext
 LATENT_NORM_EPS = 1e-6
 
 
-def is_latent_attention(config: ModelConfig) -> bool:
-    """Whether the checkpoint's attention is MLA (its config names a key/value latent rank)."""
-    return config.raw.get("kv_lora_rank") is not None
-
-
 @dataclass(frozen=True)
 class MLADims:
     """The MLA shapes of a checkpoint: ranks of the query and key/value latents (`q_lora_rank`

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.layers.router import Router
-from dgpp.engine.models.moe_config import MoeSpec
 from dgpp.engine.parallel import ParallelContext
 
 _EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")

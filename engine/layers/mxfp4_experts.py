@@ -16,10 +16,11 @@ from torch import nn
 
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import Experts, grouped_by_expert
-from dgpp.engine.models.moe_config import MoeSpec
+from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
-from dgpp.kernels.group_linear import GroupLinearFn, select_group_linear
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight
+from dgpp.kernels.group_linear import select_group_linear
+from dgpp.kernels.group_linear_torch import GroupLinearFn
 
 MXFP4 = GroupFormat("e2m1", 32, scale_dtype="bfloat16")
 BLOCK = 32  # columns per scale

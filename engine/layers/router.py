@@ -1,5 +1,5 @@
 """The expert router of a mixture-of-experts block: logits from a replicated gate, then the
-family's rule (`dgpp.engine.models.moe_config.RouterSpec`) picks each token's top-k experts."""
+family's rule (`dgpp.engine.layers.moe_spec.RouterSpec`) picks each token's top-k experts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.engine.models.moe_config import RouterSpec
+from dgpp.engine.layers.moe_spec import RouterSpec
 
 
 def _param(*shape: int) -> nn.Parameter:

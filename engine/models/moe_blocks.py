@@ -8,8 +8,8 @@ from torch import nn
 
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.moe import PackedExperts, SparseMoeBlock
+from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.models.llama import DecoderMLP
-from dgpp.engine.models.moe_config import MoeSpec
 from dgpp.engine.parallel import ParallelContext
 
 

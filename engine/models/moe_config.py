@@ -1,61 +1,13 @@
-"""The mixture-of-experts facts of a checkpoint, read from its `config.json` under each family's
-spellings (Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss)."""
+"""The mixture-of-experts facts of a checkpoint (`dgpp.engine.layers.moe_spec`), read from its
+`config.json` under each family's spellings (Qwen3-MoE, GLM-4.5, DeepSeek-V3, gpt-oss)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from dgpp.engine.errors import ModelLoadError
-
-RouterKind = Literal["softmax", "sigmoid_grouped", "topk_softmax"]
-ExpertActivation = Literal["silu", "swiglu_oai"]
-
-
-@dataclass(frozen=True)
-class RouterSpec:
-    """How a token picks its experts.
-
-    `softmax` (Qwen3-MoE): softmax over every expert, the top k, renormalised when
-    `norm_topk_prob`. `sigmoid_grouped` (GLM-4.5, DeepSeek-V3): sigmoid scores, the choice made on
-    scores plus `e_score_correction_bias` among the `topk_group` best of `num_groups` groups (a
-    group's score: its two best), weights the plain sigmoid scores of the chosen, renormalised
-    when `norm_topk_prob`, times `scaling`. `topk_softmax` (gpt-oss): the top k logits (the router
-    has a bias), softmax over those k.
-    """
-
-    kind: RouterKind
-    num_experts: int
-    top_k: int
-    norm_topk_prob: bool = False
-    num_groups: int = 1
-    topk_group: int = 1
-    scaling: float = 1.0
-    has_bias: bool = False  # gpt-oss: a bias on the router's logits
-    has_correction_bias: bool = False  # GLM/DeepSeek: e_score_correction_bias
-
-
-@dataclass(frozen=True)
-class MoeSpec:
-    """One family's sparse block: its router, expert width, shared experts and which layers are
-    sparse (`is_sparse`)."""
-
-    router: RouterSpec
-    intermediate_size: int  # per expert
-    shared_intermediate_size: int = 0  # 0: no shared experts
-    activation: ExpertActivation = "silu"
-    expert_bias: bool = False  # gpt-oss: biases on both expert projections
-    swiglu_alpha: float = 1.702
-    swiglu_limit: float = 7.0
-    first_dense: int = 0  # layers below this index are dense (first_k_dense_replace)
-    dense_layers: frozenset[int] = frozenset()  # mlp_only_layers
-    sparse_step: int = 1  # decoder_sparse_step
-
-    def is_sparse(self, layer: int) -> bool:
-        if layer < self.first_dense or layer in self.dense_layers:
-            return False
-        return (layer + 1) % self.sparse_step == 0
+from dgpp.engine.layers.moe_spec import MoeSpec, RouterSpec
 
 
 def _require(raw: Mapping[str, Any], *keys: str) -> Any:

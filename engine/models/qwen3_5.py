@@ -30,9 +30,10 @@ from dgpp.engine.backends.base import PagedAttentionBackend
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import Experts, SparseMoeBlock
+from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
-from dgpp.engine.models.moe_config import MoeSpec, qwen3_moe_spec
+from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.parallel import ParallelContext
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from dgpp.engine.errors import ModelLoadError
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight, dequantize_group, pack_nibbles
 from dgpp.engine.quant.quant_schemes import LayerScheme
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight, dequantize_group, pack_nibbles
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # the eight nibbles of an int32
 _AWQ_COLUMNS = (0, 4, 1, 5, 2, 6, 3, 7)  # column offset c sits in nibble _AWQ_COLUMNS[c]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
-from dgpp.engine.quant.ggml_blocks import BY_TYPE, FORMATS, BlockFormat, dequantize
+from dgpp.kernels.ggml_blocks import BY_TYPE, FORMATS, BlockFormat, dequantize
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",

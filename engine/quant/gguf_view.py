@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dgpp.engine.cache_dir import dgpp_cache_dir
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.gguf_file import GgufFile
+from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

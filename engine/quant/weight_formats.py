@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from dgpp.engine.errors import ModelLoadError
-from dgpp.engine.quant.ggml_blocks import FORMATS
+from dgpp.kernels.ggml_blocks import FORMATS
 
 PACKED_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # kernels/ggml_linear.py: CPU_FORMATS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from dgpp.engine.errors import ContextLengthExceededError, InvalidRequestError
+from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -25,24 +25,14 @@ def resolve_max_tokens(
     leaves after the prompt, or refused, as `max_tokens_policy` says. A missing one becomes the
     server default, capped to that room. A prompt that leaves no room is always refused."""
     room = state.max_model_len - num_prompt_tokens
-    if room < 1:
-        raise ContextLengthExceededError(
-            f"the prompt has {num_prompt_tokens} tokens; this model's context is "
-            f"{state.max_model_len} tokens and at least one must be left to generate",
-            param=prompt_param,
-        )
-    if requested is not None:
-        if requested > room and state.config.max_tokens_policy == "clamp":
-            return room
-        if requested > room:
-            raise ContextLengthExceededError(
-                f"prompt ({num_prompt_tokens} tokens) plus {param} ({requested}) exceeds this "
-                f"model's context of {state.max_model_len} tokens",
-                param=param,
-            )
-        return requested
-    default = state.config.default_max_tokens
-    return room if default is None else min(default, room)
+    check_context(num_prompt_tokens, state.max_model_len, prompt_param=prompt_param)
+    if requested is None:
+        default = state.config.default_max_tokens
+        return room if default is None else min(default, room)
+    if requested > room and state.config.max_tokens_policy == "clamp":
+        return room
+    check_context(num_prompt_tokens, state.max_model_len, requested, prompt_param, param)
+    return requested
 
 
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:

@@ -16,8 +16,8 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.mxfp4_experts import MXFP4, Mxfp4Experts
-from dgpp.engine.quant.group_codes import GroupWeight, dequantize_group, pack_nibbles
 from dgpp.engine.quant.quant_schemes import describe_quantization
+from dgpp.kernels.group_codes import GroupWeight, dequantize_group, pack_nibbles
 from tests.conftest import tiny_model
 from tests.engine.parity import hf_greedy
 from tests.engine.quant.quant_build import _round_e2m1

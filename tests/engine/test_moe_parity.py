@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.layers.router import Router
 from dgpp.engine.models.moe_config import (
-    MoeSpec,
     gpt_oss_moe_spec,
     grouped_moe_spec,
     qwen3_moe_spec,

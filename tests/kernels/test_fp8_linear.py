@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.quant.group_codes import GroupFormat, GroupWeight
 from dgpp.kernels.fp8_linear import (
     fp8_linear_scaled_mm,
     fp8_linear_torch,
     quantize_rows,
     scaled_mm_usable,
 )
-from dgpp.kernels.group_linear import group_linear_torch, select_group_linear
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight
+from dgpp.kernels.group_linear import select_group_linear
+from dgpp.kernels.group_linear_torch import group_linear_torch
 
 
 def _weight(rows: int, cols: int, seed: int = 0) -> tuple[GroupWeight, GroupFormat]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
+from dgpp.kernels.ggml_blocks import FORMATS, dequantize
 from dgpp.kernels.ggml_linear import (
     CPU_FORMATS,
     GEMM_ROWS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.quant.group_codes import (
+from dgpp.kernels.group_codes import (
     GroupFormat,
     GroupWeight,
     codebook_values,
@@ -16,13 +16,13 @@ from dgpp.engine.quant.group_codes import (
     pack_nibbles,
     unpack_codes,
 )
-from dgpp.kernels.group_linear import group_linear_torch
 from dgpp.kernels.group_linear_cpu import (
     GEMM_ROWS,
     cpu_extension,
     group_dequantize_cpu,
     group_linear_cpu,
 )
+from dgpp.kernels.group_linear_torch import group_linear_torch
 
 ROWS = 40  # not a multiple of the 16-row parallel grain nor of 8
 NO_GLOBAL = torch.empty(0)  # the kernel's "no global scale"

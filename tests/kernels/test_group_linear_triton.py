@@ -36,13 +36,13 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle  # noqa: E402
 
 import dgpp.kernels.group_linear_triton as glt  # noqa: E402
-from dgpp.engine.quant.group_codes import (  # noqa: E402
+from dgpp.kernels.group_codes import (  # noqa: E402
     GroupFormat,
     GroupWeight,
     codebook_values,
     pack_nibbles,
 )
-from dgpp.kernels.group_linear import group_linear_torch  # noqa: E402
+from dgpp.kernels.group_linear_torch import group_linear_torch  # noqa: E402
 
 IN_PROCESS = isinstance(triton.language.zeros, InterpretedFunction)
 needs_interpreter = pytest.mark.skipif(

@@ -7,8 +7,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dgpp.appliance.control_backend import make_backend
 from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend, run_command
+from dgpp.webui.console import make_backend
 
 SHOW = """Id=dgpp@rank0.service
 LoadState=loaded

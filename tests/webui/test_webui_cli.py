@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from dgpp.appliance.cli import build_parser, main
-from dgpp.appliance.webui_cli import CONFIG_ENV, _settings
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.app import create_app
+from dgpp.webui.cli import CONFIG_ENV, _settings
 from dgpp.webui.config import load_console_config
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.engine_address import foreign_engine_url

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
-from dgpp.engine.quant.ggml_blocks import FORMATS
 from dgpp.engine.quant.gguf_file import GLOBAL_NAMES, LAYER_NAMES
+from dgpp.kernels.ggml_blocks import FORMATS
 
 ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 QUANTIZABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}

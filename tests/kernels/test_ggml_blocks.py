@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from dgpp.engine.quant.ggml_blocks import FORMATS, dequantize
+from dgpp.kernels.ggml_blocks import FORMATS, dequantize
 
 # Byte ranges of each block's float16 scales: set to finite values (random bytes would make
 # NaN and infinity scales, whose payloads say nothing about the layout).

@@ -1,4 +1,8 @@
-"""`dgpp webui` (the web admin console) and `dgpp webui set-password`."""
+"""`dgpp webui` (the web admin console) and `dgpp webui set-password`.
+
+The console sits above the appliance, so the `dgpp` command line (dgpp.appliance.cli) does not
+import it: it finds this command through the `dgpp.commands` entry point (pyproject.toml), which
+adds the parser and sets `handler` to the function that runs it."""
 
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ def add_webui_parser(commands: Any) -> None:
         "--credentials): it writes the credentials file they name",
     )
     _add_settings(password)
+    webui.set_defaults(handler=run_webui)
     password.add_argument("--username", default="admin")
     password.add_argument(
         "--password-stdin", action="store_true", help="read the password from standard input"
