@@ -21,6 +21,7 @@ from dgpp.appliance.control_backend import ControlBackend
 from dgpp.webui.config import ConsoleConfig
 from dgpp.webui.console import Console, build_console
 from dgpp.webui.deps import CsrfRefusedError, LoginRequiredError, get_engine_factory, resolved
+from dgpp.webui.metrics_poller import MetricsPoller
 from dgpp.webui.pages import STATIC_DIR
 from dgpp.webui.routes import (
     auth_routes,
@@ -32,7 +33,6 @@ from dgpp.webui.routes import (
     pull_routes,
     switch_routes,
 )
-from dgpp.webui.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
             result = await asyncio.to_thread(console.backend.start)
             log.info("%s", result.message)
         if config.sample_interval_s > 0:
-            sampler = Sampler(
+            sampler = MetricsPoller(
                 console.history,
                 lambda: resolved(app, get_engine_factory, console.engine_for)(
                     console.store.current()

@@ -15,17 +15,17 @@ from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput
 from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.server import responses
+from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
 from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from dgpp.engine.server.api_sampling import pick, resolve_max_tokens
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
-from dgpp.engine.server.parsing import THINK_CLOSE, ResponseParser, decoding_params
 from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.sampling import pick, resolve_max_tokens
+from dgpp.engine.server.response_parser import THINK_CLOSE, ResponseParser, decoding_params
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar
 from dgpp.engine.server.tool_choice import (
@@ -127,7 +127,7 @@ async def messages(
         admission = state.engine.admit()  # refused with a status code, or room held
         events = _stream(state, tracker, prompt, params, message_id, model, parser, admission)
         return StreamingResponse(
-            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
         )
     ((output,),) = await run_to_completion(
         state, tracker, [Job(prompt, [params], message_id)], client

@@ -14,21 +14,21 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput
-from dgpp.engine.server import responses
-from dgpp.engine.server.chat_render import normalise, render
-from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
-from dgpp.engine.server.metrics import RequestTracker
-from dgpp.engine.server.output_parser import ParsedDelta
-from dgpp.engine.server.parsing import ResponseParser, decoding_params
-from dgpp.engine.server.protocol import ChatCompletionRequest
-from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.sampling import (
+from dgpp.engine.server import openai_bodies
+from dgpp.engine.server.api_sampling import (
     chat_logprobs,
     chat_max_tokens,
     resolve_max_tokens,
     sampling_params,
 )
+from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.deps import State, Tracker
+from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
+from dgpp.engine.server.metrics import RequestTracker
+from dgpp.engine.server.output_parser import ParsedDelta
+from dgpp.engine.server.protocol import ChatCompletionRequest
+from dgpp.engine.server.reasoning_knobs import template_kwargs
+from dgpp.engine.server.response_parser import ResponseParser, decoding_params
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
 from dgpp.engine.server.tool_choice import (
@@ -105,7 +105,7 @@ async def chat_completions(
             admission,
         )
         return StreamingResponse(
-            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
         )
     (outputs,) = await run_to_completion(
         state, tracker, [Job(prompt, params, request_id, request.prefix_cache)], client
@@ -129,13 +129,13 @@ async def chat_completions(
             {
                 "index": index,
                 "message": message,
-                "logprobs": responses.chat_logprobs(state.tokenizer, completion.logprobs)
+                "logprobs": openai_bodies.chat_logprobs(state.tokenizer, completion.logprobs)
                 if completion.logprobs is not None
                 else None,
                 "finish_reason": _finish_reason(completion, parser.num_tool_calls),
             }
         )
-    prompt_tokens, completion_tokens = responses.final(outputs)
+    prompt_tokens, completion_tokens = openai_bodies.final(outputs)
     return JSONResponse(
         {
             "id": request_id,
@@ -143,7 +143,7 @@ async def chat_completions(
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": responses.usage(
+            "usage": openai_bodies.usage(
                 prompt_tokens, completion_tokens, reasoning_tokens, outputs[0].num_cached_tokens
             ),
         }
@@ -168,7 +168,7 @@ def _prompt(
 
 
 def _finish_reason(completion: CompletionOutput, num_tool_calls: int) -> str | None:
-    reason = responses.finish_reason(completion)
+    reason = openai_bodies.finish_reason(completion)
     return "tool_calls" if num_tool_calls and reason == "stop" else reason
 
 
@@ -208,7 +208,7 @@ async def _chat_stream(
 
     def chunk(index: int, delta: dict[str, Any], **extra: Any) -> str:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return responses.sse({**base, "choices": [{**choice, **extra}]})
+        return openai_bodies.sse({**base, "choices": [{**choice, **extra}]})
 
     for index in range(len(params)):
         yield chunk(index, {"role": "assistant", "content": ""})
@@ -232,7 +232,7 @@ async def _chat_stream(
             extra: dict[str, Any] = {}
             if completion.logprobs is not None and output.num_new_tokens:
                 new = completion.logprobs[-output.num_new_tokens :]
-                extra["logprobs"] = responses.chat_logprobs(state.tokenizer, new)
+                extra["logprobs"] = openai_bodies.chat_logprobs(state.tokenizer, new)
             parser = parsers[index]
             delta = _delta(parser.feed(output.text_delta))
             if output.finished:
@@ -247,9 +247,9 @@ async def _chat_stream(
                 finish = _finish_reason(completion, parser.num_tool_calls)
                 yield chunk(index, {}, finish_reason=finish)
     except DgppError as err:
-        yield responses.sse_error(err)
+        yield openai_bodies.sse_error(err)
         return
     if include_usage:
-        usage = responses.usage(len(prompt), completion_tokens, cached_tokens=cached_tokens)
-        yield responses.sse({**base, "choices": [], "usage": usage})
-    yield responses.DONE
+        usage = openai_bodies.usage(len(prompt), completion_tokens, cached_tokens=cached_tokens)
+        yield openai_bodies.sse({**base, "choices": [], "usage": usage})
+    yield openai_bodies.DONE

@@ -13,16 +13,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError, InvalidRequestError
-from dgpp.engine.server import responses
-from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
-from dgpp.engine.server.metrics import RequestTracker
-from dgpp.engine.server.protocol import CompletionRequest
-from dgpp.engine.server.sampling import (
+from dgpp.engine.server import openai_bodies
+from dgpp.engine.server.api_sampling import (
     check_unsupported,
     resolve_max_tokens,
     sampling_params,
 )
+from dgpp.engine.server.deps import State, Tracker
+from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
+from dgpp.engine.server.metrics import RequestTracker
+from dgpp.engine.server.protocol import CompletionRequest
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.tokenizer import check_token_ids
 
@@ -84,7 +84,7 @@ async def completions(
             state, tracker, request, prompt, params, base, include_usage, admission
         )
         return StreamingResponse(
-            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
         )
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     results = await run_to_completion(state, tracker, jobs, client)
@@ -99,12 +99,12 @@ async def completions(
                 {
                     "index": len(choices),
                     "text": prefix + completion.text,
-                    "logprobs": responses.completion_logprobs(
+                    "logprobs": openai_bodies.completion_logprobs(
                         state.tokenizer, completion.logprobs, len(prefix)
                     )
                     if completion.logprobs is not None
                     else None,
-                    "finish_reason": responses.finish_reason(completion),
+                    "finish_reason": openai_bodies.finish_reason(completion),
                 }
             )
             completion_tokens += len(completion.token_ids)
@@ -112,7 +112,7 @@ async def completions(
         {
             **base,
             "choices": choices,
-            "usage": responses.usage(prompt_tokens, completion_tokens, 0, cached_tokens),
+            "usage": openai_bodies.usage(prompt_tokens, completion_tokens, 0, cached_tokens),
         }
     )
 
@@ -131,7 +131,7 @@ async def _completion_stream(
 
     def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return responses.sse({**base, "choices": [choice]})
+        return openai_bodies.sse({**base, "choices": [choice]})
 
     if request.echo:
         for index in range(len(params)):
@@ -155,22 +155,22 @@ async def _completion_stream(
             logprobs = None
             if completion.logprobs is not None and output.num_new_tokens:
                 new = completion.logprobs[-output.num_new_tokens :]
-                logprobs = responses.completion_logprobs(state.tokenizer, new, 0)
+                logprobs = openai_bodies.completion_logprobs(state.tokenizer, new, 0)
             if output.text_delta or logprobs is not None:
                 yield chunk(index, output.text_delta, None, logprobs)
             if output.finished:
                 completion_tokens += len(completion.token_ids)
                 cached_tokens = max(cached_tokens, output.num_cached_tokens)
-                yield chunk(index, "", responses.finish_reason(completion))
+                yield chunk(index, "", openai_bodies.finish_reason(completion))
     except DgppError as err:
-        yield responses.sse_error(err)
+        yield openai_bodies.sse_error(err)
         return
     if include_usage:
-        yield responses.sse(
+        yield openai_bodies.sse(
             {
                 **base,
                 "choices": [],
-                "usage": responses.usage(len(prompt), completion_tokens, 0, cached_tokens),
+                "usage": openai_bodies.usage(len(prompt), completion_tokens, 0, cached_tokens),
             }
         )
-    yield responses.DONE
+    yield openai_bodies.DONE

@@ -13,20 +13,20 @@ from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.server import responses
+from dgpp.engine.server import openai_bodies
+from dgpp.engine.server.api_sampling import pick, resolve_max_tokens
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import from_dgpp_error
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
-from dgpp.engine.server.parsing import ResponseParser, decoding_params
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.reasoning_knobs import template_kwargs
+from dgpp.engine.server.response_parser import ResponseParser, decoding_params
 from dgpp.engine.server.responses_convert import to_chat_messages, to_chat_tools
 from dgpp.engine.server.responses_output import EventWriter, ResponseHead, output_items, usage
 from dgpp.engine.server.responses_protocol import ResponsesRequest
-from dgpp.engine.server.sampling import pick, resolve_max_tokens
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
 from dgpp.engine.server.tool_choice import (
@@ -141,7 +141,7 @@ async def create_response(
         writer = EventWriter(origins)
         events = _stream(state, tracker, prompt, params, head, parser, turn, admission, writer)
         return StreamingResponse(
-            events, media_type="text/event-stream", headers=responses.SSE_HEADERS
+            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
         )
     job = Job(prompt, [params], head.id, request.prefix_cache)
     ((output,),) = await run_to_completion(state, tracker, [job], client)

@@ -9,7 +9,7 @@ import pytest
 
 from dgpp.webui.engine_client import Health
 from dgpp.webui.history import MAX_POINTS, HistoryStore, Sample
-from dgpp.webui.sampler import Sampler, sample_of
+from dgpp.webui.metrics_poller import MetricsPoller, sample_of
 
 
 def _metrics(tokens: int, prompt: int, hits: int, drafted: int = 0, accepted: int = 0) -> dict:
@@ -123,7 +123,7 @@ def test_the_sampler_stores_samples_that_survive_a_restart(tmp_path: Path) -> No
     store = HistoryStore(path, retention_s=3600, max_rows=1000)
     times = iter([1000.0, 1001.0, 1002.0])
     engine = _Engine()
-    sampler = Sampler(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
+    sampler = MetricsPoller(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
     for _ in range(3):
         asyncio.run(sampler.tick())
     store.close()

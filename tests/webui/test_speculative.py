@@ -15,8 +15,8 @@ from dgpp.engine.server.metrics_routes import metrics_body
 from dgpp.engine.speculative import SpecCounters
 from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.webui.knob_form import knob_fields, validation_errors
+from dgpp.webui.metrics_poller import sample_of
 from dgpp.webui.routes.overview_routes import speculative_view
-from dgpp.webui.sampler import sample_of
 from tests.webui.conftest import DEPLOYMENT, Console, hidden
 
 

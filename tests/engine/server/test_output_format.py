@@ -15,7 +15,7 @@ from dgpp.engine.server.output_format import (
     detect_format,
     template_text,
 )
-from dgpp.engine.server.parsing import decoding_params
+from dgpp.engine.server.response_parser import decoding_params
 
 # The telling parts of each family's chat template.
 GLM_TEMPLATE = (

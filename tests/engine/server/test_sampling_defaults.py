@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from dgpp.engine.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from dgpp.engine.server.api_sampling import sampling_params
 from dgpp.engine.server.protocol import CompletionRequest
-from dgpp.engine.server.sampling import sampling_params
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.server.harness import running_server
 

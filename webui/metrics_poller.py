@@ -179,7 +179,7 @@ def sample_of(
     return Sample(ts, int(serving), **state, **rates), now
 
 
-class Sampler:
+class MetricsPoller:
     def __init__(
         self,
         history: HistoryStore,

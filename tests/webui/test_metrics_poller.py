@@ -16,7 +16,7 @@ from dgpp.engine.server.prometheus import build_registry, render
 from dgpp.webui.engine_client import Health
 from dgpp.webui.history import HistoryStore
 from dgpp.webui.latency_histogram import LATENCY_FAMILIES, Buckets, read_histograms
-from dgpp.webui.sampler import Sampler, sample_of
+from dgpp.webui.metrics_poller import MetricsPoller, sample_of
 
 INF = math.inf
 
@@ -175,7 +175,7 @@ def test_the_sampler_reads_both_metrics_of_the_engine(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "history.sqlite", retention_s=3600, max_rows=100)
     times = iter([1000.0, 1001.0, 1002.0])
     engine = _Engine()
-    sampler = Sampler(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
+    sampler = MetricsPoller(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
     for _ in range(3):
         asyncio.run(sampler.tick())
     series = store.series(window_s=60, now=1003.0)
