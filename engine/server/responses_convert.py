@@ -156,7 +156,7 @@ def _function(tool: dict[str, Any], where: str) -> dict[str, Any]:
     parameters = tool.get("parameters")
     if parameters is not None and (problem := schema_problem(parameters)):
         raise InvalidRequestError(
-            f"{where}.parameters is not a JSON schema: {problem}", param=f"{where}.parameters"
+            f"{where}.parameters is not a JSON schema: {problem}", param="tools"
         )
     function = {
         "name": _tool_name(tool, where, "function"),

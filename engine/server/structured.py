@@ -76,7 +76,7 @@ def forced_call_grammar(
         tool_name = str(function.get("name", ""))
         if name is not None and tool_name != name:
             continue
-        schema = _parameters(function, number) if is_strict else ANY_OBJECT
+        schema = _parameters(function) if is_strict else ANY_OBJECT
         head = ""
         if name is None:
             head = lark_string(f'{in_json_string(tool_name)}", "arguments": ') + " "
@@ -87,18 +87,10 @@ def forced_call_grammar(
     return lark_grammar(text, "tools")
 
 
-def _parameters(function: dict[str, Any], number: int) -> dict[str, Any]:
-    """The JSON schema a function's arguments must match (any object when it gives none)."""
-    schema = function.get("parameters")
-    if schema is None or schema == {}:
-        return ANY_OBJECT
-    if not isinstance(schema, dict):
-        raise InvalidRequestError(
-            f"tools.{number}: a function's parameters must be a JSON schema object, "
-            f"got {type(schema).__name__}",
-            param="tools",
-        )
-    return schema
+def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema a function's arguments must match (any object when it gives none);
+    every API checked it is one when the request arrived (`tool_schema.schema_problem`)."""
+    return function.get("parameters") or ANY_OBJECT
 
 
 async def checked(state: Any, grammar: str | None, param: str) -> str | None:

@@ -153,7 +153,7 @@ def test_store_false_keeps_nothing(sdk: openai.OpenAI) -> None:
                 ],
             },
             "invalid_value",
-            "tools.0.parameters",
+            "tools",
         ),
     ],
 )
