@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -20,95 +18,57 @@ from pydantic import (
 )
 
 from dgpp.appliance.http_keys import check_key, read_key_file
-from dgpp.engine.config import EngineConfig
+from dgpp.appliance.knob_schema import Section, knob_values, section_model
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.server.config import ServerConfig, is_pattern
 
+_Section = Section
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class EngineSection(_Section):
-    """Engine knobs; absent ones take `EngineConfig`'s defaults."""
-
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
-    kv_capacity: int = Field(16384, ge=1)
-    block_size: int = Field(16, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
-    max_concurrency: int = Field(64, ge=1)
-    prefill_chunk_tokens: int = Field(512, ge=1)
-    # The interactive step policy (docs/engine.md): short prompts first, the oldest long one
-    # keeps a share of the budget, steps stay near a target time while streams decode.
-    short_prompt_tokens: int = Field(256, ge=1)
-    long_prefill_share: float = Field(0.25, gt=0.0, le=1.0)
-    step_target_ms: float = 0.0  # 0: twice the decode-only step; negative: unbounded
-    prefill_precision: Literal["fp32", "model"] = "fp32"
-    # auto: as the checkpoint stores it; a method name refuses a checkpoint stored otherwise
-    quantization: Literal[
-        "auto",
-        "none",
-        "gguf",
-        "gptq",
-        "awq",
-        "auto-round",
-        "compressed-tensors",
-        "fp8",
-        "modelopt",
-        "mxfp4",
-    ] = "auto"
-    prefix_cache: bool = True
-    prefix_min_tokens: int = Field(1024, ge=0)
-    # Hybrid models (Qwen3-Next): memory per rank for the prefix cache's recurrent-state snapshots
-    prefix_cache_gib: float = Field(4.0, ge=0.0)
-    seed: int | None = None
-    num_threads: int | None = Field(None, ge=1)
-    memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
-    mlock: bool = False
+EngineSection = section_model("EngineSection", "engine", EngineConfig)
+SpeculativeSection = section_model(
+    "SpeculativeSection",
+    "speculative",
+    EngineConfig,
+    doc="Speculative decoding (docs/speculative.md): `ngram` drafts up to `depth` tokens per step "
+    "by looking the last `ngram_max` .. `ngram_min` tokens up in the request's own history and "
+    "verifies them in one forward; the output is the same as without it.",
+)
+ResidentCacheSection = section_model("ResidentCacheSection", "resident_cache", EngineConfig)
+TimeoutsSection = section_model(
+    "TimeoutsSection",
+    "timeouts",
+    WorldTimeouts,
+    doc="Every deadline of the runtime (see `WorldTimeouts`); also overridable from the "
+    "environment by the CLI (`DGPP_BOUNDARY_TIMEOUT_MS`, `DGPP_CONSUMER_DEADLINE_S`, "
+    "`DGPP_BUS_COMPLETION_TIMEOUT_MS`).",
+)
 
 
-class HttpSection(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(18080, ge=1, le=65535)
+class _HttpSettings(_Section):
+    """The `http:` section's settings that are no `ServerConfig` knob: where the keys are."""
+
     api_key_file: str | None = None  # the key stays out of the deployment (and of bundles)
     admin_key_file: str | None = None  # /admin/*; without one they answer on loopback only
-    metrics_require_key: bool = False  # /metrics needs the API key too (it is open otherwise)
     # A host other machines can reach needs api_key_file, unless this says serving them
     # without a key is meant (logged as a warning, shown on the console).
     allow_unauthenticated: bool = False
-    served_model_names: list[str] = Field(default_factory=list)
-    default_max_tokens: int | None = Field(8192, ge=1)
-    # A request whose max_tokens exceeds what the context leaves after its prompt: "clamp"
-    # generates until the context is full (finish reason length); "reject" refuses it.
-    max_tokens_policy: Literal["clamp", "reject"] = "clamp"
-    queue_limit: int = Field(256, ge=0)
-    # Responses API answers kept in memory (previous_response_id, GET /v1/responses/{id}).
-    responses_store_size: int = Field(1024, ge=0)
-    responses_store_ttl_s: float = Field(3600.0, gt=0)
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
-    stats_log_interval_s: float = Field(10.0, ge=0.0)
-    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    # "auto": sampling settings a request leaves out come from the checkpoint's
-    # generation_config.json (as vLLM does); "none": the OpenAI/Anthropic defaults.
-    generation_config: Literal["auto", "none"] = "auto"
-    # How the model writes tool calls and reasoning: "auto" tells it from the chat template
-    # (docs/api.md, tool-call formats); a name forces that format.
-    tool_call_parser: Literal[
-        "auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder"
-    ] = "auto"
 
     @model_validator(mode="after")
-    def _reachable_needs_a_key(self, info: ValidationInfo) -> HttpSection:
+    def _reachable_needs_a_key(self, info: ValidationInfo) -> _HttpSettings:
         key_given = bool(info.context and info.context.get("api_key_given"))
-        if is_loopback(self.host) or self.api_key_file or key_given or self.allow_unauthenticated:
+        host = getattr(self, "host", "127.0.0.1")
+        if is_loopback(host) or self.api_key_file or key_given or self.allow_unauthenticated:
             return self
         raise ValueError(
-            f"host {self.host!r} lets other machines reach the API, and no api_key_file is "
+            f"host {host!r} lets other machines reach the API, and no api_key_file is "
             "set: name a file holding the key (http.api_key_file), bind 127.0.0.1, or set "
             "http.allow_unauthenticated: true to serve the network without a key"
         )
+
+
+HttpSection = section_model("HttpSection", "http", ServerConfig, base=_HttpSettings)
 
 
 def is_loopback(host: str) -> bool:
@@ -129,51 +89,12 @@ class RendezvousSection(_Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 
-class TimeoutsSection(_Section):
-    """Every deadline of the runtime (see `WorldTimeouts`); also overridable from the environment
-    by the CLI (`DGPP_BOUNDARY_TIMEOUT_MS`, `DGPP_CONSUMER_DEADLINE_S`,
-    `DGPP_BUS_COMPLETION_TIMEOUT_MS`)."""
-
-    rendezvous_s: float = Field(300.0, gt=0)
-    collective_s: float = Field(600.0, gt=0)
-    control_deadline_s: float = Field(120.0, gt=0)
-    heartbeat_s: float = Field(1.0, gt=0)
-    step_watchdog_s: float = Field(600.0, gt=0)
-    load_s: float = Field(1800.0, gt=0)
-    shutdown_s: float = Field(30.0, gt=0)
-
-
 class PathsSection(_Section):
     """Where files live on every node. `models_dir` (e.g. the NFS mount of the weights) is
     searched first for the model: `Qwen/Qwen3-8B` is taken from `<models_dir>/Qwen3-8B` when that
     directory exists."""
 
     models_dir: str | None = None
-
-
-class ResidentCacheSection(_Section):
-    enabled: bool = True
-    dir: str | None = None
-
-
-class SpeculativeSection(_Section):
-    """Speculative decoding. `ngram` drafts up to `depth` tokens per step by looking the last
-    `ngram_max` .. `ngram_min` tokens up in the request's own history (prompt lookup: strong for
-    agents and edits that repeat their context) and verifies them in one forward; the output is
-    the same as without it."""
-
-    method: Literal["off", "ngram"] = "off"
-    depth: int = Field(4, ge=1, le=16)
-    ngram_max: int = Field(4, ge=1, le=16)
-    ngram_min: int = Field(2, ge=1, le=16)
-
-    @model_validator(mode="after")
-    def _ngram_range(self) -> SpeculativeSection:
-        if self.ngram_min > self.ngram_max:
-            raise ValueError(
-                f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})"
-            )
-        return self
 
 
 class Deployment(_Section):
@@ -215,17 +136,7 @@ def _describe(error: Any) -> str:
 
 
 def engine_config(deployment: Deployment) -> EngineConfig:
-    spec = deployment.speculative
-    return EngineConfig(
-        model=deployment.model,
-        resident_cache=deployment.resident_cache.enabled,
-        resident_cache_dir=deployment.resident_cache.dir,
-        speculative=spec.method,
-        spec_depth=spec.depth,
-        spec_ngram_max=spec.ngram_max,
-        spec_ngram_min=spec.ngram_min,
-        **deployment.engine.model_dump(),
-    )
+    return EngineConfig(model=deployment.model, **knob_values(deployment, EngineConfig))
 
 
 def server_config(deployment: Deployment, api_key: str | None = None) -> ServerConfig:
@@ -242,24 +153,8 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
     admin_key = None
     if http.admin_key_file:
         admin_key = read_key_file(http.admin_key_file, "http.admin_key_file")
-    return ServerConfig(
-        host=http.host,
-        port=http.port,
-        api_key=api_key,
-        admin_key=admin_key,
-        metrics_require_key=http.metrics_require_key,
-        served_model_names=names,
-        default_max_tokens=http.default_max_tokens,
-        max_tokens_policy=http.max_tokens_policy,
-        max_body_bytes=http.max_body_bytes,
-        queue_limit=http.queue_limit,
-        responses_store_size=http.responses_store_size,
-        responses_store_ttl_s=http.responses_store_ttl_s,
-        stats_log_interval_s=http.stats_log_interval_s,
-        default_chat_template_kwargs=dict(http.default_chat_template_kwargs),
-        generation_config=http.generation_config,
-        tool_call_parser=http.tool_call_parser,
-    )
+    knobs = knob_values(deployment, ServerConfig) | {"served_model_names": names}
+    return ServerConfig(api_key=api_key, admin_key=admin_key, **knobs)
 
 
 def default_served_name(model: str) -> str:
@@ -267,7 +162,7 @@ def default_served_name(model: str) -> str:
 
 
 def world_timeouts(deployment: Deployment) -> WorldTimeouts:
-    return WorldTimeouts(**deployment.timeouts.model_dump())
+    return WorldTimeouts(**knob_values(deployment, WorldTimeouts))
 
 
 def world_spec(deployment: Deployment, rank: int, timeouts: WorldTimeouts) -> WorldSpec:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from dgpp.appliance.deployment import Deployment, checkpoint_of, engine_config
 from dgpp.appliance.model_facts import facts_config, has_facts
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.memory_plan import (
     DTYPE_BYTES,

@@ -1,9 +1,15 @@
-"""Command-line flags for the engine knobs, shared by every command that starts an engine."""
+"""Command-line flags for the knobs (`dgpp.engine.knobs`), derived from their declarations:
+every command that starts an engine takes `EngineConfig`'s, `dgpp serve` also `ServerConfig`'s."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from typing import Any, get_origin
+
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.knobs import Knob, default_text, knobs_of
+from dgpp.engine.server.config import ServerConfig
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -11,138 +17,81 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model", default=None, help="checkpoint dir, HF repo id, or 'default' (the default)"
     )
-    group.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
-    group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    group.add_argument("--kv-capacity", type=int, default=None, help="tokens the KV pool holds")
-    group.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
-    group.add_argument("--max-model-len", type=int, default=None, help="per-request context limit")
-    group.add_argument("--max-concurrency", type=int, default=None)
-    group.add_argument(
-        "--prefill-chunk-tokens", type=int, default=None, help="prompt tokens per step (512)"
-    )
-    group.add_argument(
-        "--short-prompt-tokens",
-        type=int,
-        default=None,
-        help="prompts with at most this many tokens left go before long ones (256)",
-    )
-    group.add_argument(
-        "--long-prefill-share",
-        type=float,
-        default=None,
-        help="share of a step's prompt budget the oldest long prompt keeps while short ones "
-        "are served (0.25)",
-    )
-    group.add_argument(
-        "--step-target-ms",
-        type=float,
-        default=None,
-        help="while streams decode, steps with prompt work stay near this time (0, the "
-        "default: twice the decode-only step; negative: unbounded)",
-    )
-    group.add_argument("--prefill-precision", choices=["fp32", "model"], default=None)
-    group.add_argument(
-        "--quantization",
-        default=None,
-        help="auto (the default): as the checkpoint stores it; a method (gguf, gptq, awq, "
-        "auto-round, compressed-tensors, fp8, modelopt, mxfp4, none) refuses any other",
-    )
-    group.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        default=None,
-        help="turn the prefix cache off",
-    )
-    group.add_argument(
-        "--prefix-min-tokens",
-        type=int,
-        default=None,
-        help="prompts shorter than this may hit the prefix cache but add nothing to it (1024)",
-    )
-    group.add_argument(
-        "--prefix-cache-gib",
-        type=float,
-        default=None,
-        help="memory per rank for the prefix cache's recurrent-state snapshots (hybrid models "
-        "such as Qwen3-Next; 4.0)",
-    )
-    group.add_argument(
-        "--spec",
-        choices=["off", "ngram"],
-        default=None,
-        dest="speculative",
-        help="speculative decoding: 'ngram' drafts from the request's own history (prompt "
-        "lookup) and verifies the drafts in one forward; output is unchanged",
-    )
-    group.add_argument(
-        "--no-spec",
-        dest="speculative",
-        action="store_const",
-        const="off",
-        help="turn speculative decoding off, whatever the deployment says",
-    )
-    group.add_argument(
-        "--spec-depth", type=int, default=None, help="draft tokens per step at most (4)"
-    )
-    group.add_argument(
-        "--spec-ngram-max", type=int, default=None, help="longest n-gram looked up (4)"
-    )
-    group.add_argument(
-        "--spec-ngram-min", type=int, default=None, help="shortest n-gram looked up (2)"
-    )
-    group.add_argument("--seed", type=int, default=None)
-    group.add_argument("--threads", type=int, default=None, dest="num_threads")
-    group.add_argument(
-        "--no-resident-cache",
-        dest="resident_cache",
-        action="store_false",
-        default=None,
-        help="neither read nor write the resident weight image",
-    )
-    group.add_argument(
-        "--memory-fraction",
-        type=float,
-        default=None,
-        help="share of the device memory (host RAM on CPU) this rank may use; sizes the KV pool "
-        "from what the weights leave of it, overriding --kv-capacity",
-    )
-    group.add_argument(
-        "--mlock",
-        action="store_true",
-        default=None,
-        help="pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",
-    )
+    add_knob_flags(group, EngineConfig)
+
+
+def add_knob_flags(group: argparse._ArgumentGroup, cls: type) -> None:
+    """One flag per knob of `cls` that has one; unset flags stay None (the knob's default, or
+    what the deployment file says)."""
+    for each in knobs_of(cls):
+        if each.flag is not None:
+            _add_flag(group, each)
+
+
+def _add_flag(group: argparse._ArgumentGroup, each: Knob) -> None:
+    text = f"{each.help} (default: {default_text(each)})".replace("%", "%%")
+    options: dict[str, Any] = {"dest": each.name, "default": None, "help": text}
+    if each.base is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    elif each.choices:
+        options["choices"] = [str(choice) for choice in each.choices]
+    elif get_origin(each.base) is tuple:
+        options.update(action="append", metavar="NAME", help=f"{text}; repeatable")
+    elif get_origin(each.base) is dict:
+        options.update(type=_json_object, metavar="JSON")
+    else:
+        options["type"] = each.base
+    assert each.flag is not None
+    group.add_argument(each.flag, **options)
+    if each.negation is not None:
+        flag, value = each.negation
+        group.add_argument(
+            flag,
+            dest=each.name,
+            action="store_const",
+            const=value,
+            help=f"{each.name} {value}, whatever the deployment says",
+        )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def knob_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The knobs of `cls` the command line set, as `cls`'s keyword arguments."""
+    values = {}
+    for each in knobs_of(cls):
+        value = getattr(args, each.name, None) if each.flag is not None else None
+        if value is not None:
+            values[each.name] = tuple(value) if isinstance(value, list) else value
+    return values
 
 
 def engine_knobs(args: argparse.Namespace) -> dict[str, Any]:
-    """The knobs the user set, as `EngineConfig` keyword arguments (unset ones keep defaults)."""
-    names = (
-        "dtype",
-        "device",
-        "kv_capacity",
-        "block_size",
-        "max_model_len",
-        "max_concurrency",
-        "prefill_chunk_tokens",
-        "short_prompt_tokens",
-        "long_prefill_share",
-        "step_target_ms",
-        "prefill_precision",
-        "quantization",
-        "prefix_cache",
-        "prefix_min_tokens",
-        "prefix_cache_gib",
-        "seed",
-        "num_threads",
-        "memory_fraction",
-        "mlock",
-        "speculative",
-        "spec_depth",
-        "spec_ngram_max",
-        "spec_ngram_min",
-    )
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    """The engine knobs the user set, as `EngineConfig` keyword arguments."""
+    return knob_flags(args, EngineConfig)
+
+
+def deployment_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The knobs the command line set, as deployment sections ({"engine": {...}, ...})."""
+    sections: dict[str, dict[str, Any]] = {}
+    for cls in (EngineConfig, ServerConfig):
+        by_name = {each.name: each for each in knobs_of(cls)}
+        for name, value in knob_flags(args, cls).items():
+            where = by_name[name].deployment
+            if where is not None:
+                section, key = where.split(".", 1)
+                sections.setdefault(section, {})[key] = (
+                    list(value) if isinstance(value, tuple) else value
+                )
+    return sections
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

@@ -30,10 +30,10 @@ from dgpp.appliance.node_probe import (
 from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier
 from dgpp.engine.async_engine import AsyncEngine
-from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world import WorldSpec
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError, one_line
 from dgpp.engine.server.admin_routes import set_nodes_reader
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed

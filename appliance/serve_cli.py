@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from pathlib import Path
@@ -20,15 +19,15 @@ from dgpp.appliance.deployment import (
     world_timeouts,
 )
 from dgpp.appliance.deployment_files import resolve
-from dgpp.appliance.engine_options import engine_knobs
+from dgpp.appliance.engine_options import add_knob_flags, deployment_overrides
+from dgpp.engine.server.config import ServerConfig
 
 log = logging.getLogger("dgpp.serve")
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
-    group.add_argument("--host", default=None, help="bind address (127.0.0.1)")
-    group.add_argument("--port", type=int, default=None, help="HTTP port (18080)")
+    add_knob_flags(group, ServerConfig)
     group.add_argument(
         "--api-key-file",
         default=None,
@@ -40,63 +39,7 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="require this key; other users of the machine see it in `ps`: prefer --api-key-file",
     )
-    group.add_argument(
-        "--served-model-name",
-        action="append",
-        default=[],
-        dest="served_model_names",
-        help="name clients use for the model (repeatable; the first is reported); a pattern "
-        "such as 'claude-*' answers to every matching name, '*' to any name",
-    )
-    group.add_argument("--default-max-tokens", type=int, default=None, help="(8192)")
-    group.add_argument(
-        "--max-tokens-policy",
-        choices=["clamp", "reject"],
-        default=None,
-        help="a max_tokens beyond what the context leaves after the prompt: clamp (default: "
-        "generate until the context is full) or reject (context_length_exceeded)",
-    )
-    group.add_argument(
-        "--default-chat-template-kwargs",
-        type=_json_object,
-        default=None,
-        help="JSON object passed to the chat template, e.g. '{\"enable_thinking\": false}'; "
-        "request chat_template_kwargs win",
-    )
-    group.add_argument(
-        "--generation-config",
-        choices=["auto", "none"],
-        default=None,
-        help="auto (default): sampling settings a request leaves out come from the "
-        "checkpoint's generation_config.json; none: the OpenAI defaults",
-    )
-    group.add_argument(
-        "--tool-call-parser",
-        choices=["auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder"],
-        default=None,
-        help="how the model writes tool calls and reasoning; auto (default): from its chat "
-        "template",
-    )
-    group.add_argument("--queue-limit", type=int, default=None, help="(256)")
-    group.add_argument(
-        "--stats-log-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="seconds between stats log lines (throughput, queues, KV use, prefix-cache hit "
-        "rate), logged only after activity; 0 turns the log off",
-    )
     group.add_argument("--log-level", default="info")
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 def add_world_options(parser: argparse.ArgumentParser) -> None:
@@ -114,14 +57,6 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rendezvous-port", type=int, default=None, dest="rendezvous_port")
 
 
-SPEC_FLAGS = {
-    "speculative": "method",
-    "spec_depth": "depth",
-    "spec_ngram_max": "ngram_max",
-    "spec_ngram_min": "ngram_min",
-}
-
-
 def serve_deployment(args: argparse.Namespace) -> Deployment:
     """The deployment file (or an empty one) with the command line's settings applied."""
     raw: dict[str, Any] = {}
@@ -132,33 +67,12 @@ def serve_deployment(args: argparse.Namespace) -> Deployment:
         raw["model"] = args.model
     if args.world_size is not None:
         raw["world_size"] = args.world_size
-    raw.setdefault("engine", {}).update(engine_knobs(args))
-    http = raw.setdefault("http", {})
-    for key, value in (
-        ("host", args.host),
-        ("port", args.port),
-        ("api_key_file", args.api_key_file),
-        ("default_max_tokens", args.default_max_tokens),
-        ("max_tokens_policy", args.max_tokens_policy),
-        ("queue_limit", args.queue_limit),
-        ("stats_log_interval_s", args.stats_log_interval),
-        ("default_chat_template_kwargs", args.default_chat_template_kwargs),
-        ("generation_config", args.generation_config),
-        ("tool_call_parser", args.tool_call_parser),
-    ):
-        if value is not None:
-            http[key] = value
-    if args.served_model_names:
-        http["served_model_names"] = args.served_model_names
+    for section, values in deployment_overrides(args).items():
+        raw.setdefault(section, {}).update(values)
+    if args.api_key_file is not None:
+        raw.setdefault("http", {})["api_key_file"] = args.api_key_file
     if args.rendezvous_port is not None:
         raw.setdefault("rendezvous", {})["port"] = args.rendezvous_port
-    knobs = raw["engine"]
-    # Flags whose settings live in their own sections of the deployment.
-    if "resident_cache" in knobs:
-        raw.setdefault("resident_cache", {})["enabled"] = knobs.pop("resident_cache")
-    for flag, key in SPEC_FLAGS.items():
-        if flag in knobs:
-            raw.setdefault("speculative", {})[key] = knobs.pop(flag)
     return parse_deployment(raw, "the command line", api_key_given=args.api_key is not None)
 
 

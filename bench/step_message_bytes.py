@@ -30,8 +30,8 @@ import torch
 from dgpp.engine import SamplingParams
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
-from dgpp.engine.config import EngineConfig
 from dgpp.engine.distributed.control import Command, ControlChannel
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.step_message import BlockTables, StepMessage
 
 TIMEOUTS = {"rendezvous_s": 120, "control_deadline_s": 600}

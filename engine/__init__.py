@@ -10,7 +10,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dgpp.engine.config import EngineConfig, ModelConfig
+    from dgpp.engine.config import ModelConfig
+    from dgpp.engine.engine_config import EngineConfig
     from dgpp.engine.llm import LLM
     from dgpp.engine.request import CompletionOutput, RequestOutput
     from dgpp.engine.sampling_params import SamplingParams

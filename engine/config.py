@@ -1,4 +1,4 @@
-"""Typed, frozen configuration: the checkpoint (`ModelConfig`) and how to run it (`EngineConfig`).
+"""Typed, frozen configuration of the checkpoint (`ModelConfig`); how to run it is `EngineConfig`.
 
 `ModelConfig` is parsed once from a checkpoint's `config.json`; `EngineConfig` carries the engine
 knobs. Neither is mutated after construction: values learned at run time (how many KV blocks fit,
@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.loader import checkpoint_files
 from dgpp.engine.quant.quant_schemes import (
     GROUP_METHODS,
@@ -27,10 +26,6 @@ from dgpp.engine.quant.quant_schemes import (
 )
 from dgpp.engine.quant.weight_formats import WeightFormats
 from dgpp.kernels.group_codes import GroupFormat
-
-PrefillPrecision = Literal["fp32", "model"]
-Speculative = Literal["off", "ngram"]
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -244,136 +239,3 @@ def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
         attention_factor=params.get("attention_factor"),
         truncate=bool(params.get("truncate", True)),
     )
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine knobs. `dtype=None` means float32 on CPU and bfloat16 on CUDA.
-
-    `kv_capacity` is the number of tokens the KV pool holds per rank (rounded up to whole blocks).
-    `max_model_len=None` takes the smaller of the model's position limit and the pool.
-    `prefill_chunk_tokens` bounds the prompt tokens computed per step, so decodes keep running
-    while a long prompt is prefilled. With `prefix_cache`, requests reuse cached KV blocks of
-    earlier ones; prompts shorter than `prefix_min_tokens` may hit the cache but add nothing to it
-    (short requests would otherwise evict long, valuable agent histories). For models with
-    recurrent layers (Qwen3-Next) a hit also needs a snapshot of their state; `prefix_cache_gib`
-    is the memory each rank gives those snapshots (`dgpp.engine.state_snapshots`).
-
-    `memory_fraction` (like vLLM's `--gpu-memory-utilization`) bounds what this rank may use of the
-    device's memory (host RAM on CPU); when set, the KV pool is sized from what the weights and
-    workspace leave of it instead of from `kv_capacity`. `mlock` pins the process's memory.
-    `resident_cache` keeps each rank's final weight tensors as one image under
-    `resident_cache_dir` (default `~/.cache/dgpp/resident`), so a restart skips the checkpoint.
-
-    `speculative="ngram"` drafts up to `spec_depth` tokens per decode step by looking the last
-    `spec_ngram_max` .. `spec_ngram_min` tokens up in the request's own history, and verifies them
-    in one forward; what is generated does not change (`dgpp.engine.speculative`).
-    """
-
-    model: str
-    dtype: str | None = None
-    device: str = "cpu"
-    prefill_precision: PrefillPrecision = "fp32"
-    kv_capacity: int = 16384
-    block_size: int = 16
-    max_model_len: int | None = None
-    max_concurrency: int = 64
-    prefill_chunk_tokens: int = 512
-    # The interactive step policy (dgpp.engine.step_policy): prompts with at most this many
-    # tokens left go first; the oldest long prompt keeps this share of the budget while they
-    # wait; steps with prompt work stay near this time while streams decode (0: twice the
-    # decode-only step; negative: unbounded).
-    short_prompt_tokens: int = 256
-    long_prefill_share: float = 0.25
-    step_target_ms: float = 0.0
-    prefix_cache: bool = True
-    prefix_min_tokens: int = 1024
-    # Hybrid models: memory for the prefix cache's snapshots of recurrent state (per rank).
-    prefix_cache_gib: float = 4.0
-    seed: int | None = None
-    num_threads: int | None = None
-    tokenizer: str | None = None
-    memory_fraction: float | None = None
-    mlock: bool = False
-    resident_cache: bool = True
-    resident_cache_dir: str | None = None
-    speculative: Speculative = "off"
-    # "auto" serves the checkpoint as it is stored; naming a method (or "none") refuses a
-    # checkpoint stored otherwise, before loading (vLLM's --quantization)
-    quantization: str = "auto"
-    spec_depth: int = 4
-    spec_ngram_max: int = 4
-    spec_ngram_min: int = 2
-
-    def __post_init__(self) -> None:
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.prefill_precision not in ("fp32", "model"):
-            raise ConfigError(
-                f"prefill_precision must be 'fp32' or 'model', got {self.prefill_precision!r}"
-            )
-        if not 0.0 < self.long_prefill_share <= 1.0:
-            raise ConfigError(
-                f"long_prefill_share must be in (0, 1], got {self.long_prefill_share!r}"
-            )
-        for name in (
-            "kv_capacity",
-            "block_size",
-            "max_concurrency",
-            "prefill_chunk_tokens",
-            "short_prompt_tokens",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.prefix_min_tokens, bool) or not isinstance(self.prefix_min_tokens, int):
-            raise ConfigError(
-                f"prefix_min_tokens must be an integer, got {self.prefix_min_tokens!r}"
-            )
-        if self.prefix_min_tokens < 0:
-            raise ConfigError(f"prefix_min_tokens must be >= 0, got {self.prefix_min_tokens}")
-        gib = self.prefix_cache_gib
-        if isinstance(gib, bool) or not isinstance(gib, int | float) or not 0 <= gib < 1 << 20:
-            raise ConfigError(f"prefix_cache_gib must be a number >= 0, got {gib!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")
-        if self.memory_fraction is not None and not 0.0 < self.memory_fraction <= 1.0:
-            raise ConfigError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.speculative not in ("off", "ngram"):
-            raise ConfigError(f"speculative must be 'off' or 'ngram', got {self.speculative!r}")
-        for name in ("spec_depth", "spec_ngram_max", "spec_ngram_min"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.spec_ngram_min > self.spec_ngram_max:
-            raise ConfigError(
-                f"spec_ngram_min ({self.spec_ngram_min}) must not exceed "
-                f"spec_ngram_max ({self.spec_ngram_max})"
-            )
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ConfigError(f"num_threads must be positive, got {self.num_threads}")
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return -(-self.kv_capacity // self.block_size)
-
-    @property
-    def resolved_dtype(self) -> str:
-        if self.dtype is not None:
-            return self.dtype
-        return "bfloat16" if self.device.startswith("cuda") else "float32"
-
-    def effective_max_model_len(self, model: ModelConfig) -> int:
-        pool_tokens = self.num_kv_blocks * self.block_size
-        limit = min(model.max_position_embeddings, pool_tokens)
-        if self.max_model_len is None:
-            return limit
-        if self.max_model_len > limit:
-            raise ConfigError(
-                f"max_model_len={self.max_model_len} exceeds what this model and KV pool allow "
-                f"({limit}: position limit {model.max_position_embeddings}, "
-                f"pool {pool_tokens} tokens)"
-            )
-        return self.max_model_len

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 from dgpp.engine.block_manager import BlockManager
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
 from dgpp.engine.memory_plan import size_kv_pool

@@ -8,8 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from dgpp.engine.config import EngineConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
 from dgpp.engine.quant.gguf_view import view_for
 from dgpp.engine.request import RequestOutput

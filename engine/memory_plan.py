@@ -18,7 +18,8 @@ import torch
 
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import build_model, layer_cache_specs

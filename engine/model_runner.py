@@ -13,7 +13,8 @@ from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow
 from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.background_packing import BackgroundPacking
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear

@@ -5,7 +5,8 @@ blocks (a snapshot is found only through a cached block)."""
 
 from __future__ import annotations
 
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.models.registry import layer_state_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import StateLayout, state_layout

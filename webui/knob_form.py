@@ -16,64 +16,18 @@ from pydantic.fields import FieldInfo
 
 from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
+from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.knobs import knobs_of
+from dgpp.engine.server.config import ServerConfig
 
-# (key path, label, help); the order is the form's.
-KNOBS: tuple[tuple[str, str, str], ...] = (
-    ("engine.kv_capacity", "KV capacity", "tokens the KV-cache pool holds, on every rank"),
-    ("engine.max_model_len", "Max context", "tokens per request; empty: the model's own limit"),
-    ("engine.prefill_precision", "Prefill precision", "fp32 is exact; model is faster"),
-    ("engine.prefill_chunk_tokens", "Prefill chunk", "prompt tokens computed per step"),
-    (
-        "engine.quantization",
-        "Quantization",
-        "auto serves the checkpoint as stored; a method refuses any other",
-    ),
-    ("engine.short_prompt_tokens", "Short prompt", "prompts this short go before long ones"),
-    (
-        "engine.long_prefill_share",
-        "Long prefill share",
-        "budget share the oldest long prompt keeps",
-    ),
-    ("engine.step_target_ms", "Step target (ms)", "0: twice a decode step; negative: unbounded"),
-    ("engine.max_concurrency", "Max concurrency", "requests in the running batch"),
-    ("http.queue_limit", "Queue limit", "waiting requests before 503 overloaded"),
-    ("engine.prefix_cache", "Prefix cache", "reuse the KV of shared prompt prefixes"),
-    ("engine.prefix_min_tokens", "Prefix cache floor", "shorter prompts are not cached"),
-    (
-        "engine.prefix_cache_gib",
-        "Prefix snapshots (GiB)",
-        "memory per rank for recurrent-state snapshots (hybrid models)",
-    ),
-    (
-        "speculative.method",
-        "Speculative decoding",
-        "ngram drafts tokens from the request's own history; output unchanged",
-    ),
-    ("speculative.depth", "Speculative depth", "draft tokens verified per step"),
-    ("speculative.ngram_max", "N-gram max", "longest suffix of the history looked up"),
-    ("speculative.ngram_min", "N-gram min", "shortest suffix looked up; at most n-gram max"),
-    (
-        "http.served_model_names",
-        "Served names",
-        "names clients use, comma-separated; patterns such as claude-* or * answer to more",
-    ),
-    (
-        "http.max_tokens_policy",
-        "Over-long max_tokens",
-        "clamp: generate until the context is full; reject: refuse the request",
-    ),
-    (
-        "http.default_chat_template_kwargs",
-        "Chat-template kwargs",
-        'JSON object, e.g. {"enable_thinking": false, "reasoning_effort": "low"}',
-    ),
-    ("timeouts.rendezvous_s", "Rendezvous timeout (s)", "every rank must join within this"),
-    ("timeouts.collective_s", "Collective timeout (s)", "one tensor collective"),
-    ("timeouts.control_deadline_s", "Control deadline (s)", "a worker waits for rank 0"),
-    ("timeouts.heartbeat_s", "Heartbeat (s)", "idle heartbeat; at most half the deadline"),
-    ("timeouts.step_watchdog_s", "Step watchdog (s)", "one whole engine step"),
-    ("timeouts.load_s", "Load timeout (s)", "every rank loads its weights within this"),
-    ("timeouts.shutdown_s", "Shutdown timeout (s)", "an orderly stop"),
+# The console's knobs: every knob with a label (dgpp.engine.knobs), as (key path, label, help),
+# in declaration order: the engine's, then the server's, then the runtime's deadlines.
+KNOBS: tuple[tuple[str, str, str], ...] = tuple(
+    (each.deployment, each.label, each.help)
+    for cls in (EngineConfig, ServerConfig, WorldTimeouts)
+    for each in knobs_of(cls)
+    if each.label and each.deployment is not None
 )
 
 Kind = Literal["int", "float", "bool", "choice", "names", "json"]
@@ -130,7 +84,7 @@ def _kind(annotation: Any) -> tuple[Kind, bool, tuple[str, ...]]:
         return "int", optional, ()
     if annotation is float:
         return "float", optional, ()
-    if origin is list:
+    if origin in (list, tuple):
         return "names", optional, ()
     if origin is dict:
         return "json", optional, ()

@@ -11,13 +11,14 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.distributed.cluster_secret import SecretMismatch, authenticate_world
 from dgpp.engine.distributed.control import ControlChannel
 from dgpp.engine.distributed.handshake import WorldConfig, push_config, report_loaded
 from dgpp.engine.distributed.worker import pushed_config
 from dgpp.engine.distributed.world import Rendezvous, World, WorldSpec
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError
 from dgpp.engine.memory_plan import size_kv_pool
 

@@ -22,13 +22,14 @@ import socket
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.distributed as dist
 
 from dgpp.engine.distributed.cluster_secret import SecretMismatch, new_challenge, prove, verify
 from dgpp.engine.distributed.interface import pin_collective_interface
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.knobs import Rule, check_knobs, knob
 from dgpp.engine.parallel import ParallelContext
 
 log = logging.getLogger(__name__)
@@ -39,35 +40,67 @@ _POLL_S = 0.2
 
 @dataclass(frozen=True)
 class WorldTimeouts:
-    """Every deadline of the distributed runtime, in seconds.
+    """Every deadline of the distributed runtime, in seconds (knobs: `dgpp.engine.knobs`).
 
-    `collective_s` bounds one tensor collective of a forward (env `DGPP_BOUNDARY_TIMEOUT_MS`);
-    `control_deadline_s` is how long a worker waits for rank 0's next command before it declares
-    the head lost (env `DGPP_CONSUMER_DEADLINE_S`); idle workers get a heartbeat every
-    `heartbeat_s`, so it must be well below that deadline; `step_watchdog_s` bounds one whole step
-    on rank 0 (env `DGPP_BUS_COMPLETION_TIMEOUT_MS`). `rendezvous_s` is how long rank 0 waits for
-    every rank of a generation before starting a fresh one, `load_s` how long every rank may take to
-    load its weights, `shutdown_s` how long an orderly stop may take.
+    `collective_s` is also set by env `DGPP_BOUNDARY_TIMEOUT_MS`, `control_deadline_s` by
+    `DGPP_CONSUMER_DEADLINE_S`, `step_watchdog_s` by `DGPP_BUS_COMPLETION_TIMEOUT_MS`. Idle
+    workers get a heartbeat every `heartbeat_s`, so it must be well below the control deadline.
     """
 
-    rendezvous_s: float = 300.0
-    collective_s: float = 600.0
-    control_deadline_s: float = 120.0
-    heartbeat_s: float = 1.0
-    step_watchdog_s: float = 600.0
-    load_s: float = 1800.0
-    shutdown_s: float = 30.0
+    KNOB_SECTION: ClassVar[str] = "timeouts"
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            ("heartbeat_s", "control_deadline_s"),
+            lambda heartbeat, deadline: heartbeat * 2 <= deadline,
+            "{0} ({v0}) must be at most half of {1} ({v1}), or idle workers would declare a "
+            "healthy head lost",
+        ),
+    )
+
+    rendezvous_s: float = knob(
+        300.0,
+        "rank 0 waits this long for every rank of a generation before starting a fresh one",
+        label="Rendezvous timeout (s)",
+        unit="s",
+        gt=0.0,
+        flag=None,
+    )
+    collective_s: float = knob(
+        600.0, "one tensor collective", label="Collective timeout (s)", unit="s", gt=0.0, flag=None
+    )
+    control_deadline_s: float = knob(
+        120.0,
+        "a worker waits this long for rank 0's next command before it declares the head lost",
+        label="Control deadline (s)",
+        unit="s",
+        gt=0.0,
+        flag=None,
+    )
+    heartbeat_s: float = knob(
+        1.0,
+        "idle heartbeat to the workers; at most half the control deadline",
+        label="Heartbeat (s)",
+        unit="s",
+        gt=0.0,
+        flag=None,
+    )
+    step_watchdog_s: float = knob(
+        600.0, "one whole engine step", label="Step watchdog (s)", unit="s", gt=0.0, flag=None
+    )
+    load_s: float = knob(
+        1800.0,
+        "every rank loads its weights within this",
+        label="Load timeout (s)",
+        unit="s",
+        gt=0.0,
+        flag=None,
+    )
+    shutdown_s: float = knob(
+        30.0, "an orderly stop", label="Shutdown timeout (s)", unit="s", gt=0.0, flag=None
+    )
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            if not value > 0:
-                raise ConfigError(f"timeouts.{name} must be positive, got {value}")
-        if self.heartbeat_s * 2 > self.control_deadline_s:
-            raise ConfigError(
-                f"timeouts.heartbeat_s ({self.heartbeat_s}) must be at most half of "
-                f"timeouts.control_deadline_s ({self.control_deadline_s}), or idle workers "
-                "would declare a healthy head lost"
-            )
+        check_knobs(self, prefix="timeouts.")
 
 
 @dataclass(frozen=True)

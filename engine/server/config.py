@@ -1,39 +1,95 @@
-"""Settings of the HTTP server (the engine's knobs live in `EngineConfig`)."""
+"""Settings of the HTTP server. Its knobs (`dgpp.engine.knobs`) are the deployment's `http:`
+section, the `dgpp serve` server flags and the console's; the keys come from files the
+deployment names (`dgpp.appliance.deployment.server_config`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from dgpp.engine.knobs import check_knobs, knob
+
+ToolCallParser = Literal["auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder"]
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 18080
+    KNOB_SECTION: ClassVar[str] = "http"
+
+    host: str = knob("127.0.0.1", "bind address")
+    port: int = knob(18080, "HTTP port", ge=1, le=65535)
     api_key: str | None = None  # every route but OPEN_PATHS needs it
     admin_key: str | None = None  # /admin/* need it; without one they answer on loopback only
-    metrics_require_key: bool = False  # /metrics needs the API key too
-    served_model_names: tuple[str, ...] = ()  # empty: the model reference's last path part
-    # Agents often omit max_tokens; a tiny default leaves them with empty answers. None means
-    # "up to the context limit", capped to what is left of the context after the prompt.
-    default_max_tokens: int | None = 8192
-    # max_tokens beyond what the context leaves after the prompt: "clamp" it to that room
-    # (finish reason length), or "reject" the request (context_length_exceeded).
-    max_tokens_policy: str = "clamp"
-    max_body_bytes: int = 32 * 1024 * 1024
-    queue_limit: int = 256
-    # Responses API answers kept for previous_response_id and GET /v1/responses/{id}.
-    responses_store_size: int = 1024
-    responses_store_ttl_s: float = 3600.0
-    keepalive_interval_s: float = 10.0
-    stats_log_interval_s: float = 10.0  # the periodic stats log line; 0 turns it off
-    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    # "auto": settings a request leaves out come from the checkpoint's generation_config.json
-    # (as vLLM's --generation-config auto); "none": the OpenAI/Anthropic defaults.
-    generation_config: str = "auto"
-    # How the model writes tool calls and reasoning (output_format.py): "auto" tells it from the
-    # chat template; "hermes", "glm45", "deepseek_v3", "harmony" or "qwen3_coder" name it.
-    tool_call_parser: str = "auto"
+    metrics_require_key: bool = knob(False, "/metrics needs the API key too (it is open otherwise)")
+    served_model_names: tuple[str, ...] = knob(
+        (),
+        "names clients use for the model (the first is reported); a pattern such as claude-* "
+        "answers to every matching name, * to any",
+        label="Served names",
+        flag="--served-model-name",
+        when_unset="the model reference's last path part",
+    )
+    # Agents often omit max_tokens; a tiny default leaves them with empty answers.
+    default_max_tokens: int | None = knob(
+        8192,
+        "max_tokens of a request that names none",
+        unit="tokens",
+        ge=1,
+        when_unset="up to the context limit",
+    )
+    max_tokens_policy: Literal["clamp", "reject"] = knob(
+        "clamp",
+        "a max_tokens beyond what the context leaves after the prompt: clamp generates until "
+        "the context is full (finish reason length); reject refuses the request",
+        label="Over-long max_tokens",
+    )
+    max_body_bytes: int = knob(32 * 1024 * 1024, "largest request body", unit="bytes", ge=1024)
+    queue_limit: int = knob(
+        256, "waiting requests before 503 overloaded", label="Queue limit", ge=0
+    )
+    responses_store_size: int = knob(
+        1024,
+        "Responses API answers kept in memory (previous_response_id, GET /v1/responses/{id})",
+        ge=0,
+    )
+    responses_store_ttl_s: float = knob(
+        3600.0, "how long a stored Responses API answer is kept", unit="s", gt=0.0
+    )
+    keepalive_interval_s: float = knob(
+        10.0,
+        "a stream with nothing to send gets a keep-alive comment this often",
+        unit="s",
+        gt=0.0,
+        deployment=None,
+        flag=None,
+    )
+    stats_log_interval_s: float = knob(
+        10.0,
+        "seconds between stats log lines (throughput, queues, KV use, prefix-cache hits), "
+        "logged only after activity; 0 turns the log off",
+        unit="s",
+        ge=0.0,
+        flag="--stats-log-interval",
+    )
+    default_chat_template_kwargs: dict[str, Any] = knob(
+        None,
+        'JSON object passed to the chat template, e.g. {"enable_thinking": false}; a '
+        "request's chat_template_kwargs win",
+        label="Chat-template kwargs",
+        factory=dict,
+    )
+    generation_config: Literal["auto", "none"] = knob(
+        "auto",
+        "auto: sampling settings a request leaves out come from the checkpoint's "
+        "generation_config.json (as vLLM does); none: the OpenAI/Anthropic defaults",
+    )
+    tool_call_parser: ToolCallParser = knob(
+        "auto",
+        "how the model writes tool calls and reasoning; auto tells it from the chat template",
+    )
+
+    def __post_init__(self) -> None:
+        check_knobs(self, prefix="http.")
 
 
 PATTERN_CHARACTERS = frozenset("*?[")

@@ -98,9 +98,11 @@ def test_bad_deployments_name_the_key(raw: dict[str, object], message: str) -> N
 
 
 def test_inconsistent_timeouts_are_refused() -> None:
-    deployment = parse_deployment({"model": "m", "timeouts": {"heartbeat_s": 61}})
-    with pytest.raises(ConfigError, match=r"heartbeat_s .* at most half"):
-        world_timeouts(deployment)
+    # The rule is declared once (WorldTimeouts.RULES) and holds in the file and in the dataclass.
+    with pytest.raises(ConfigError, match=r"timeouts: .*heartbeat_s \(61.0\) must be at most half"):
+        parse_deployment({"model": "m", "timeouts": {"heartbeat_s": 61}})
+    with pytest.raises(ConfigError, match=r"timeouts.heartbeat_s \(61\) must be at most half"):
+        WorldTimeouts(heartbeat_s=61)
 
 
 def test_load_reports_unreadable_and_invalid_files(tmp_path: Path) -> None:

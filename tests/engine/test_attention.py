@@ -23,8 +23,9 @@ from transformers import Qwen2ForCausalLM as HfQwen2
 from dgpp.engine import SamplingParams
 from dgpp.engine.backends.base import PagedAttentionBackend
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.head_partition import partition_heads

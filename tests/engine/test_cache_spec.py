@@ -21,8 +21,9 @@ from transformers import LlamaForCausalLM as HfLlama
 from dgpp.engine import SamplingParams
 from dgpp.engine.backends.base import BatchLayout, PagedAttentionBackend
 from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.memory_plan import plan_memory
 from dgpp.engine.models import registry
 from dgpp.engine.models.llama import (

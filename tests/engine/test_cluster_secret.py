@@ -44,9 +44,9 @@ def _timeouts() -> Any:
 def _head(port: int, checkpoint: str, results: Any, rogue_done: Any) -> None:
     """Rank 0: form the world (with the secret), generate, then, while the world still
     serves, wait for a second rogue attempt and generate again."""
-    from dgpp.engine.config import EngineConfig
     from dgpp.engine.distributed.head import Head
     from dgpp.engine.distributed.world import WorldSpec
+    from dgpp.engine.engine_config import EngineConfig
 
     spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=_timeouts(), secret=SECRET)
     head = Head(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint), spec)
@@ -91,8 +91,8 @@ def test_a_process_without_the_secret_is_refused_and_the_world_is_unaffected(
     from tests.conftest import build_tiny_checkpoint
 
     checkpoint = str(build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM"))
-    from dgpp.engine.config import EngineConfig
     from dgpp.engine.engine import LLMEngine
+    from dgpp.engine.engine_config import EngineConfig
 
     expected = _generate(LLMEngine(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint)))
     context = mp.get_context("spawn")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
 
 BASE = {

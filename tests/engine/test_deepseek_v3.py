@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
-from dgpp.engine.config import EngineConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.layers.mla import LatentAttention
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference

@@ -10,7 +10,8 @@ import torch
 
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.cache_spec import MLALatentSpec, allocate_caches, cache_layers
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.memory_plan import DeviceMemory, plan_memory, rank_cache_specs
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext

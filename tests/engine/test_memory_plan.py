@@ -16,8 +16,9 @@ import torch
 from dgpp.appliance.engine_options import add_engine_options, engine_knobs
 from dgpp.engine import memory_plan
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.memory_lock import lock_memory
 from dgpp.engine.memory_plan import (

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.config import EngineConfig, ModelConfig
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.memory_plan import plan_memory
 from dgpp.engine.server import prometheus
 from dgpp.engine.server.metrics import ServiceCounters, ServiceMetrics

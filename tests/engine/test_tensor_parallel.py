@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from dgpp.engine import SamplingParams
-from dgpp.engine.config import EngineConfig
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from tests.conftest import build_tiny_checkpoint
 
 PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]

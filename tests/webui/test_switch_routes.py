@@ -47,7 +47,7 @@ def test_a_cross_field_rule_of_the_runtime_is_reported_on_its_field(logged_in: C
         {"timeouts.heartbeat_s": "100", "timeouts.control_deadline_s": "120"}
     )
     assert response.status_code == 400
-    assert 'id="error-timeouts.heartbeat_s">timeouts.heartbeat_s (100.0) must be at most half' in (
+    assert 'id="error-timeouts.heartbeat_s">heartbeat_s (100.0) must be at most half' in (
         response.text
     )
     assert logged_in.world.actions == []
