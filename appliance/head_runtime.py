@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -33,8 +32,8 @@ from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world import WorldSpec
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError, one_line
+from dgpp.engine.resolved import ResolvedConfig
 from dgpp.engine.server.admin_routes import set_nodes_reader
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
 from dgpp.engine.server.config import ServerConfig
@@ -57,8 +56,7 @@ def process_age_s() -> float:
 
 @dataclass
 class HeadOptions:
-    engine: EngineConfig
-    checkpoint: Path
+    resolved: ResolvedConfig  # the engine configuration every rank runs, on its checkpoint
     spec: WorldSpec
     server: ServerConfig
     log_level: str = "info"
@@ -126,8 +124,7 @@ class HeadRuntime:
         self.app = app
         self.server = server
         self.head = Head(
-            options.engine,
-            options.checkpoint,
+            options.resolved,
             options.spec,
             options.deployment_id,
             resident_dir(),
@@ -216,7 +213,7 @@ class HeadRuntime:
             )
         log.info(
             "serving %s as %s on %s:%d (world of %d)",
-            self.options.checkpoint,
+            self.options.resolved.checkpoint,
             ", ".join(self.options.server.served_model_names),
             self.options.server.host,
             self.options.server.port,
@@ -240,7 +237,11 @@ class HeadRuntime:
             return f"serving {names} on {address} (world of {head.world_size}{generation})"
         if self._phase in ("stopping", "failed"):
             return f"{self._phase}: {self._reason}" if self._reason else self._phase
-        step = f"loading {self.options.checkpoint.name}" if head.engine is None else "rejoining"
+        step = (
+            f"loading {self.options.resolved.checkpoint.name}"
+            if head.engine is None
+            else "rejoining"
+        )
         if head.world_size > 1 and head.world is None:
             missing = head.missing_ranks or tuple(range(1, head.world_size))
             step = "waiting for ranks " + ", ".join(str(rank) for rank in missing)

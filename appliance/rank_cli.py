@@ -120,6 +120,7 @@ def run_head_rank(
     deployment: Deployment, timeouts: WorldTimeouts, log_level: str, secret: bytes | None
 ) -> int:
     from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.engine.resolved import resolve
 
     server = server_config(deployment)  # reads the key files: refuses before anything starts
     warn_if_unauthenticated(server, deployment.http.allow_unauthenticated)
@@ -127,10 +128,10 @@ def run_head_rank(
 
     ident, _ = record_deployment(deployment)
     attach_rank_log(ident, 0)
+    resolved = resolve(engine_config(deployment), checkpoint_of(deployment), deployment.world_size)
     options = HeadOptions(
         deployment_id=ident,
-        engine=engine_config(deployment),
-        checkpoint=checkpoint_of(deployment),
+        resolved=resolved,
         spec=replace(world_spec(deployment, 0, timeouts), secret=secret),
         server=server,
         log_level=log_level,

@@ -87,6 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dgpp.appliance.timeout_env import apply_env_overrides
     from dgpp.engine.config import ModelConfig
     from dgpp.engine.models.registry import model_class
+    from dgpp.engine.resolved import resolve
 
     configure_logging(args.log_level, 0)
     deployment = serve_deployment(args)
@@ -101,7 +102,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     # Cheap checks first, so a wrong model reference or knob fails before anything binds.
     checkpoint = checkpoint_of(deployment)
-    model_class(ModelConfig.from_checkpoint(checkpoint))
+    model = ModelConfig.from_checkpoint(checkpoint)  # the one read of its config.json
+    model_class(model)
     engine = engine_config(deployment)
     world_size = deployment.world_size
     if world_size > 1 and engine.device == "cpu" and engine.num_threads is None:
@@ -114,8 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
     attach_rank_log(ident, 0)
     options = HeadOptions(
         deployment_id=ident,
-        engine=engine,
-        checkpoint=checkpoint,
+        resolved=resolve(engine, checkpoint, world_size, model),
         # The ranks this process starts share a secret made for this run (or the node's).
         spec=replace(
             world_spec(deployment, 0, timeouts),

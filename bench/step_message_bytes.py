@@ -32,6 +32,7 @@ from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.distributed.control import Command, ControlChannel
 from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.resolved import resolve
 from dgpp.engine.step_message import BlockTables, StepMessage
 
 TIMEOUTS = {"rendezvous_s": 120, "control_deadline_s": 600}
@@ -112,7 +113,7 @@ def measure(checkpoint: Path, context: int, args: argparse.Namespace) -> dict[st
     worker = mp.get_context("spawn").Process(target=_worker, args=(port,))
     worker.start()
     spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=WorldTimeouts(**TIMEOUTS))
-    head = Head(config, checkpoint, spec)
+    head = Head(resolve(config, checkpoint, spec.world_size), spec)
     try:
         engine = head.form()
         assert engine.control is not None

@@ -6,27 +6,22 @@ import copy
 import itertools
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dgpp.engine.block_manager import BlockManager
-from dgpp.engine.config import ModelConfig
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
-from dgpp.engine.memory_plan import size_kv_pool
 from dgpp.engine.model_runner import ModelRunner
-from dgpp.engine.models.registry import model_class
 from dgpp.engine.output_processor import OutputProcessor
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
-from dgpp.engine.quant.quant_schemes import check_quantization
 from dgpp.engine.reasoning_budget import ReasoningBudget
 from dgpp.engine.request import FinishReason, PromptIds, Request, RequestOutput
+from dgpp.engine.resolved import ResolvedConfig
 from dgpp.engine.sampler import Sampler
 from dgpp.engine.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling_params import SamplingParams
@@ -43,22 +38,19 @@ class LLMEngine:
 
     def __init__(
         self,
-        config: EngineConfig,
-        checkpoint: Path,
+        resolved: ResolvedConfig,
         parallel: ParallelContext | None = None,
         control: ControlChannel | None = None,
         resident_dir: Path | None = None,
     ) -> None:
-        """`parallel` and `control` make this rank 0 of a tensor-parallel world whose other
-        ranks run `serve_commands`; without them the engine is a world of one. `resident_dir`:
-        see `ModelRunner`."""
-        model_config = ModelConfig.from_checkpoint(checkpoint)
-        check_quantization(config.quantization, model_config.quant_method)
-        model_class(model_config)  # refuse unknown architectures before any heavy loading
-        # memory_fraction: the KV pool is sized here, once; other ranks must run the result.
-        config = size_kv_pool(config, model_config, parallel.tp_size if parallel else 1)
-        max_model_len = config.effective_max_model_len(model_config)
-        self.config = replace(config, max_model_len=max_model_len)
+        """`resolved` (`dgpp.engine.resolved.resolve`): the configuration, the checkpoint's and
+        where it is. `parallel` and `control` make this rank 0 of a tensor-parallel world (of
+        `resolved.tp_size` ranks) whose other ranks run `serve_commands`; without them the
+        engine is a world of one. `resident_dir`: see `ModelRunner`."""
+        config, model_config, checkpoint = resolved.engine, resolved.model, resolved.checkpoint
+        assert (parallel.tp_size if parallel else 1) == resolved.tp_size
+        max_model_len = resolved.max_model_len
+        self.config = config
         self.model_config = model_config
         self.checkpoint = checkpoint
         if config.num_threads is not None:

@@ -13,6 +13,7 @@ from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
 from dgpp.engine.quant.gguf_view import view_for
 from dgpp.engine.request import RequestOutput
+from dgpp.engine.resolved import resolve
 from dgpp.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -47,7 +48,7 @@ class LLM:
         if checkpoint is None:
             checkpoint = checkpoint_directory(str(model))
         config = EngineConfig(model=str(model), **knobs)
-        self.engine = LLMEngine(config, checkpoint, resident_dir=resident_dir)
+        self.engine = LLMEngine(resolve(config, checkpoint), resident_dir=resident_dir)
 
     @property
     def tokenizer(self) -> Any:

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from dgpp.engine.config import ModelConfig
 from dgpp.engine.distributed.cluster_secret import SecretMismatch, authenticate_world
 from dgpp.engine.distributed.control import ControlChannel
 from dgpp.engine.distributed.handshake import WorldConfig, push_config, report_loaded
 from dgpp.engine.distributed.worker import pushed_config
 from dgpp.engine.distributed.world import Rendezvous, World, WorldSpec
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError
-from dgpp.engine.memory_plan import size_kv_pool
+from dgpp.engine.resolved import ResolvedConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +40,6 @@ class Phases:
         return f"{total:.2f} s ({parts})"
 
 
-def resolve_config(config: EngineConfig, checkpoint: Path, tp_size: int) -> EngineConfig:
-    """The configuration every rank of a world runs, with what rank 0 learns before loading
-    filled in (the KV pool sized from `memory_fraction`, the context limit), so that no rank
-    sizes anything by itself."""
-    model_config = ModelConfig.from_checkpoint(checkpoint)
-    config = size_kv_pool(config, model_config, tp_size)
-    sized = replace(config, memory_fraction=None) if config.memory_fraction else config
-    return replace(sized, max_model_len=sized.effective_max_model_len(model_config))
-
-
 class FormationError(RuntimeError):
     """This generation cannot start because of another rank; a later one may."""
 
@@ -61,8 +49,7 @@ class Head:
 
     def __init__(
         self,
-        config: EngineConfig,
-        checkpoint: Path,
+        resolved: ResolvedConfig,
         spec: WorldSpec,
         deployment_id: str | None = None,
         resident_dir: Path | None = None,
@@ -70,8 +57,10 @@ class Head:
         """`resident_dir`: this node's resident weight images (see `ModelRunner`)."""
         assert spec.rank == 0 and spec.world_size is not None
         self.spec = spec
-        self.config = resolve_config(config, checkpoint, spec.world_size)
-        self.checkpoint = checkpoint
+        assert resolved.tp_size == spec.world_size, "resolved for another world size"
+        self.resolved = resolved  # every rank runs `resolved.engine`, sized once here
+        self.config = resolved.engine
+        self.checkpoint = resolved.checkpoint
         self.deployment_id = deployment_id
         self.resident_dir = resident_dir
         self.world_size = spec.world_size
@@ -93,9 +82,7 @@ class Head:
         started = time.monotonic()
         if self.world_size == 1:
             if self.engine is None:
-                self.engine = LLMEngine(
-                    self.config, self.checkpoint, resident_dir=self.resident_dir
-                )
+                self.engine = LLMEngine(self.resolved, resident_dir=self.resident_dir)
                 started = self._loaded(started, built=True)
                 self.engine.warm_up()
                 self.phases.add("warm-up", started)
@@ -123,9 +110,7 @@ class Head:
         built = self.engine is None
         if built:
             try:
-                self.engine = LLMEngine(
-                    self.config, self.checkpoint, world.parallel, control, self.resident_dir
-                )
+                self.engine = LLMEngine(self.resolved, world.parallel, control, self.resident_dir)
             except DgppError as err:
                 error = f"{type(err).__name__}: {err}"
         else:

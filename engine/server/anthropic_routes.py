@@ -5,27 +5,29 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import CompletionOutput
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.server import openai_bodies
+from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
 from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
-from dgpp.engine.server.api_sampling import pick, resolve_max_tokens
+from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
+from dgpp.engine.server.pipeline import (
+    GenerationJob,
+    StreamTotals,
+    complete,
+    prepare,
+    stream_response,
+)
 from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.response_parser import THINK_CLOSE, ResponseParser, decoding_params
+from dgpp.engine.server.response_parser import THINK_CLOSE, ResponseParser
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar
 from dgpp.engine.server.tool_choice import (
@@ -108,30 +110,26 @@ async def messages(
     max_tokens = resolve_max_tokens(
         request.max_tokens, len(prompt), state, "max_tokens", prompt_param="messages"
     )
-    defaults = state.sampling_defaults
-    parser = ResponseParser(state, prompt, tools, forced)
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=pick(request.temperature, defaults.temperature, 1.0),
-        top_p=pick(request.top_p, defaults.top_p, 1.0),
-        top_k=int(pick(request.top_k, defaults.top_k, 0)),
-        min_p=defaults.min_p or 0.0,
-        repetition_penalty=defaults.repetition_penalty or 1.0,
+    sampling = ApiSampling(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
         stop=tuple(request.stop_sequences or ()),
+    )
+    job = prepare(
+        state,
+        f"msg_{uuid.uuid4().hex[:24]}",
+        prompt,
+        sampling,
+        max_tokens,
         grammar=grammar,
-        **_reasoning_budget(state, request, parser, grammar),
+        parser=lambda: ResponseParser(state, prompt, tools, forced),
+        budget=lambda parser: _reasoning_budget(state, request, parser, grammar),
     )
-    params = decoding_params(state, params)
-    message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if request.stream:
-        admission = state.engine.admit()  # refused with a status code, or room held
-        events = _stream(state, tracker, prompt, params, message_id, model, parser, admission)
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
-        )
-    ((output,),) = await run_to_completion(
-        state, tracker, [Job(prompt, [params], message_id)], client
-    )
+        return stream_response(state, tracker, job, _MessageStream(tracker, job, model))
+    ((output,),) = await complete(state, tracker, [job], client)
+    (parser,) = job.parsers
     completion = output.outputs[0]
     parsed = parser.parse_whole(completion.text)
     tracker.tool_calls(parser.num_tool_calls)
@@ -153,7 +151,7 @@ async def messages(
     stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
     return JSONResponse(
         {
-            "id": message_id,
+            "id": job.request_id,
             "type": "message",
             "role": "assistant",
             "model": model,
@@ -211,69 +209,64 @@ class _Blocks:
         return [_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
 
-async def _stream(
-    state: ServerState,
-    tracker: RequestTracker,
-    prompt: list[int],
-    params: SamplingParams,
-    message_id: str,
-    model: str,
-    parser: ResponseParser,
-    admission: Admission,
-) -> AsyncIterator[str]:
-    start = {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": _usage(len(prompt), 0),
-    }
-    yield _event("message_start", {"type": "message_start", "message": start})
-    yield _event("ping", {"type": "ping"})
-    blocks = _Blocks()
-    try:
-        async for item in stream_choices(
-            state,
-            tracker,
-            prompt,
-            [params],
-            message_id,
-            state.config.keepalive_interval_s,
-            admission=admission,
-        ):
-            if item is None:
-                yield _event("ping", {"type": "ping"})
-                continue
-            _, output = item
-            pieces = [parser.feed(output.text_delta)]
-            if output.finished:
-                pieces.append(parser.finish(output.outputs[0].text))
-            for piece in pieces:
-                for event in _piece_events(blocks, piece):
-                    yield event
-            if output.finished:
-                for event in blocks.close():
-                    yield event
-                completion = output.outputs[0]
-                tracker.tool_calls(parser.num_tool_calls)
-                stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
-                yield _event(
-                    "message_delta",
-                    {
-                        "type": "message_delta",
-                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                        "usage": {
-                            "output_tokens": len(completion.token_ids),
-                            "cache_read_input_tokens": output.num_cached_tokens,
-                        },
-                    },
-                )
-                yield _event("message_stop", {"type": "message_stop"})
-    except DgppError as err:
-        yield _event("error", anthropic_body(from_dgpp_error(err)))
+class _MessageStream:
+    """Anthropic stream events: message_start, content blocks opened and closed as the kind of
+    output changes (thinking, text, tool_use), message_delta with the stop reason, message_stop;
+    `ping` keeps the connection alive."""
+
+    keepalive = _event("ping", {"type": "ping"})
+
+    def __init__(self, tracker: RequestTracker, job: GenerationJob, model: str) -> None:
+        self.tracker, self.job, self.model = tracker, job, model
+        self.blocks = _Blocks()
+
+    def opening(self) -> list[str]:
+        start = {
+            "id": self.job.request_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(len(self.job.prompt), 0),
+        }
+        return [
+            _event("message_start", {"type": "message_start", "message": start}),
+            self.keepalive,
+        ]
+
+    def output(self, index: int, output: RequestOutput) -> list[str]:
+        parser = self.job.parsers[index]
+        pieces = [parser.feed(output.text_delta)]
+        if output.finished:
+            pieces.append(parser.finish(output.outputs[0].text))
+        events = [event for piece in pieces for event in _piece_events(self.blocks, piece)]
+        if not output.finished:
+            return events
+        events += self.blocks.close()
+        completion = output.outputs[0]
+        self.tracker.tool_calls(parser.num_tool_calls)
+        stop_reason, stop_sequence = _stop_reason(completion, bool(parser.num_tool_calls))
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {
+                "output_tokens": len(completion.token_ids),
+                "cache_read_input_tokens": output.num_cached_tokens,
+            },
+        }
+        return [
+            *events,
+            _event("message_delta", delta),
+            _event("message_stop", {"type": "message_stop"}),
+        ]
+
+    def failed(self, err: DgppError) -> list[str]:
+        return [_event("error", anthropic_body(from_dgpp_error(err)))]
+
+    def closing(self, totals: StreamTotals) -> list[str]:
+        return []
 
 
 def _piece_events(blocks: _Blocks, piece: Any) -> list[str]:

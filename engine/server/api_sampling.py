@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.sampling_defaults import SamplingDefaults
@@ -60,22 +62,62 @@ def pick(requested: float | None, model: float | None, api: float) -> float:
     return api if model is None else model
 
 
+@dataclass(frozen=True)
+class ApiSampling:
+    """The sampling settings of a request, whichever API it came through; None means "not
+    given" (the checkpoint's recommendation applies, else the API's default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @classmethod
+    def of(cls, request: SamplingFields) -> ApiSampling:
+        """A Chat Completions or Completions request's settings."""
+        stop = request.stop
+        return cls(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            seed=request.seed,
+            logit_bias=request.logit_bias,
+            stop=tuple(stop if isinstance(stop, list) else [stop] if stop else []),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+        )
+
+
 def sampling_params(
-    request: SamplingFields,
+    request: ApiSampling,
     max_tokens: int,
     logprobs: int | None,
     seed_offset: int = 0,
     defaults: SamplingDefaults | None = None,
     grammar: str | None = None,
     vocab_size: int | None = None,
+    **extra: Any,
 ) -> SamplingParams:
     """`seed_offset` gives each of `n` choices its own stream from one request seed; settings
-    the request leaves out come from `defaults` (the checkpoint's), else the OpenAI defaults;
-    `vocab_size` bounds the `logit_bias` ids."""
+    the request leaves out come from `defaults` (the checkpoint's), else the API defaults;
+    `vocab_size` bounds the `logit_bias` ids; `extra` are further `SamplingParams` fields."""
     model = defaults or SamplingDefaults()
-    stop = (
-        request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
-    )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=pick(request.temperature, model.temperature, 1.0),
@@ -87,13 +129,14 @@ def sampling_params(
         frequency_penalty=request.frequency_penalty,
         repetition_penalty=pick(request.repetition_penalty, model.repetition_penalty, 1.0),
         logit_bias=_logit_bias(request.logit_bias, vocab_size),
-        stop=tuple(stop),
-        stop_token_ids=tuple(request.stop_token_ids or ()),
+        stop=request.stop,
+        stop_token_ids=request.stop_token_ids,
         ignore_eos=request.ignore_eos,
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=logprobs,
         skip_special_tokens=request.skip_special_tokens,
         grammar=grammar,
+        **extra,
     )
 
 

@@ -5,30 +5,34 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import CompletionOutput
+from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import (
+    ApiSampling,
     chat_logprobs,
     chat_max_tokens,
     resolve_max_tokens,
-    sampling_params,
 )
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
+from dgpp.engine.server.pipeline import (
+    GenerationJob,
+    StreamTotals,
+    complete,
+    prepare,
+    stream_response,
+)
 from dgpp.engine.server.protocol import ChatCompletionRequest
 from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.response_parser import ResponseParser, decoding_params
+from dgpp.engine.server.response_parser import ResponseParser
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.structured import checked, forced_call_grammar, format_grammar
 from dgpp.engine.server.tool_choice import (
@@ -73,48 +77,28 @@ async def chat_completions(
         limit_name,
         prompt_param="messages",
     )
-    logprobs = chat_logprobs(request)
-    vocab_size = state.engine.engine.model_config.vocab_size
-    params = [
-        decoding_params(
-            state,
-            sampling_params(
-                request, max_tokens, logprobs, i, state.sampling_defaults, grammar, vocab_size
-            ),
-        )
-        for i in range(request.n)
-    ]
-    skip_special = request.skip_special_tokens
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    job = prepare(
+        state,
+        f"chatcmpl-{uuid.uuid4().hex}",
+        prompt,
+        ApiSampling.of(request),
+        max_tokens,
+        n=request.n,
+        logprobs=chat_logprobs(request),
+        grammar=grammar,
+        use_prefix_cache=request.prefix_cache,
+        parser=lambda: ResponseParser(state, prompt, tools, forced, request.skip_special_tokens),
+    )
     created = int(time.time())
     if request.stream:
-        admission = state.engine.admit(len(params))  # refused with a status code, or room held
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        parsers = [ResponseParser(state, prompt, tools, forced, skip_special) for _ in params]
-        events = _chat_stream(
-            state,
-            tracker,
-            prompt,
-            params,
-            request_id,
-            created,
-            model,
-            include_usage,
-            parsers,
-            request.prefix_cache,
-            admission,
-        )
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
-        )
-    (outputs,) = await run_to_completion(
-        state, tracker, [Job(prompt, params, request_id, request.prefix_cache)], client
-    )
+        shape = _ChatStream(state, tracker, job, created, model, include_usage)
+        return stream_response(state, tracker, job, shape)
+    (outputs,) = await complete(state, tracker, [job], client)
     choices = []
     reasoning_tokens = 0
-    for index, output in enumerate(outputs):
+    for index, (output, parser) in enumerate(zip(outputs, job.parsers, strict=True)):
         completion = output.outputs[0]
-        parser = ResponseParser(state, prompt, tools, forced, skip_special)
         parsed = parser.parse_whole(completion.text)
         content, reasoning = parsed.content, parsed.reasoning
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -138,7 +122,7 @@ async def chat_completions(
     prompt_tokens, completion_tokens = openai_bodies.final(outputs)
     return JSONResponse(
         {
-            "id": request_id,
+            "id": job.request_id,
             "object": "chat.completion",
             "created": created,
             "model": model,
@@ -191,65 +175,66 @@ def _delta(piece: ParsedDelta) -> dict[str, Any]:
     return delta
 
 
-async def _chat_stream(
-    state: ServerState,
-    tracker: RequestTracker,
-    prompt: list[int],
-    params: list,
-    request_id: str,
-    created: int,
-    model: str,
-    include_usage: bool,
-    parsers: list[ResponseParser],
-    use_prefix_cache: bool,
-    admission: Admission,
-) -> AsyncIterator[str]:
-    base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+class _ChatStream:
+    """Chat Completions chunks: a role delta per choice, parsed deltas (reasoning, content,
+    tool calls), a finish chunk per choice, then the usage chunk when asked and `[DONE]`."""
 
-    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> str:
+    keepalive = ": keep-alive\n\n"
+
+    def __init__(
+        self,
+        state: ServerState,
+        tracker: RequestTracker,
+        job: GenerationJob,
+        created: int,
+        model: str,
+        include_usage: bool,
+    ) -> None:
+        self.state, self.tracker, self.job = state, tracker, job
+        self.include_usage = include_usage
+        self.base = {
+            "id": job.request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+
+    def _chunk(self, index: int, delta: dict[str, Any], **extra: Any) -> str:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return openai_bodies.sse({**base, "choices": [{**choice, **extra}]})
+        return openai_bodies.sse({**self.base, "choices": [{**choice, **extra}]})
 
-    for index in range(len(params)):
-        yield chunk(index, {"role": "assistant", "content": ""})
-    completion_tokens = cached_tokens = 0
-    try:
-        async for item in stream_choices(
-            state,
-            tracker,
-            prompt,
-            params,
-            request_id,
-            state.config.keepalive_interval_s,
-            use_prefix_cache,
-            admission,
-        ):
-            if item is None:
-                yield ": keep-alive\n\n"
-                continue
-            index, output = item
-            completion = output.outputs[0]
-            extra: dict[str, Any] = {}
-            if completion.logprobs is not None and output.num_new_tokens:
-                new = completion.logprobs[-output.num_new_tokens :]
-                extra["logprobs"] = openai_bodies.chat_logprobs(state.tokenizer, new)
-            parser = parsers[index]
-            delta = _delta(parser.feed(output.text_delta))
-            if output.finished:
-                for key, value in _delta(parser.finish(completion.text)).items():
-                    delta[key] = delta.get(key, "" if key != "tool_calls" else []) + value
-            if delta or extra:
-                yield chunk(index, delta, **extra)
-            if output.finished:
-                completion_tokens += len(completion.token_ids)
-                cached_tokens = max(cached_tokens, output.num_cached_tokens)
-                tracker.tool_calls(parser.num_tool_calls)
-                finish = _finish_reason(completion, parser.num_tool_calls)
-                yield chunk(index, {}, finish_reason=finish)
-    except DgppError as err:
-        yield openai_bodies.sse_error(err)
-        return
-    if include_usage:
-        usage = openai_bodies.usage(len(prompt), completion_tokens, cached_tokens=cached_tokens)
-        yield openai_bodies.sse({**base, "choices": [], "usage": usage})
-    yield openai_bodies.DONE
+    def opening(self) -> list[str]:
+        return [
+            self._chunk(index, {"role": "assistant", "content": ""})
+            for index in range(len(self.job.params))
+        ]
+
+    def output(self, index: int, output: RequestOutput) -> list[str]:
+        completion = output.outputs[0]
+        extra: dict[str, Any] = {}
+        if completion.logprobs is not None and output.num_new_tokens:
+            new = completion.logprobs[-output.num_new_tokens :]
+            extra["logprobs"] = openai_bodies.chat_logprobs(self.state.tokenizer, new)
+        parser = self.job.parsers[index]
+        delta = _delta(parser.feed(output.text_delta))
+        if output.finished:
+            for key, value in _delta(parser.finish(completion.text)).items():
+                delta[key] = delta.get(key, "" if key != "tool_calls" else []) + value
+        events = [self._chunk(index, delta, **extra)] if delta or extra else []
+        if output.finished:
+            self.tracker.tool_calls(parser.num_tool_calls)
+            finish = _finish_reason(completion, parser.num_tool_calls)
+            events.append(self._chunk(index, {}, finish_reason=finish))
+        return events
+
+    def failed(self, err: DgppError) -> list[str]:
+        return [openai_bodies.sse_error(err)]
+
+    def closing(self, totals: StreamTotals) -> list[str]:
+        events = []
+        if self.include_usage:
+            usage = openai_bodies.usage(
+                len(self.job.prompt), totals.completion_tokens, cached_tokens=totals.cached_tokens
+            )
+            events.append(openai_bodies.sse({**self.base, "choices": [], "usage": usage}))
+        return [*events, openai_bodies.DONE]

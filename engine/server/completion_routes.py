@@ -5,23 +5,23 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError, InvalidRequestError
+from dgpp.engine.request import RequestOutput
 from dgpp.engine.server import openai_bodies
-from dgpp.engine.server.api_sampling import (
-    check_unsupported,
-    resolve_max_tokens,
-    sampling_params,
-)
+from dgpp.engine.server.api_sampling import ApiSampling, check_unsupported, resolve_max_tokens
 from dgpp.engine.server.deps import State, Tracker
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
-from dgpp.engine.server.metrics import RequestTracker
+from dgpp.engine.server.pipeline import (
+    GenerationJob,
+    StreamTotals,
+    complete,
+    prepare,
+    stream_response,
+)
 from dgpp.engine.server.protocol import CompletionRequest
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.tokenizer import check_token_ids
@@ -61,33 +61,26 @@ async def completions(
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
-    jobs = []
-    for number, prompt in enumerate(prompts):
-        max_tokens = resolve_max_tokens(requested, len(prompt), state, "max_tokens")
-        params = [
-            sampling_params(
-                request,
-                max_tokens,
-                request.logprobs,
-                i,
-                state.sampling_defaults,
-                vocab_size=state.engine.engine.model_config.vocab_size,
-            )
-            for i in range(request.n)
-        ]
-        jobs.append(Job(prompt, params, f"{request_id}-{number}", request.prefix_cache))
+    sampling = ApiSampling.of(request)
+    jobs = [
+        prepare(
+            state,
+            f"{request_id}-{number}",
+            prompt,
+            sampling,
+            resolve_max_tokens(requested, len(prompt), state, "max_tokens"),
+            n=request.n,
+            logprobs=request.logprobs,
+            use_prefix_cache=request.prefix_cache,
+        )
+        for number, prompt in enumerate(prompts)
+    ]
     if request.stream:
-        prompt, params = jobs[0].prompt, jobs[0].params
-        admission = state.engine.admit(len(params))  # refused with a status code, or room held
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        events = _completion_stream(
-            state, tracker, request, prompt, params, base, include_usage, admission
-        )
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
-        )
+        shape = _CompletionStream(state, jobs[0], base, request.echo, include_usage)
+        return stream_response(state, tracker, jobs[0], shape)
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
-    results = await run_to_completion(state, tracker, jobs, client)
+    results = await complete(state, tracker, jobs, client)
     for job, outputs in zip(jobs, results, strict=True):
         prompt = job.prompt
         prompt_tokens += len(prompt)
@@ -117,60 +110,54 @@ async def completions(
     )
 
 
-async def _completion_stream(
-    state: ServerState,
-    tracker: RequestTracker,
-    request: CompletionRequest,
-    prompt: list[int],
-    params: list,
-    base: dict[str, Any],
-    include_usage: bool,
-    admission: Admission,
-) -> AsyncIterator[str]:
-    completion_tokens = cached_tokens = 0
+class _CompletionStream:
+    """Completions chunks: the echoed prompt when asked, text deltas, a finish chunk per
+    choice, then the usage chunk when asked and `[DONE]`."""
 
-    def chunk(index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
+    keepalive = ": keep-alive\n\n"
+
+    def __init__(
+        self,
+        state: ServerState,
+        job: GenerationJob,
+        base: dict[str, Any],
+        echo: bool,
+        include_usage: bool,
+    ) -> None:
+        self.state, self.job, self.base = state, job, base
+        self.echo, self.include_usage = echo, include_usage
+
+    def _chunk(self, index: int, text: str, finish: str | None, logprobs: Any = None) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return openai_bodies.sse({**base, "choices": [choice]})
+        return openai_bodies.sse({**self.base, "choices": [choice]})
 
-    if request.echo:
-        for index in range(len(params)):
-            yield chunk(index, state.tokenizer.decode(prompt), None)
-    try:
-        async for item in stream_choices(
-            state,
-            tracker,
-            prompt,
-            params,
-            base["id"],
-            state.config.keepalive_interval_s,
-            request.prefix_cache,
-            admission,
-        ):
-            if item is None:
-                yield ": keep-alive\n\n"
-                continue
-            index, output = item
-            completion = output.outputs[0]
-            logprobs = None
-            if completion.logprobs is not None and output.num_new_tokens:
-                new = completion.logprobs[-output.num_new_tokens :]
-                logprobs = openai_bodies.completion_logprobs(state.tokenizer, new, 0)
-            if output.text_delta or logprobs is not None:
-                yield chunk(index, output.text_delta, None, logprobs)
-            if output.finished:
-                completion_tokens += len(completion.token_ids)
-                cached_tokens = max(cached_tokens, output.num_cached_tokens)
-                yield chunk(index, "", openai_bodies.finish_reason(completion))
-    except DgppError as err:
-        yield openai_bodies.sse_error(err)
-        return
-    if include_usage:
-        yield openai_bodies.sse(
-            {
-                **base,
-                "choices": [],
-                "usage": openai_bodies.usage(len(prompt), completion_tokens, 0, cached_tokens),
-            }
-        )
-    yield openai_bodies.DONE
+    def opening(self) -> list[str]:
+        if not self.echo:
+            return []
+        text = self.state.tokenizer.decode(self.job.prompt)
+        return [self._chunk(index, text, None) for index in range(len(self.job.params))]
+
+    def output(self, index: int, output: RequestOutput) -> list[str]:
+        completion = output.outputs[0]
+        logprobs = None
+        if completion.logprobs is not None and output.num_new_tokens:
+            new = completion.logprobs[-output.num_new_tokens :]
+            logprobs = openai_bodies.completion_logprobs(self.state.tokenizer, new, 0)
+        events = []
+        if output.text_delta or logprobs is not None:
+            events.append(self._chunk(index, output.text_delta, None, logprobs))
+        if output.finished:
+            events.append(self._chunk(index, "", openai_bodies.finish_reason(completion)))
+        return events
+
+    def failed(self, err: DgppError) -> list[str]:
+        return [openai_bodies.sse_error(err)]
+
+    def closing(self, totals: StreamTotals) -> list[str]:
+        events = []
+        if self.include_usage:
+            usage = openai_bodies.usage(
+                len(self.job.prompt), totals.completion_tokens, 0, totals.cached_tokens
+            )
+            events.append(openai_bodies.sse({**self.base, "choices": [], "usage": usage}))
+        return [*events, openai_bodies.DONE]

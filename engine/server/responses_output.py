@@ -101,7 +101,6 @@ class ResponseHead:
 
     model: str
     request: dict[str, Any]  # the request's echoed settings (instructions, tools, ...)
-    use_prefix_cache: bool = True
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 

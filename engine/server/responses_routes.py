@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.request import RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.server import openai_bodies
-from dgpp.engine.server.api_sampling import pick, resolve_max_tokens
+from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import from_dgpp_error
-from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
+from dgpp.engine.server.pipeline import (
+    GenerationJob,
+    StreamTotals,
+    complete,
+    prepare,
+    stream_response,
+)
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.reasoning_knobs import template_kwargs
-from dgpp.engine.server.response_parser import ResponseParser, decoding_params
+from dgpp.engine.server.response_parser import ResponseParser
 from dgpp.engine.server.responses_convert import to_chat_messages, to_chat_tools
 from dgpp.engine.server.responses_output import EventWriter, ResponseHead, output_items, usage
 from dgpp.engine.server.responses_protocol import ResponsesRequest
@@ -121,30 +123,31 @@ async def create_response(
     max_tokens = resolve_max_tokens(
         request.max_output_tokens, len(prompt), state, "max_output_tokens", prompt_param="input"
     )
-    defaults = state.sampling_defaults
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=pick(request.temperature, defaults.temperature, 1.0),
-        top_p=pick(request.top_p, defaults.top_p, 1.0),
-        top_k=int(pick(request.top_k, defaults.top_k, 0)),
-        min_p=pick(request.min_p, defaults.min_p, 0.0),
-        repetition_penalty=pick(request.repetition_penalty, defaults.repetition_penalty, 1.0),
+    sampling = ApiSampling(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        repetition_penalty=request.repetition_penalty,
         seed=request.seed,
-        grammar=grammar,
     )
-    params = decoding_params(state, params)
-    head = ResponseHead(model, _echo(request), use_prefix_cache=request.prefix_cache)
-    parser = ResponseParser(state, prompt, tools, forced)
+    head = ResponseHead(model, _echo(request))
+    job = prepare(
+        state,
+        head.id,
+        prompt,
+        sampling,
+        max_tokens,
+        grammar=grammar,
+        use_prefix_cache=request.prefix_cache,
+        parser=lambda: ResponseParser(state, prompt, tools, forced),
+    )
     turn = _Turn(state, request.store, conversation)
     if request.stream:
-        admission = state.engine.admit()  # refused with a status code, or room held
-        writer = EventWriter(origins)
-        events = _stream(state, tracker, prompt, params, head, parser, turn, admission, writer)
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
-        )
-    job = Job(prompt, [params], head.id, request.prefix_cache)
-    ((output,),) = await run_to_completion(state, tracker, [job], client)
+        shape = _ResponseStream(tracker, job, head, turn, EventWriter(origins))
+        return stream_response(state, tracker, job, shape)
+    ((output,),) = await complete(state, tracker, [job], client)
+    (parser,) = job.parsers
     parsed = parser.parse_whole(output.outputs[0].text)
     tracker.tool_calls(parser.num_tool_calls)
     items = output_items(parsed.reasoning, parsed.content, parser.tool_calls(), origins)
@@ -200,64 +203,62 @@ class _Turn:
         return body
 
 
-async def _stream(
-    state: ServerState,
-    tracker: RequestTracker,
-    prompt: list[int],
-    params: SamplingParams,
-    head: ResponseHead,
-    parser: ResponseParser,
-    turn: _Turn,
-    admission: Admission,
-    writer: EventWriter,
-) -> AsyncIterator[str]:
-    yield writer.event("response.created", response=head.body("in_progress", []))
-    yield writer.event("response.in_progress", response=head.body("in_progress", []))
-    pieces: list[ParsedDelta] = []
-    try:
-        async for item in stream_choices(
-            state,
-            tracker,
-            prompt,
-            [params],
-            head.id,
-            state.config.keepalive_interval_s,
-            head.use_prefix_cache,
-            admission,
-        ):
-            if item is None:
-                yield ": keep-alive\n\n"
-                continue
-            _, output = item
-            new = [parser.feed(output.text_delta)]
-            if output.finished:
-                new.append(parser.finish(output.outputs[0].text))
-            pieces += new
-            for piece in new:
-                for event in writer.feed(piece):
-                    yield event
-            if output.finished:
-                for event in writer.close():
-                    yield event
-                tracker.tool_calls(parser.num_tool_calls)
-                whole = ParsedDelta(
-                    content="".join(p.content for p in pieces),
-                    reasoning="".join(p.reasoning for p in pieces),
-                )
-                body = turn.finish(head, output, writer.items, whole, parser.tool_calls())
-                kind = (
-                    "response.incomplete"
-                    if body["status"] == "incomplete"
-                    else "response.completed"
-                )
-                yield writer.event(kind, response=body)
-    except DgppError as err:
-        api = from_dgpp_error(err)
-        yield writer.event("error", code=api.code, message=api.message, param=api.param)
-        error = {"code": api.code or "server_error", "message": api.message}
-        yield writer.event(
-            "response.failed", response=head.body("failed", writer.items, error=error)
+class _ResponseStream:
+    """Responses API events: response.created and .in_progress, the output items' events as
+    `EventWriter` writes them, then response.completed (or .incomplete), or error and
+    response.failed when the engine fails."""
+
+    keepalive = ": keep-alive\n\n"
+
+    def __init__(
+        self,
+        tracker: RequestTracker,
+        job: GenerationJob,
+        head: ResponseHead,
+        turn: _Turn,
+        writer: EventWriter,
+    ) -> None:
+        self.tracker, self.job, self.head, self.turn, self.writer = tracker, job, head, turn, writer
+        self.pieces: list[ParsedDelta] = []
+
+    def opening(self) -> list[str]:
+        body = self.head.body("in_progress", [])
+        return [
+            self.writer.event("response.created", response=body),
+            self.writer.event("response.in_progress", response=body),
+        ]
+
+    def output(self, index: int, output: RequestOutput) -> list[str]:
+        parser, writer = self.job.parsers[index], self.writer
+        new = [parser.feed(output.text_delta)]
+        if output.finished:
+            new.append(parser.finish(output.outputs[0].text))
+        self.pieces += new
+        events = [event for piece in new for event in writer.feed(piece)]
+        if not output.finished:
+            return events
+        events += writer.close()
+        self.tracker.tool_calls(parser.num_tool_calls)
+        whole = ParsedDelta(
+            content="".join(piece.content for piece in self.pieces),
+            reasoning="".join(piece.reasoning for piece in self.pieces),
         )
+        body = self.turn.finish(self.head, output, writer.items, whole, parser.tool_calls())
+        incomplete = body["status"] == "incomplete"
+        kind = "response.incomplete" if incomplete else "response.completed"
+        return [*events, writer.event(kind, response=body)]
+
+    def failed(self, err: DgppError) -> list[str]:
+        api = from_dgpp_error(err)
+        error = {"code": api.code or "server_error", "message": api.message}
+        failed = self.head.body("failed", self.writer.items, error=error)
+        return [
+            self.writer.event("error", code=api.code, message=api.message, param=api.param),
+            self.writer.event("response.failed", response=failed),
+        ]
+
+    def closing(self, totals: StreamTotals) -> list[str]:
+        return []
 
 
 @router.get("/v1/responses/{response_id}")

@@ -32,6 +32,7 @@ from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models import registry
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.resolved import resolve
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy
 
@@ -107,7 +108,7 @@ def sliding(
 
 def _engine(checkpoint: Path, **knobs: Any) -> LLMEngine:
     options = {"kv_capacity": 1024, "block_size": 4, "prefill_chunk_tokens": 7, **knobs}
-    return LLMEngine(EngineConfig(model=str(checkpoint), **options), checkpoint)
+    return LLMEngine(resolve(EngineConfig(model=str(checkpoint), **options), checkpoint))
 
 
 def _generate(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:

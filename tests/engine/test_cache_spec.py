@@ -33,6 +33,7 @@ from dgpp.engine.models.llama import (
     LlamaForCausalLM,
 )
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.resolved import resolve
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy
 
@@ -125,7 +126,7 @@ def two_width(
 
 def _engine(checkpoint: Path, **knobs: Any) -> LLMEngine:
     options = {"kv_capacity": 512, "block_size": 4, "prefill_chunk_tokens": 8, **knobs}
-    return LLMEngine(EngineConfig(model=str(checkpoint), **options), checkpoint)
+    return LLMEngine(resolve(EngineConfig(model=str(checkpoint), **options), checkpoint))
 
 
 def test_each_layer_kind_gets_its_own_pool_and_the_plan_counts_both(

@@ -47,9 +47,10 @@ def _head(port: int, checkpoint: str, results: Any, rogue_done: Any) -> None:
     from dgpp.engine.distributed.head import Head
     from dgpp.engine.distributed.world import WorldSpec
     from dgpp.engine.engine_config import EngineConfig
+    from dgpp.engine.resolved import resolve
 
     spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=_timeouts(), secret=SECRET)
-    head = Head(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint), spec)
+    head = Head(resolve(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint), 2), spec)
     try:
         engine = head.form()
         first = _generate(engine)
@@ -93,8 +94,11 @@ def test_a_process_without_the_secret_is_refused_and_the_world_is_unaffected(
     checkpoint = str(build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM"))
     from dgpp.engine.engine import LLMEngine
     from dgpp.engine.engine_config import EngineConfig
+    from dgpp.engine.resolved import resolve
 
-    expected = _generate(LLMEngine(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint)))
+    expected = _generate(
+        LLMEngine(resolve(EngineConfig(model=checkpoint, **KNOBS), Path(checkpoint)))
+    )
     context = mp.get_context("spawn")
     results, rogue_done = context.Queue(), context.Event()
     port = _free_port()

@@ -20,6 +20,7 @@ from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.layers.mla import LatentAttention
+from dgpp.engine.resolved import resolve
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference
 from tests.engine.test_tensor_parallel import KNOBS, PRESSURE, _check_world_of_two
@@ -70,7 +71,7 @@ def _hf(checkpoint: Path) -> torch.nn.Module:
 
 def _engine(checkpoint: Path, **knobs: Any) -> LLMEngine:
     options = {"kv_capacity": 2048, "block_size": 4, "prefill_chunk_tokens": 11, **knobs}
-    return LLMEngine(EngineConfig(model=str(checkpoint), seed=0, **options), checkpoint)
+    return LLMEngine(resolve(EngineConfig(model=str(checkpoint), seed=0, **options), checkpoint))
 
 
 def _generate(

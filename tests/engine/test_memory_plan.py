@@ -35,6 +35,7 @@ from dgpp.engine.memory_plan import (
 )
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.resolved import resolve
 from tests.conftest import build_tiny_checkpoint
 
 GIB = 1 << 30
@@ -151,7 +152,7 @@ def test_unshardable_model_is_a_config_error() -> None:
 def test_kv_and_weight_bytes_match_a_running_engine(tmp_path: Path, tokenizer_dir: Path) -> None:
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
     config = EngineConfig(model=str(checkpoint), kv_capacity=200, block_size=16)
-    engine = LLMEngine(config, checkpoint)
+    engine = LLMEngine(resolve(config, checkpoint))
     plan = plan_memory(engine.config, engine.model_config, 1, PLENTY)
     assert plan.kv_bytes == sum(pool.nbytes for pool in engine.runner.kv_caches)
     assert plan.kv_tokens == 208  # whole blocks
@@ -268,7 +269,7 @@ def test_engine_with_an_impossible_pool_fails_before_building_the_model(
     # 10**12 tokens are terabytes of KV for any model: no machine running this test has them.
     config = EngineConfig(model=str(checkpoint), kv_capacity=10**12, max_model_len=512)
     with pytest.raises(ConfigError, match="does not fit"):
-        LLMEngine(config, checkpoint)
+        LLMEngine(resolve(config, checkpoint))
 
 
 def test_engine_sizes_its_pool_from_memory_fraction(
@@ -280,7 +281,7 @@ def test_engine_sizes_its_pool_from_memory_fraction(
     config = EngineConfig(
         model=str(checkpoint), memory_fraction=0.5, max_concurrency=4, prefill_chunk_tokens=64
     )
-    engine = LLMEngine(config, checkpoint)
+    engine = LLMEngine(resolve(config, checkpoint))
     expected = size_kv_pool(config, engine.model_config, 1, memory).kv_capacity
     assert expected != config.kv_capacity
     assert engine.config.kv_capacity == expected

@@ -13,6 +13,7 @@ import pytest
 from dgpp.engine import SamplingParams
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.resolved import resolve
 from tests.conftest import build_tiny_checkpoint
 
 PROMPTS = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]
@@ -73,7 +74,7 @@ def _rank(
 
     config = EngineConfig(model=checkpoint, **knobs)
     spec = WorldSpec(rank=0, port=port, world_size=2, timeouts=timeouts)
-    head = Head(config, Path(checkpoint), spec)
+    head = Head(resolve(config, Path(checkpoint), spec.world_size), spec)
     try:
         engine = head.form()
         counters = engine.counters
@@ -158,7 +159,7 @@ def test_world_of_two_equals_world_of_one_on_group_quantized_weights(
 def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any], waves: Waves = (PROMPTS,)) -> int:
     """World 2 with `knobs` gives world 1's tokens (with KNOBS); returns world 2's prefix-cache
     hit tokens."""
-    reference = LLMEngine(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint)
+    reference = LLMEngine(resolve(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     expected = _generate(reference, waves)
     context = mp.get_context("spawn")
     results = context.Queue()

@@ -18,6 +18,7 @@ import uvicorn
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.resolved import resolve
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
@@ -83,7 +84,9 @@ def running_server(
 ) -> Iterator[RunningServer]:
     """An `LLMEngine` behind `AsyncEngine` behind uvicorn, as `dgpp serve` builds it."""
     port = free_port()
-    engine = LLMEngine(EngineConfig(model=str(checkpoint), **(engine_options or {})), checkpoint)
+    engine = LLMEngine(
+        resolve(EngineConfig(model=str(checkpoint), **(engine_options or {})), checkpoint)
+    )
     config = ServerConfig(port=port, served_model_names=names, **(server_options or {}))
     async_engine = AsyncEngine(engine, queue_limit=config.queue_limit)
     async_engine.start()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from dgpp.engine.sampling_defaults import SamplingDefaults, load_sampling_defaults
-from dgpp.engine.server.api_sampling import sampling_params
+from dgpp.engine.server.api_sampling import ApiSampling, sampling_params
 from dgpp.engine.server.protocol import CompletionRequest
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.server.harness import running_server
@@ -35,16 +35,18 @@ def test_the_sampling_keys_are_read_and_bad_ones_ignored(tmp_path: Path) -> None
 
 def test_request_values_win_over_the_checkpoint_and_api_defaults_fill_the_rest() -> None:
     model = SamplingDefaults(temperature=0.6, top_p=0.95, top_k=20, repetition_penalty=1.05)
-    omitted = sampling_params(CompletionRequest(model="m", prompt="x"), 8, None, defaults=model)
+    omitted = sampling_params(
+        ApiSampling.of(CompletionRequest(model="m", prompt="x")), 8, None, defaults=model
+    )
     assert (omitted.temperature, omitted.top_p, omitted.top_k) == (0.6, 0.95, 20)
     assert (omitted.min_p, omitted.repetition_penalty) == (0.0, 1.05)
     explicit = CompletionRequest(
         model="m", prompt="x", temperature=1.0, top_k=0, repetition_penalty=1.0
     )
-    chosen = sampling_params(explicit, 8, None, defaults=model)
+    chosen = sampling_params(ApiSampling.of(explicit), 8, None, defaults=model)
     assert (chosen.temperature, chosen.top_p, chosen.top_k) == (1.0, 0.95, 0)
     assert chosen.repetition_penalty == 1.0
-    plain = sampling_params(CompletionRequest(model="m", prompt="x"), 8, None)
+    plain = sampling_params(ApiSampling.of(CompletionRequest(model="m", prompt="x")), 8, None)
     assert (plain.temperature, plain.top_p, plain.top_k) == (1.0, 1.0, 0)
 
 
