@@ -16,15 +16,15 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
-from dgpp.engine.models.registry import build_model, layer_cache_specs
+from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_plan import engine_state_layout
+from dgpp.engine.weight_count import rank_weight_bytes
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -163,20 +163,6 @@ class RankShapes:
             vocab_rows=padded_vocab // tp_size,
             padded_vocab_size=padded_vocab,
         )
-
-
-def rank_weight_bytes(model: ModelConfig, tp_size: int, tp_rank: int, dtype_bytes: int) -> int:
-    """Bytes of the parameters rank `tp_rank` holds, counted on the model itself built on the
-    meta device (no memory): every family's layers, packed weights in their packed bytes, float
-    parameters in the run dtype, a tied LM head once."""
-    parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
-    meta = torch.device("meta")
-    with meta:
-        built = build_model(model, parallel, 1, TorchPagedAttention(meta))
-    return sum(
-        param.numel() * (dtype_bytes if param.is_floating_point() else param.element_size())
-        for param in built.parameters()
-    )
 
 
 def kv_bytes_per_token(config: EngineConfig, specs: Sequence[CacheSpec]) -> int:

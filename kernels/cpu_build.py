@@ -1,6 +1,7 @@
 """Building dgpp's small C++ CPU kernels (kernels/cpu/*.cpp) with the system compiler.
 
-Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache,
+Each source is compiled once per machine by `torch.utils.cpp_extension.load` into dgpp's cache
+(`kernel_build_dir`),
 in a directory and under a module name that carry a hash of the source, the headers beside it, its
 path and the torch version: an edited source or header, or another torch, never loads a stale
 build, and each checkout keeps its own.
@@ -39,7 +40,7 @@ def load_cpu_extension(
     # two checkouts sharing one directory would rebuild each other's kernel at every switch
     content += str(source.resolve()).encode()
     digest = hashlib.sha256(content).hexdigest()[:12]
-    build = dgpp_cache_dir() / "kernels" / f"{tag}-{digest}"
+    build = kernel_build_dir() / f"{tag}-{digest}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         return load(
@@ -53,6 +54,15 @@ def load_cpu_extension(
     except Exception as err:  # no compiler, no ninja, a toolchain error: serve slower, not fail
         log.warning("%s unavailable (%s); %s", what, err, fallback)
         return None
+
+
+def kernel_build_dir() -> Path:
+    """Where built kernels live: $DGPP_KERNEL_BUILD_DIR (a shared or writable place when the
+    cache is neither), else `kernels` in dgpp's cache directory."""
+    configured = os.environ.get("DGPP_KERNEL_BUILD_DIR")
+    if configured and Path(configured).is_absolute():
+        return Path(configured)
+    return dgpp_cache_dir() / "kernels"
 
 
 def _interpreter_bin_on_path() -> None:

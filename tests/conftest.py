@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dgpp.kernels.cpu_build import kernel_build_dir
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # transformers runs Gated DeltaNet (Qwen3-Next) through fla-core's Triton kernels whenever `fla`
@@ -39,6 +41,8 @@ def _resident_images_in_a_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> 
     """Engines built by tests (and the servers they start) write resident weight images and
     deployment logs under the session's temp dir, never into the user's cache or home."""
     os.environ["DGPP_RESIDENT_DIR"] = str(tmp_path_factory.mktemp("resident"))
+    # Tests that move XDG_CACHE_HOME (to isolate GGUF views) keep the kernels built once.
+    os.environ.setdefault("DGPP_KERNEL_BUILD_DIR", str(kernel_build_dir()))
     os.environ["DGPP_LOG_DIR"] = str(tmp_path_factory.mktemp("logs"))
 
 

@@ -1,4 +1,4 @@
-"""Reads a GGUF file (with gguf-py's `GGUFReader`, memory-mapped): the Hugging Face config its
+"""Reads a GGUF file (its header with `gguf_header`, memory-mapped): the Hugging Face config its
 header describes, and its tensors under Hugging Face names, as raw blocks.
 
 Supported architectures are the decoder families the engine runs (`llama`, `qwen2`, `qwen3`);
@@ -11,6 +11,7 @@ quantized blocks need not be touched.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
+from dgpp.engine.quant.gguf_header import GgufHeader
 from dgpp.kernels.ggml_blocks import BY_TYPE, FORMATS, BlockFormat, dequantize
 
 ARCHITECTURES = {
@@ -90,12 +92,10 @@ class GgufTensor:
 
 class GgufFile:
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = path
         try:
-            self.reader = GGUFReader(str(path), "c")  # copy-on-write: writable, never written
-        except Exception as err:  # gguf-py raises ValueError, struct errors, numpy errors
+            self.reader = GgufHeader(path)  # copy-on-write: writable, never written
+        except (ValueError, struct.error, OSError) as err:  # GgufFormatError among them
             raise ModelLoadError(f"cannot read the GGUF file {path}: {err}") from None
         self.arch = str(self.field("general.architecture"))
         if self.arch not in ARCHITECTURES:
@@ -106,10 +106,7 @@ class GgufFile:
         self._check_types()
 
     def field(self, key: str, default: Any = None) -> Any:
-        entry = self.reader.fields.get(key)
-        if entry is None:
-            return default
-        return entry.contents()
+        return self.reader.field(key, default)
 
     def arch_field(self, key: str, default: Any = None) -> Any:
         return self.field(f"{self.arch}.{key}", default)
@@ -128,7 +125,7 @@ class GgufFile:
         heads = int(self.arch_field("attention.head_count"))
         hidden = int(self.arch_field("embedding_length"))
         names = {tensor.name for tensor in self.reader.tensors}
-        tokens = self.field("tokenizer.ggml.tokens")
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")  # only its length is needed
         config: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.arch]],
             "model_type": self.arch,
@@ -141,7 +138,7 @@ class GgufFile:
             "rms_norm_eps": float(self.arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self.arch_field("rope.freq_base", 10000.0)),
             "max_position_embeddings": int(self.arch_field("context_length", 4096)),
-            "vocab_size": int(self.arch_field("vocab_size", len(tokens) if tokens else 0)),
+            "vocab_size": int(self.arch_field("vocab_size", tokens.count if tokens else 0)),
             "tie_word_embeddings": "output.weight" not in names,
             "hidden_act": "silu",
             "dtype": "float32",
@@ -171,7 +168,7 @@ class GgufFile:
                     continue
                 raise ModelLoadError(f"{self.path.name}: unexpected tensor {tensor.name}")
             fmt = BY_TYPE[int(tensor.tensor_type)]
-            shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+            shape = tuple(int(n) for n in reversed(tensor.shape))
             data: np.ndarray = tensor.data
             expected = int(np.prod(shape)) // fmt.block_size * fmt.type_size
             if data.nbytes != expected:

@@ -127,8 +127,7 @@ def _write_tokenizer(source: GgufFile, out_dir: Path, cache_dir: Path | None) ->
     digest = hashlib.sha256()
     for key in sorted(k for k in source.reader.fields if k.startswith("tokenizer.ggml.")):
         digest.update(key.encode())
-        for part in source.reader.fields[key].parts:
-            digest.update(part.tobytes())
+        digest.update(source.reader.field_bytes(key))
     cached = cache_dir / digest.hexdigest()[:16]
     if not cached.is_dir():
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,8 @@ from dgpp.appliance.deployment_plan import (
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.memory_plan import rank_weight_bytes
 from dgpp.engine.state_plan import GIB as SNAPSHOT_GIB
+from dgpp.engine.weight_count import rank_weight_bytes
 
 GIB = 1 << 30
 # Parameter counts the model cards state (billions), against dgpp's meta-device build at

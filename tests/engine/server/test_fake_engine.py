@@ -232,3 +232,61 @@ def test_keep_alive_comments_during_a_slow_step(tokenizer: Any) -> None:
         sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=client)
         chunks = list(sdk.chat.completions.create(**CHAT_BODY, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello"
+
+
+# Every generating route streams through the one loop of `pipeline.py`: the same keep-alive and
+# failure paths, each in its protocol's shape.
+ROUTES = {
+    "chat": ("/v1/chat/completions", CHAT_BODY, ": keep-alive\n\n"),
+    "completions": ("/v1/completions", COMPLETION_BODY, ": keep-alive\n\n"),
+    "responses": ("/v1/responses", {"model": "fake", "input": "hi"}, ": keep-alive\n\n"),
+    "messages": (
+        "/v1/messages",
+        {"model": "fake", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        'event: ping\ndata: {"type": "ping"}\n\n',
+    ),
+}
+
+
+def _raw_stream(app: FastAPI, path: str, body: dict) -> str:
+    with TestClient(app) as client, client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return r.read().decode()
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_route_keeps_a_slow_stream_alive_and_finishes_it(tokenizer: Any, route: str) -> None:
+    path, body, keepalive = ROUTES[route]
+    app, fake = _app(tokenizer, "slow", delay=0.3, keepalive_interval_s=0.05)
+    raw = _raw_stream(app, path, body)
+    opening = raw.index(keepalive)  # after the opening events, before the first output
+    assert raw.count(keepalive) >= 2 + (route == "messages")  # (a ping opens a message stream)
+    assert opening >= 0 and "Hel" in raw[opening:]
+    ends = {
+        "chat": "data: [DONE]\n\n",
+        "completions": "data: [DONE]\n\n",
+        "responses": '"type": "response.incomplete"',  # "length": incomplete
+        "messages": 'event: message_stop\ndata: {"type": "message_stop"}\n\n',
+    }
+    assert ends[route] in raw[-2000:]
+    assert sorted(fake.closed) == sorted(fake.started)
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_route_ends_a_failed_stream_in_its_protocol(tokenizer: Any, route: str) -> None:
+    path, body, _ = ROUTES[route]
+    app, fake = _app(tokenizer, "fail")
+    raw = _raw_stream(app, path, body)
+    assert "boom" in raw
+    assert ("overloaded_error" if route == "messages" else "engine_failure") in raw
+    last = {
+        "chat": "data: [DONE]\n\n",
+        "completions": "data: [DONE]\n\n",
+        "responses": '"type": "response.failed"',
+        "messages": "event: error\n",
+    }
+    tail = raw.rsplit("\n\n", 2)[-2] + "\n\n" if route in ("chat", "completions") else raw
+    assert last[route] in tail
+    if route == "messages":
+        assert "message_stop" not in raw  # a failed message never says it finished
+    assert sorted(fake.closed) == sorted(fake.started)
