@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.quant.checkpoint_formats import packed_module
 from tests.conftest import tiny_model
 from tests.engine.parity import hf_greedy
@@ -252,7 +252,8 @@ def test_a_configured_quantization_must_match_the_checkpoint(
     path, _, _ = _build("fp8-block", tmp_path / "q", tokenizer_dir)
     with pytest.raises(ModelLoadError, match=r"asks for quantization 'gptq'.*stored as 'fp8'"):
         LLM(str(path), kv_capacity=256, quantization="gptq")
-    with pytest.raises(ModelLoadError, match="quantization 'int3' is not one of auto, none"):
+    # an unknown method is refused by the knob itself, before the checkpoint is opened
+    with pytest.raises(ConfigError, match=r"quantization must be one of auto, none, .*'int3'"):
         LLM(str(path), kv_capacity=256, quantization="int3")
     assert LLM(str(path), kv_capacity=256, quantization="fp8").engine.model_config.quant_schemes
 
