@@ -10,12 +10,16 @@ protocol's shapes (a `StreamShape`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Send
 
+from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
@@ -138,34 +142,60 @@ def stream_response(
     overloaded server answers with a status code, not a broken stream)."""
     admission = state.engine.admit(len(job.params))
     events = _events(_Run(state, tracker, job, shape), admission)
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
-    )
+    return _ClosingStream(events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS)
 
 
-async def _events(run: _Run, admission: object) -> AsyncIterator[str]:
+class _ClosingStream(StreamingResponse):
+    """A `StreamingResponse` that closes its events when it ends, however it ends. Starlette
+    cancels the response when the client disconnects; cancelled while it waits in `send` (the
+    client stopped reading, the socket is full), it left the events generator suspended at a
+    `yield`, so the choices kept generating (and holding KV blocks) for a client that was gone,
+    until the garbage collector found the generator."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _events(run: _Run, admission: Admission) -> AsyncIterator[str]:
+    try:
+        async with aclosing(_run_stream(run, admission)) as events:
+            async for event in events:
+                yield event
+    finally:
+        admission.release()  # what the choices did not take (all, when it never started)
+
+
+async def _run_stream(run: _Run, admission: Admission) -> AsyncIterator[str]:
     shape, job = run.shape, run.job
     for event in shape.opening():
         yield event
+    choices = stream_choices(
+        run.state,
+        run.tracker,
+        job.prompt,
+        list(job.params),
+        job.request_id,
+        run.state.config.keepalive_interval_s,
+        job.use_prefix_cache,
+        admission,
+    )
     try:
-        async for item in stream_choices(
-            run.state,
-            run.tracker,
-            job.prompt,
-            list(job.params),
-            job.request_id,
-            run.state.config.keepalive_interval_s,
-            job.use_prefix_cache,
-            admission,  # type: ignore[arg-type]
-        ):
-            if item is None:
-                yield shape.keepalive
-                continue
-            index, output = item
-            if output.finished:
-                run.totals.add(output)
-            for event in shape.output(index, output):
-                yield event
+        # aclosing: leaving this loop by an exception (the response closed) closes the engine
+        # side at once too: its choices are aborted and their room given back
+        async with aclosing(choices) as items:
+            async for item in items:
+                if item is None:
+                    yield shape.keepalive
+                    continue
+                index, output = item
+                if output.finished:
+                    run.totals.add(output)
+                for event in shape.output(index, output):
+                    yield event
     except DgppError as err:
         for event in shape.failed(err):
             yield event

@@ -290,3 +290,58 @@ def test_every_route_ends_a_failed_stream_in_its_protocol(tokenizer: Any, route:
     if route == "messages":
         assert "message_stop" not in raw  # a failed message never says it finished
     assert sorted(fake.closed) == sorted(fake.started)
+
+
+def test_a_client_gone_while_its_socket_is_full_aborts_at_once(tokenizer: Any) -> None:
+    """The client stops reading (the server's send waits) and then disconnects: the response is
+    cancelled inside `send`, and every choice must still be aborted at once (a stream left
+    suspended kept generating, holding its KV blocks, until the garbage collector ran)."""
+    app, fake = _app(tokenizer, "slow", delay=1.0)  # each choice: one output a second
+    body = json.dumps({**CHAT_BODY, "n": 2, "stream": True}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"testserver")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+    bodies = 0
+
+    async def run() -> None:
+        gone = asyncio.Event()  # as uvicorn: a send waiting on a full socket returns once the
+        # connection is lost, and later sends do nothing
+        full = asyncio.Event()
+
+        async def receive() -> dict:
+            if requests:
+                return requests.pop()
+            await full.wait()  # the client leaves while the server waits in send
+            gone.set()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            nonlocal bodies
+            if message["type"] == "http.response.body":
+                bodies += 1
+                if bodies > 2:  # the role chunks went out; then the socket is full
+                    full.set()
+                    await gone.wait()
+
+        await asyncio.wait_for(app(scope, receive, send), 10)
+        await asyncio.sleep(0.2)  # the choices' tasks see their cancellation (long before their
+        # next output, a second after the first)
+        # checked here: asyncio.run's end closes every suspended generator, hiding a leak
+        assert len(fake.started) == 2
+        assert sorted(fake.closed) == sorted(fake.started)  # both choices ended (aborted)
+
+    with TestClient(app):  # the app's startup
+        pass
+    asyncio.run(run())
