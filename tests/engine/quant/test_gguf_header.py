@@ -45,9 +45,9 @@ def test_the_shipped_file_reads_as_gguf_py_reads_it(shipped: Path) -> None:
     _same_as_gguf_py(shipped)
 
 
-@pytest.mark.parametrize(
-    "weight_format", ["F32", "F16", "BF16", "Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
-)
+# Block sizes 1, 32 and 256 (a tiny file carries the whole SmolLM2 vocabulary, which gguf-py
+# takes seconds to read: the other formats add nothing the header reader does differently).
+@pytest.mark.parametrize("weight_format", ["F32", "BF16", "Q8_0", "Q6_K"])
 def test_a_tiny_file_of_each_format_reads_as_gguf_py_reads_it(
     tmp_path: Path, shipped: Path, weight_format: str
 ) -> None:
