@@ -26,7 +26,7 @@ from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import ApiSampling, sampling_params
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices
-from dgpp.engine.server.metrics import RequestTracker
+from dgpp.engine.server.metrics import Outcome, RequestTracker
 from dgpp.engine.server.response_parser import ResponseParser, decoding_params
 from dgpp.engine.server.state import ServerState
 
@@ -167,6 +167,7 @@ async def _events(run: _Run, admission: Admission) -> AsyncIterator[str]:
                 yield event
     finally:
         admission.release()  # what the choices did not take (all, when it never started)
+        run.tracker.finish(Outcome.CANCELLED)  # counted only when nothing counted it first
 
 
 async def _run_stream(run: _Run, admission: Admission) -> AsyncIterator[str]:
