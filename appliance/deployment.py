@@ -22,6 +22,7 @@ from dgpp.appliance.knob_schema import Section, knob_values, section_model
 from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig, is_pattern
 
 _Section = Section
@@ -132,7 +133,23 @@ def _describe(error: Any) -> str:
         return f"{path}: {detail}"  # a whole section's rule: its message names the keys
     if error["type"] == "literal_error":
         detail = f"must be one of {error['ctx']['expected']}"
+    elif error["type"] == "string_pattern_mismatch":
+        detail = pattern_detail(path, detail)
     return f"{path}: {detail} (got {error.get('input')!r})"
+
+
+KNOB_AT = {
+    each.deployment: each
+    for cls in (EngineConfig, ServerConfig, WorldTimeouts)
+    for each in knobs_of(cls)
+    if each.deployment is not None
+}
+
+
+def pattern_detail(path: str, detail: str) -> str:
+    """What a knob with a pattern accepts, in the knob's words (pydantic shows the regex)."""
+    knob = KNOB_AT.get(path)
+    return f"must be {knob.allowed}" if knob is not None and knob.allowed else detail
 
 
 def engine_config(deployment: Deployment) -> EngineConfig:

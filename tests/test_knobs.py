@@ -139,6 +139,15 @@ def test_a_value_out_of_bounds_is_refused_everywhere(each: Knob, value: Any) -> 
             parse_deployment({"model": "m", section: {key: value}})
 
 
+def test_a_pattern_is_refused_in_the_knobs_words() -> None:
+    with pytest.raises(
+        ConfigError, match=r"engine.device: must be cpu, cuda or cuda:N \(got 'gpu'\)"
+    ):
+        parse_deployment({"model": "m", "engine": {"device": "gpu"}})
+    with pytest.raises(ConfigError, match=r"^device must be cpu, cuda or cuda:N, got 'gpu'$"):
+        EngineConfig(model="m", device="gpu")
+
+
 def test_the_rules_hold_in_the_file_and_the_dataclass() -> None:
     with pytest.raises(ConfigError, match=r"spec_ngram_min \(5\) must not exceed"):
         EngineConfig(model="m", spec_ngram_min=5, spec_ngram_max=4)

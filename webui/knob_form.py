@@ -258,7 +258,7 @@ def _restore(raw: dict[str, Any], original: dict[str, Any], path: str) -> dict[s
 def validation_errors(raw: dict[str, Any]) -> dict[str, str]:
     """What the schema, and the engine's and runtime's own checks, refuse in `raw`, by key path
     (`""` for what belongs to no one knob); `{}` when rank 0 would accept it."""
-    from dgpp.appliance.deployment import engine_config, world_timeouts
+    from dgpp.appliance.deployment import engine_config, pattern_detail, world_timeouts
     from dgpp.engine.errors import ConfigError
 
     try:
@@ -272,6 +272,8 @@ def validation_errors(raw: dict[str, Any]) -> dict[str, str]:
             message = error["msg"]
             if error["type"] == "literal_error":
                 message = f"must be one of {error['ctx']['expected']}"
+            elif error["type"] == "string_pattern_mismatch":
+                message = pattern_detail(path, message)
             elif error["type"] == "extra_forbidden":
                 message = "unknown key"
             elif error["type"] == "value_error":  # a section's own rule across its keys

@@ -75,7 +75,10 @@ def test_every_section_reaches_its_configuration() -> None:
             {"model": "m", "engine": {"prefill_precision": "fp16"}},
             "engine.prefill_precision: must be one of 'fp32' or 'model' (got 'fp16')",
         ),
-        ({"model": "m", "engine": {"device": "tpu"}}, "engine.device: String should match"),
+        (
+            {"model": "m", "engine": {"device": "tpu"}},
+            "engine.device: must be cpu, cuda or cuda:N (got 'tpu')",
+        ),
         ({"model": "m", "rendezvous": {"port": 70000}}, "rendezvous.port:"),
         ({"model": "m", "world_size": 0}, "world_size:"),
         ({"model": "m", "http": {"served_model_names": "x"}}, "http.served_model_names:"),
