@@ -85,8 +85,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from dgpp.appliance.local_watchdog import watchdog_seconds
     from dgpp.appliance.rank_cli import configure_logging
     from dgpp.appliance.timeout_env import apply_env_overrides
-    from dgpp.engine.config import ModelConfig
-    from dgpp.engine.models.registry import model_class
     from dgpp.engine.resolved import resolve
 
     configure_logging(args.log_level, 0)
@@ -102,13 +100,12 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     # Cheap checks first, so a wrong model reference or knob fails before anything binds.
     checkpoint = checkpoint_of(deployment)
-    model = ModelConfig.from_checkpoint(checkpoint)  # the one read of its config.json
-    model_class(model)
     engine = engine_config(deployment)
     world_size = deployment.world_size
     if world_size > 1 and engine.device == "cpu" and engine.num_threads is None:
         # N ranks on one machine share its cores; oversubscribed OpenMP pools crawl.
         engine = replace(engine, num_threads=max(1, (os.cpu_count() or 1) // world_size))
+    resolved = resolve(engine, checkpoint, world_size)  # refuses before anything is written
     timeouts = apply_env_overrides(world_timeouts(deployment), os.environ)
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
 
@@ -116,7 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
     attach_rank_log(ident, 0)
     options = HeadOptions(
         deployment_id=ident,
-        resolved=resolve(engine, checkpoint, world_size, model),
+        resolved=resolved,
         # The ranks this process starts share a secret made for this run (or the node's).
         spec=replace(
             world_spec(deployment, 0, timeouts),

@@ -38,6 +38,12 @@ _PREFIX = "dgpp"
 _POLL_S = 0.2
 
 
+def _deadline(default: float, help: str, label: str) -> Any:
+    """A deadline knob: seconds, positive, in the deployment's `timeouts:` and on the console
+    (no flag: the CLI takes three of them from the environment, see `timeout_env`)."""
+    return knob(default, help, label=label, unit="s", gt=0.0, flag=None)
+
+
 @dataclass(frozen=True)
 class WorldTimeouts:
     """Every deadline of the distributed runtime, in seconds (knobs: `dgpp.engine.knobs`).
@@ -57,47 +63,25 @@ class WorldTimeouts:
         ),
     )
 
-    rendezvous_s: float = knob(
+    rendezvous_s: float = _deadline(
         300.0,
         "rank 0 waits this long for every rank of a generation before starting a fresh one",
-        label="Rendezvous timeout (s)",
-        unit="s",
-        gt=0.0,
-        flag=None,
+        "Rendezvous timeout (s)",
     )
-    collective_s: float = knob(
-        600.0, "one tensor collective", label="Collective timeout (s)", unit="s", gt=0.0, flag=None
-    )
-    control_deadline_s: float = knob(
+    collective_s: float = _deadline(600.0, "one tensor collective", "Collective timeout (s)")
+    control_deadline_s: float = _deadline(
         120.0,
         "a worker waits this long for rank 0's next command before it declares the head lost",
-        label="Control deadline (s)",
-        unit="s",
-        gt=0.0,
-        flag=None,
+        "Control deadline (s)",
     )
-    heartbeat_s: float = knob(
-        1.0,
-        "idle heartbeat to the workers; at most half the control deadline",
-        label="Heartbeat (s)",
-        unit="s",
-        gt=0.0,
-        flag=None,
+    heartbeat_s: float = _deadline(
+        1.0, "idle heartbeat to the workers; at most half the control deadline", "Heartbeat (s)"
     )
-    step_watchdog_s: float = knob(
-        600.0, "one whole engine step", label="Step watchdog (s)", unit="s", gt=0.0, flag=None
+    step_watchdog_s: float = _deadline(600.0, "one whole engine step", "Step watchdog (s)")
+    load_s: float = _deadline(
+        1800.0, "every rank loads its weights within this", "Load timeout (s)"
     )
-    load_s: float = knob(
-        1800.0,
-        "every rank loads its weights within this",
-        label="Load timeout (s)",
-        unit="s",
-        gt=0.0,
-        flag=None,
-    )
-    shutdown_s: float = knob(
-        30.0, "an orderly stop", label="Shutdown timeout (s)", unit="s", gt=0.0, flag=None
-    )
+    shutdown_s: float = _deadline(30.0, "an orderly stop", "Shutdown timeout (s)")
 
     def __post_init__(self) -> None:
         check_knobs(self, prefix="timeouts.")

@@ -231,10 +231,10 @@ class _ChatStream:
         return [openai_bodies.sse_error(err)]
 
     def closing(self, totals: StreamTotals) -> list[str]:
-        events = []
-        if self.include_usage:
-            usage = openai_bodies.usage(
-                len(self.job.prompt), totals.completion_tokens, cached_tokens=totals.cached_tokens
-            )
-            events.append(openai_bodies.sse({**self.base, "choices": [], "usage": usage}))
-        return [*events, openai_bodies.DONE]
+        return openai_bodies.stream_end(
+            self.base,
+            len(self.job.prompt),
+            totals.completion_tokens,
+            totals.cached_tokens,
+            self.include_usage,
+        )

@@ -76,6 +76,21 @@ def sse(payload: dict[str, Any]) -> str:
 DONE = "data: [DONE]\n\n"
 
 
+def stream_end(
+    base: dict[str, Any],
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int,
+    include_usage: bool,
+) -> list[str]:
+    """The end of a Chat Completions or Completions stream: the usage chunk when the client
+    asked for it (`stream_options.include_usage`), then `[DONE]`."""
+    if not include_usage:
+        return [DONE]
+    counts = usage(prompt_tokens, completion_tokens, cached_tokens=cached_tokens)
+    return [sse({**base, "choices": [], "usage": counts}), DONE]
+
+
 def sse_error(err: DgppError) -> str:
     """How an OpenAI stream ends on an error once its headers are sent: the error event, then
     `[DONE]`."""

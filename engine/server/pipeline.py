@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 from fastapi import Request
@@ -126,31 +126,35 @@ class StreamShape(Protocol):
     def closing(self, totals: StreamTotals) -> list[str]: ...
 
 
-@dataclass
-class _Run:
-    state: ServerState
-    tracker: RequestTracker
-    job: GenerationJob
-    shape: StreamShape
-    totals: StreamTotals = field(default_factory=StreamTotals)
-
-
 def stream_response(
     state: ServerState, tracker: RequestTracker, job: GenerationJob, shape: StreamShape
 ) -> StreamingResponse:
     """The job streamed as server-sent events: the room for every choice is taken now (an
     overloaded server answers with a status code, not a broken stream)."""
     admission = state.engine.admit(len(job.params))
-    events = _events(_Run(state, tracker, job, shape), admission)
-    return _ClosingStream(events, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS)
+
+    def closed() -> None:
+        admission.release()  # what the choices did not take (all, when they never started)
+        tracker.finish(Outcome.CANCELLED)  # counted only when nothing counted it first
+
+    events = _events(state, tracker, job, shape, admission)
+    return _ClosingStream(
+        events, closed, media_type="text/event-stream", headers=openai_bodies.SSE_HEADERS
+    )
 
 
 class _ClosingStream(StreamingResponse):
-    """A `StreamingResponse` that closes its events when it ends, however it ends. Starlette
-    cancels the response when the client disconnects; cancelled while it waits in `send` (the
-    client stopped reading, the socket is full), it left the events generator suspended at a
-    `yield`, so the choices kept generating (and holding KV blocks) for a client that was gone,
-    until the garbage collector found the generator."""
+    """A `StreamingResponse` that closes its events when it ends, however it ends, then calls
+    `closed`. Starlette cancels the response when the client disconnects; cancelled while it
+    waits in `send` (the client stopped reading, the socket is full), it left the events
+    generator suspended at a `yield`, so the choices kept generating (and holding KV blocks)
+    for a client that was gone, until the garbage collector found the generator."""
+
+    def __init__(
+        self, events: AsyncIterator[str], closed: Callable[[], None], **options: Any
+    ) -> None:
+        super().__init__(events, **options)
+        self.closed = closed
 
     async def stream_response(self, send: Send) -> None:
         try:
@@ -158,29 +162,26 @@ class _ClosingStream(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self.closed()
 
 
-async def _events(run: _Run, admission: Admission) -> AsyncIterator[str]:
-    try:
-        async with aclosing(_run_stream(run, admission)) as events:
-            async for event in events:
-                yield event
-    finally:
-        admission.release()  # what the choices did not take (all, when it never started)
-        run.tracker.finish(Outcome.CANCELLED)  # counted only when nothing counted it first
-
-
-async def _run_stream(run: _Run, admission: Admission) -> AsyncIterator[str]:
-    shape, job = run.shape, run.job
+async def _events(
+    state: ServerState,
+    tracker: RequestTracker,
+    job: GenerationJob,
+    shape: StreamShape,
+    admission: Admission,
+) -> AsyncIterator[str]:
     for event in shape.opening():
         yield event
+    totals = StreamTotals()
     choices = stream_choices(
-        run.state,
-        run.tracker,
+        state,
+        tracker,
         job.prompt,
         list(job.params),
         job.request_id,
-        run.state.config.keepalive_interval_s,
+        state.config.keepalive_interval_s,
         job.use_prefix_cache,
         admission,
     )
@@ -194,12 +195,12 @@ async def _run_stream(run: _Run, admission: Admission) -> AsyncIterator[str]:
                     continue
                 index, output = item
                 if output.finished:
-                    run.totals.add(output)
+                    totals.add(output)
                 for event in shape.output(index, output):
                     yield event
     except DgppError as err:
         for event in shape.failed(err):
             yield event
         return
-    for event in shape.closing(run.totals):
+    for event in shape.closing(totals):
         yield event

