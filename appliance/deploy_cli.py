@@ -78,6 +78,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         model_config_of,
         plan_deployment,
         refuse_unfit,
+        resolve_deployment,
         spark_memory,
     )
 
@@ -87,7 +88,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         deployment = resolve(args.file)
     model, source = model_config_of(deployment)
     total = int(args.memory_gb * 1e9) if args.memory_gb else SPARK_BYTES
-    plans = plan_deployment(deployment, model, spark_memory(total))
+    memory = spark_memory(total)
+    plans = plan_deployment(resolve_deployment(deployment, model, memory), memory)
     print(f"{deployment.model} ({model.quant_method}, from its {source}), world {len(plans)}:")
     print(describe_plans(plans))
     refuse_unfit(plans)

@@ -19,7 +19,7 @@ from pydantic import (
 
 from dgpp.appliance.http_keys import check_key, read_key_file
 from dgpp.appliance.knob_schema import Section, knob_values, section_model
-from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.knobs import knobs_of

@@ -45,3 +45,20 @@ def attach_rank_log(deployment: str, rank: int) -> logging.FileHandler | None:
     handler.setFormatter(RankLogFormatter(rank))
     logging.getLogger().addHandler(handler)
     return handler
+
+
+def follow_deployment(old: str | None, new: str, rank: int) -> None:
+    """This rank now runs deployment `new` (a live reload): log to its folder instead of
+    `old`'s (`attach_rank_log`)."""
+    if old == new:
+        return
+    root = logging.getLogger()
+    if old is not None:
+        folder = str(deployment_log_dir(old))
+        for handler in list(root.handlers):
+            if isinstance(handler, logging.FileHandler) and handler.baseFilename.startswith(
+                folder + os.sep
+            ):
+                root.removeHandler(handler)
+                handler.close()
+    attach_rank_log(new, rank)

@@ -12,6 +12,7 @@ otherwise: 128 GB of unified memory, 4 GB of it the OS's, and the CUDA rule of
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from dgpp.appliance.deployment import Deployment, checkpoint_of, engine_config
 from dgpp.appliance.model_facts import facts_config, has_facts
@@ -27,8 +28,8 @@ from dgpp.engine.memory_plan import (
     plan_memory,
     rank_cache_specs,
     rank_weight_bytes,
-    size_kv_pool,
 )
+from dgpp.engine.resolved import ResolvedConfig, resolve
 from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_plan import engine_state_layout
 
@@ -97,14 +98,25 @@ def largest_context(
     return low * block
 
 
-def plan_deployment(
+def resolve_deployment(
     deployment: Deployment, model: ModelConfig, memory: DeviceMemory | None = None
-) -> list[RankPlan]:
+) -> ResolvedConfig:
+    """The configuration the ranks of `deployment` would run on `memory` (a Spark's unless
+    told): the same `resolve` step rank 0 takes, so it refuses what rank 0 would (a quantization
+    the checkpoint is not stored in, an unknown architecture, a pool `memory_fraction` cannot
+    size, a context longer than the pool) with rank 0's words."""
     memory = memory or spark_memory()
-    tp_size = deployment.world_size
-    # With memory_fraction the engine sizes its pool from the budget (refusing, with the
-    # numbers, when one request of max_model_len cannot fit); the plan shows that pool.
-    config = size_kv_pool(engine_config(deployment), model, tp_size, memory)
+    try:
+        checkpoint = checkpoint_of(deployment)
+    except ModelLoadError:  # planned from the facts shipped for it: not on this machine yet
+        checkpoint = Path(deployment.model)
+    return resolve(engine_config(deployment), checkpoint, deployment.world_size, model, memory)
+
+
+def plan_deployment(resolved: ResolvedConfig, memory: DeviceMemory | None = None) -> list[RankPlan]:
+    """Every rank's memory plan of `resolved` on `memory` (a Spark's unless told)."""
+    memory = memory or spark_memory()
+    config, model, tp_size = resolved.engine, resolved.model, resolved.tp_size
     plans = []
     for rank in range(tp_size):
         specs = rank_cache_specs(model, tp_size, rank)

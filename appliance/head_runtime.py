@@ -9,13 +9,16 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import uvicorn
 from fastapi import FastAPI
 
+from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.http_access_log import http_server_config
+from dgpp.appliance.live_reload import RETUNE_TIMEOUT_S, LiveReloader, Running
 from dgpp.appliance.local_backend import LocalWorkers
 from dgpp.appliance.local_watchdog import WATCHDOG_S
 from dgpp.appliance.node_probe import (
@@ -28,16 +31,18 @@ from dgpp.appliance.node_probe import (
 )
 from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier
+from dgpp.appliance.stop_signals import StopSignals
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.distributed.head import Head
-from dgpp.engine.distributed.world import WorldSpec
+from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError, one_line
 from dgpp.engine.resolved import ResolvedConfig
-from dgpp.engine.server.admin_routes import set_nodes_reader
+from dgpp.engine.server.admin_routes import set_nodes_reader, set_reloader
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
 from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.deps import Startup
+from dgpp.engine.server.deps import Startup, state_of
 from dgpp.engine.server.state import ServerState
 
 log = logging.getLogger("dgpp.head")
@@ -63,6 +68,12 @@ class HeadOptions:
     local_workers: bool = False  # `dgpp serve --world N`: start and supervise ranks 1..N-1 here
     local_watchdog_s: float | None = WATCHDOG_S  # a local worker silent this long is restarted
     deployment_id: str | None = None  # names the log folder on every rank
+    # The deployment rank 0 runs and how to read it again for a live reload (its file with the
+    # command line's flags over it; None: nothing to reload), and --api-key, which wins over
+    # the file's key at every read.
+    deployment: Deployment | None = None
+    reread: Callable[[], Deployment] | None = None
+    api_key: str | None = None
 
 
 def run_head(options: HeadOptions) -> int:
@@ -87,6 +98,8 @@ def run_head(options: HeadOptions) -> int:
         workers.start()
     thread = threading.Thread(target=runtime.run, name="dgpp-head", daemon=True)
     thread.start()
+    reloads = StopSignals((signal.SIGHUP,))  # `systemctl reload`: see live_reload
+    threading.Thread(target=runtime.reload_on_signal, args=(reloads,), daemon=True).start()
     # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then raises the signal again with
     # the handlers found here: make those no-ops so an orderly stop exits 0, not -15.
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -141,6 +154,50 @@ class HeadRuntime:
         self._reason: str | None = None  # why the world is not serving, one line
         self.nodes = node_board(options.spec, node_publish_s)
         set_nodes_reader(app, self.nodes.read)
+        self.reloader: LiveReloader | None = None
+        self._live = threading.Lock()  # a reload's changes against a world starting to serve
+        if options.deployment is not None:
+            running = Running(options.deployment, options.resolved.engine, options.server)
+            self.reloader = LiveReloader(running, options.reread, self._apply, options.api_key)
+            set_reloader(app, self.reloader.reload)
+
+    def reload_on_signal(self, signals: StopSignals) -> None:
+        """Reload on each SIGHUP until the runtime stops."""
+        while not self._stop.is_set():
+            if not signals.wait(1.0):
+                continue
+            signals.take()
+            if self.reloader is None:
+                log.warning("SIGHUP: this rank 0 has no deployment to reload")
+            else:
+                self.reloader.reload_logged()
+
+    def _apply(self, deployment: Deployment, engine: EngineConfig, server: ServerConfig) -> None:
+        """A live reload's new knobs, for the engine's next step, the HTTP server's next
+        request, and every world formed from now on."""
+        with self._live:
+            self._apply_locked(deployment, engine, server)
+
+    def _apply_locked(
+        self, deployment: Deployment, engine: EngineConfig, server: ServerConfig
+    ) -> None:
+        from dgpp.appliance.deployment_log import follow_deployment, record_deployment
+
+        options = self.options
+        options.resolved = replace(options.resolved, engine=engine)
+        options.server = server
+        self.head.resolved, self.head.config = options.resolved, engine
+        async_engine = self._async_engine
+        if async_engine is not None:
+            async_engine.queue_limit = server.queue_limit
+            if not async_engine.retune(engine, RETUNE_TIMEOUT_S):
+                log.warning("the engine takes the new knobs once its long step ends")
+        state = state_of(self.app)
+        if state is not None:
+            state.config, state.served_model_names = server, server.served_model_names
+        ident, _ = record_deployment(deployment)
+        follow_deployment(options.deployment_id, ident, 0)
+        options.deployment_id = ident
 
     def run(self) -> None:
         self.notifier.watch(self.status_line, self._stop)
@@ -176,16 +233,17 @@ class HeadRuntime:
     def _serve(self, engine: LLMEngine) -> None:
         options = self.options
         timeouts = options.spec.timeouts
-        async_engine = AsyncEngine(
-            engine,
-            queue_limit=options.server.queue_limit,
-            heartbeat_s=timeouts.heartbeat_s,
-        )
-        async_engine.start()
-        self._async_engine = async_engine
-        state = ServerState(async_engine, options.server, options.server.served_model_names)
+        with self._live:  # a reload meanwhile applies to this world's parts too
+            async_engine = AsyncEngine(
+                engine,
+                queue_limit=options.server.queue_limit,
+                heartbeat_s=timeouts.heartbeat_s,
+            )
+            async_engine.start()
+            self._async_engine = async_engine
+            state = ServerState(async_engine, options.server, options.server.served_model_names)
+            attach_state(self.app, state, self._details())
         log.info("sampling defaults from the checkpoint: %s", state.sampling_defaults.describe())
-        attach_state(self.app, state, self._details())
         self._log_ready()
         self._notify_serving()
         poll_s = min(1.0, timeouts.step_watchdog_s / 4)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from dgpp.appliance.cluster_secret_file import secret_env
 from dgpp.appliance.exit_codes import EXIT_CONFIG
 from dgpp.appliance.local_watchdog import WATCHDOG_S, WatchdogInbox
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.quant.methods import GROUP_METHODS
 from dgpp.engine.quant.quant_schemes import (
-    GROUP_METHODS,
     LayerScheme,
     QuantSchemes,
     canonical_method,

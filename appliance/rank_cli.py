@@ -11,8 +11,10 @@ import argparse
 import json
 import logging
 import os
+import signal
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from dgpp.appliance.cluster_secret_file import read_cluster_secret
@@ -31,7 +33,7 @@ from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier, report_worker
 from dgpp.appliance.stop_signals import StopSignals
 from dgpp.appliance.timeout_env import apply_env_overrides
-from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
 
 log = logging.getLogger("dgpp.rank")
@@ -80,7 +82,7 @@ def run_rank(args: argparse.Namespace) -> int:
     if args.rank == 0:
         if deployment is None:
             raise ConfigError("rank 0 needs --deployment (or DGPP_DEPLOYMENT)")
-        return run_head_rank(deployment, timeouts, args.log_level, secret)
+        return run_head_rank(deployment, args.deployment, timeouts, args.log_level, secret)
     spec = WorldSpec(
         rank=args.rank,
         head=args.head or (deployment.rendezvous.head if deployment else "127.0.0.1"),
@@ -92,8 +94,6 @@ def run_rank(args: argparse.Namespace) -> int:
 
 
 def load_deployment_arg(path: str | None) -> Deployment | None:
-    from pathlib import Path
-
     return resolve(Path(path)) if path else None
 
 
@@ -109,16 +109,26 @@ def _timeouts(args: argparse.Namespace, deployment: Deployment | None) -> WorldT
 
 def expected_config(deployment: Deployment | None) -> dict[str, Any] | None:
     """What a worker with its own deployment insists on: the model, the world size, and every
-    engine knob its file sets."""
+    engine knob its file sets but the live ones (rank 0's alone: a reload there changes them
+    while this node's file stays as it was)."""
     if deployment is None:
         return None
-    engine = {"model": deployment.model, **deployment.engine.model_dump(exclude_unset=True)}
-    return {"world_size": deployment.world_size, "engine": engine}
+    from dgpp.appliance.live_reload import live_keys
+
+    live = live_keys()
+    knobs = deployment.engine.model_dump(exclude_unset=True)
+    engine = {key: value for key, value in knobs.items() if f"engine.{key}" not in live}
+    return {"world_size": deployment.world_size, "engine": {"model": deployment.model, **engine}}
 
 
 def run_head_rank(
-    deployment: Deployment, timeouts: WorldTimeouts, log_level: str, secret: bytes | None
+    deployment: Deployment,
+    path: str,
+    timeouts: WorldTimeouts,
+    log_level: str,
+    secret: bytes | None,
 ) -> int:
+    """Serve as rank 0 of `deployment`, read from `path` (read again on a reload)."""
     from dgpp.appliance.head_runtime import HeadOptions, run_head
     from dgpp.engine.resolved import resolve
 
@@ -135,6 +145,8 @@ def run_head_rank(
         spec=replace(world_spec(deployment, 0, timeouts), secret=secret),
         server=server,
         log_level=log_level,
+        deployment=deployment,
+        reread=lambda: resolve(Path(path)),
     )
     return run_head(options)
 
@@ -183,10 +195,13 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
 
     # Never `stop.set` from a signal handler: see StopSignals.
     signals = StopSignals()
+    reloads = StopSignals((signal.SIGHUP,))  # `systemctl reload dgpp@rankN` must not kill it
     _publish_node(spec, stop)
     threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
     logged_to, handler = None, None
     while not stop.is_set() and not signals.wait(0.5):
+        if reloads.take() is not None:
+            log.info("SIGHUP: nothing to reload on rank %d (live knobs are rank 0's)", spec.rank)
         report_worker(notifier, worker)
         if worker.deployment_id is not None and worker.deployment_id != logged_to:
             from dgpp.appliance.deployment_log import attach_rank_log

@@ -81,15 +81,18 @@ def run_serve(args: argparse.Namespace) -> int:
     model in the background, then serve; ranks 1..N-1 run as supervised local processes."""
     from dataclasses import replace
 
-    from dgpp.appliance.head_runtime import HeadOptions, run_head
-    from dgpp.appliance.local_watchdog import watchdog_seconds
     from dgpp.appliance.rank_cli import configure_logging
-    from dgpp.appliance.timeout_env import apply_env_overrides
-    from dgpp.engine.resolved import resolve
 
     configure_logging(args.log_level, 0)
     deployment = serve_deployment(args)
     server = server_config(deployment, args.api_key)  # reads the key files, refuses empty keys
+    # Only now the engine's imports (torch, transformers: seconds): a wrong flag or file is
+    # refused at once.
+    from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.appliance.local_watchdog import watchdog_seconds
+    from dgpp.appliance.timeout_env import apply_env_overrides
+    from dgpp.engine.resolved import resolve
+
     if args.api_key is not None:
         log.warning("--api-key is visible to every user of this machine (ps); prefer a key file")
     if deployment.http.allow_unauthenticated and server.api_key is None:
@@ -125,5 +128,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         local_workers=True,
         local_watchdog_s=watchdog_seconds(os.environ),
+        deployment=deployment,
+        # A reload reads the file again with the same flags over it (flags alone: nothing).
+        reread=(lambda: serve_deployment(args)) if args.deployment else None,
+        api_key=args.api_key,
     )
     return run_head(options)

@@ -55,6 +55,12 @@ class StopSignals:
                 self._drain()
         return self.received is not None
 
+    def take(self) -> int | None:
+        """The signal that came (None: none), forgotten, so that `wait` waits for the next one
+        (for a signal that asks for something each time, such as SIGHUP's reload)."""
+        received, self.received = self.received, None
+        return received
+
     def _drain(self) -> None:
         try:
             while os.read(self._read, 512):

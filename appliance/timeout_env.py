@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.errors import ConfigError
 
 # variable -> (WorldTimeouts field, seconds per unit of the variable)

@@ -85,7 +85,7 @@ def _worker(port: int) -> None:
     import torch.distributed as dist
 
     from dgpp.engine.distributed.worker import Worker
-    from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+    from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 
     worker = Worker(WorldSpec(rank=1, port=port, timeouts=WorldTimeouts(**TIMEOUTS)))
     threading.Thread(target=worker.run, args=(threading.Event(),), daemon=True).start()
@@ -96,7 +96,7 @@ def _worker(port: int) -> None:
 
 def measure(checkpoint: Path, context: int, args: argparse.Namespace) -> dict[str, Any]:
     from dgpp.engine.distributed.head import Head
-    from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+    from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 
     block_size = 16
     config = EngineConfig(

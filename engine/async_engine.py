@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from dgpp.engine.engine import LLMEngine
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.sampling_params import SamplingParams
@@ -48,6 +49,12 @@ class _Add:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Retune:
+    config: EngineConfig
+    done: threading.Event
 
 
 class _Stream:
@@ -99,7 +106,7 @@ class AsyncEngine:
         self.heartbeat_s = heartbeat_s
         self.step_started: float | None = None  # monotonic start of the step in progress
         self._failed = threading.Event()
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Retune | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,6 +211,15 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
         self._wakeup.set()
 
+    def retune(self, config: EngineConfig, timeout: float) -> bool:
+        """Hand the engine thread `config` (only live knobs changed: `LLMEngine.retune`); True
+        once it runs with it, before its next step. Blocks up to `timeout` seconds (a step in
+        progress finishes first); False if the engine did not take it by then."""
+        done = threading.Event()
+        self._commands.put(_Retune(config, done))
+        self._wakeup.set()
+        return done.wait(timeout)
+
     def _run(self) -> None:
         try:
             while True:
@@ -250,6 +266,10 @@ class AsyncEngine:
             if isinstance(command, _Abort):
                 if command.request_id in self._streams:
                     self.engine.abort(command.request_id)
+                continue
+            if isinstance(command, _Retune):
+                self.engine.retune(command.config)
+                command.done.set()
                 continue
             try:
                 self.engine.add_request(

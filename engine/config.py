@@ -16,8 +16,8 @@ from typing import Any
 
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.loader import checkpoint_files
+from dgpp.engine.quant.methods import GROUP_METHODS
 from dgpp.engine.quant.quant_schemes import (
-    GROUP_METHODS,
     QuantSchemes,
     check_method,
     quant_config,

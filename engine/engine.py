@@ -13,6 +13,7 @@ import torch
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.detokenizer import IncrementalDetokenizer
 from dgpp.engine.distributed.control import Command, ControlChannel
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
 from dgpp.engine.model_runner import ModelRunner
@@ -111,12 +112,7 @@ class LLMEngine:
             config.prefill_chunk_tokens,
             self.counters,
             proposer,
-            StepPolicy(
-                prefill_chunk_tokens=config.prefill_chunk_tokens,
-                short_prompt_tokens=config.short_prompt_tokens,
-                long_prefill_share=config.long_prefill_share,
-                step_target_ms=config.step_target_ms,
-            ),
+            _step_policy(config),
         )
         self.processor = OutputProcessor(
             self.scheduler,
@@ -135,6 +131,13 @@ class LLMEngine:
         pool holds none of the cached blocks."""
         self.control = control
         self._reset_requests()
+
+    def retune(self, config: EngineConfig) -> None:
+        """Run on with `config`, which differs from the running one only in live knobs (the
+        step policy's; `dgpp.appliance.live_reload` checks): from the next step on, and for the
+        requests already in flight. Call it from the thread that steps."""
+        self.config = config
+        self.scheduler.policy = _step_policy(config)
 
     def heartbeat(self) -> None:
         """Tell idle workers rank 0 is alive (their wait for the next command has a deadline)."""
@@ -295,3 +298,12 @@ class LLMEngine:
                 outputs.append(self.processor.output(request, num_new_tokens=0))
         self._abort_requested.clear()
         return outputs
+
+
+def _step_policy(config: EngineConfig) -> StepPolicy:
+    return StepPolicy(
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
+        short_prompt_tokens=config.short_prompt_tokens,
+        long_prefill_share=config.long_prefill_share,
+        step_target_ms=config.step_target_ms,
+    )

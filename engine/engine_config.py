@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.knobs import Rule, check_knobs, knob
-from dgpp.engine.quant.quant_schemes import METHODS
+from dgpp.engine.quant.methods import METHODS
 
 if TYPE_CHECKING:
     from dgpp.engine.config import ModelConfig
@@ -88,6 +88,7 @@ class EngineConfig:
         label="Short prompt",
         unit="tokens",
         ge=1,
+        live=True,
     )
     long_prefill_share: float = knob(
         0.25,
@@ -95,6 +96,7 @@ class EngineConfig:
         label="Long prefill share",
         gt=0.0,
         le=1.0,
+        live=True,
     )
     step_target_ms: float = knob(
         0.0,
@@ -102,6 +104,7 @@ class EngineConfig:
         "predicted time of the latency-sensitive work; negative: unbounded)",
         label="Step target (ms)",
         unit="ms",
+        live=True,
     )
     max_concurrency: int = knob(
         64, "requests in the running batch at most", label="Max concurrency", ge=1

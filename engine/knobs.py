@@ -1,10 +1,12 @@
 """Knobs, declared once. A knob is a field of a frozen configuration dataclass (`EngineConfig`,
 `ServerConfig`, `WorldTimeouts`) made with `knob(...)`: its name, type (the annotation, a
-`Literal` for choices), default, bounds, unit, help, and where it may be set (the deployment
-file's key, the command-line flag, the console's form). Everything else is derived from that
-field: the dataclass's own checks (`check_knobs`), the deployment schema's sections
-(`dgpp.appliance.knob_schema`), the CLI flags (`dgpp.appliance.engine_options`), the console's
-form (`dgpp.webui.knob_form`) and the knob table of docs/engine.md (`knob_table`).
+`Literal` for choices), default, bounds, unit, help, where it may be set (the deployment
+file's key, the command-line flag, the console's form) and whether a running rank 0 takes a
+new value live (`live`: a reload, no restart; `dgpp.appliance.live_reload`). Everything else
+is derived from that field: the dataclass's own checks (`check_knobs`), the deployment
+schema's sections (`dgpp.appliance.knob_schema`), the CLI flags
+(`dgpp.appliance.engine_options`), the console's form (`dgpp.webui.knob_form`) and the knob
+table of docs/engine.md (`knob_table`).
 
 Adding a knob is one edit: the field. Rules that tie knobs together (`Rule`) are declared once
 too, beside the fields, and checked wherever the knobs are.
@@ -42,6 +44,9 @@ class Knob:
     flag: str | None = None  # the command-line flag ("--kv-capacity"); None: none
     negation: tuple[str, Any] | None = None  # a second flag, and the value it sets
     factory: Callable[[], Any] | None = None  # a mutable default's factory
+    # A running rank 0 takes a new value without a restart (a reload): the knob is read only
+    # by rank 0's scheduler or HTTP server, never by the other ranks or to size memory.
+    live: bool = False
 
     @property
     def optional(self) -> bool:
@@ -97,13 +102,14 @@ def knob(
     flag: str | None = _SAME,
     negation: tuple[str, Any] | None = None,
     factory: Callable[[], Any] | None = None,
+    live: bool = False,
 ) -> Any:
     """A knob's dataclass field. `deployment` is "section.key" (or "section" for the knob's own
     name in it; None: not in the file); `flag` defaults to `--the-name` (None: no flag)."""
     spec = dict(
         help=help, label=label, unit=unit, ge=ge, gt=gt, le=le, pattern=pattern,
         allowed=allowed, when_unset=when_unset, deployment=deployment, flag=flag,
-        negation=negation, factory=factory,
+        negation=negation, factory=factory, live=live,
     )  # fmt: skip
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata={"knob": spec})
@@ -214,8 +220,8 @@ def default_text(knob: Knob) -> str:
 def knob_table(*classes: type) -> str:
     """The Markdown table of every knob of `classes` (docs/engine.md holds it; a test compares)."""
     lines = [
-        "| knob | default | deployment | flag | console | meaning |",
-        "|---|---|---|---|---|---|",
+        "| knob | default | deployment | flag | console | live | meaning |",
+        "|---|---|---|---|---|---|---|",
     ]
     for cls in classes:
         for each in knobs_of(cls):
@@ -231,6 +237,7 @@ def knob_table(*classes: type) -> str:
                 f"`{each.deployment}`" if each.deployment else "",
                 f"`{flag}`" if flag else "",
                 each.label,
+                "yes" if each.live else "",
                 each.help + (f" ({_range(each)})" if _range(each) else ""),
             ]
             lines.append("| " + " | ".join(cells) + " |")

@@ -5,7 +5,8 @@ weight is read (a quantization other than the one asked for, an unknown architec
 the KV pool from `memory_fraction` (`memory_plan.size_kv_pool`) and fixes the context limit.
 Rank 0 resolves; `LLMEngine` takes the result and reads no configuration itself; the other ranks
 run the engine configuration rank 0 pushes (`distributed.worker`); the console's preview and
-`dgpp deploy plan` size the pool with the same `sized` step.
+`dgpp deploy plan` plan the memory of the same `ResolvedConfig`
+(`appliance.deployment_plan.resolve_deployment`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dgpp.engine.quant.quant_schemes import check_quantization
 @dataclass(frozen=True)
 class ResolvedConfig:
     """What one configuration on one checkpoint comes to. `engine` has its KV pool sized
-    (`memory_fraction` folded into `kv_capacity`) and `max_model_len` set."""
+    (`kv_capacity` is the pool, computed from `memory_fraction` where that is set; the fraction
+    stays as the budget every rank checks its plan against) and `max_model_len` set."""
 
     engine: EngineConfig
     model: ModelConfig
@@ -34,15 +36,6 @@ class ResolvedConfig:
     def max_model_len(self) -> int:
         assert self.engine.max_model_len is not None
         return self.engine.max_model_len
-
-
-def sized(
-    config: EngineConfig, model: ModelConfig, tp_size: int, memory: DeviceMemory | None = None
-) -> EngineConfig:
-    """`config` with the KV pool sized from `memory_fraction` (then cleared: the pool is now
-    `kv_capacity`, the same on every rank), deterministic given its inputs."""
-    config = size_kv_pool(config, model, tp_size, memory)
-    return replace(config, memory_fraction=None) if config.memory_fraction else config
 
 
 def resolve(
@@ -57,6 +50,7 @@ def resolve(
     model = model if model is not None else ModelConfig.from_checkpoint(checkpoint)
     check_quantization(config.quantization, model.quant_method)
     model_class(model)  # refuse unknown architectures before any heavy loading
-    engine = sized(config, model, tp_size, memory)
+    # Only this step sizes the pool: the ranks run its `kv_capacity`.
+    engine = size_kv_pool(config, model, tp_size, memory)
     engine = replace(engine, max_model_len=engine.effective_max_model_len(model))
     return ResolvedConfig(engine, model, checkpoint, tp_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.knobs import knob_table
 from dgpp.engine.server.config import ServerConfig

@@ -179,7 +179,9 @@ class _Toy:
         Rule(("low", "depth"), lambda low, depth: low <= depth, "{0} ({v0}) exceeds {1} ({v1})"),
     )
 
-    depth: int = knob(3, "how deep the toy goes", label="Depth", unit="levels", ge=1, le=8)
+    depth: int = knob(
+        3, "how deep the toy goes", label="Depth", unit="levels", ge=1, le=8, live=True
+    )
     low: int = knob(1, "the shallowest level", ge=0)
     mode: Literal["a", "b"] = knob("a", "which toy", flag="--toy-mode")
 
@@ -203,4 +205,6 @@ def test_a_new_knob_needs_no_other_edit() -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["--toy-mode", "c"])
     table = knob_table(_Toy)
-    assert "| `depth` | 3 levels | `toy.depth` | `--depth` | Depth | how deep the toy goes" in table
+    assert (
+        "| `depth` | 3 levels | `toy.depth` | `--depth` | Depth | yes | how deep the toy" in table
+    )

@@ -2,64 +2,18 @@
 a shipped template) and the key-by-key difference an operator confirms before applying.
 
 The console edits the deployment file as written (a site file may name a template and override
-a few keys); what it compares is the effective deployment rank 0 will run."""
+a few keys); what it compares is the effective deployment rank 0 will run
+(`dgpp.appliance.deployment_diff`)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any
 
-from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.deployment_files import merge
 
 # What belongs to the site, not to the model: kept when a template replaces the deployment.
 SITE_KEYS = ("world_size", "rendezvous", "timeouts", "resident_cache", "paths")
 SITE_HTTP_KEYS = ("host", "port", "api_key_file", "max_body_bytes", "stats_log_interval_s")
-
-
-@dataclass(frozen=True)
-class Change:
-    path: str  # "engine.kv_capacity"
-    old: Any
-    new: Any
-
-    @property
-    def old_text(self) -> str:
-        return _text(self.old)
-
-    @property
-    def new_text(self) -> str:
-        return _text(self.new)
-
-
-def _text(value: Any) -> str:
-    return "(absent)" if value is _ABSENT else json.dumps(value)
-
-
-_ABSENT = object()
-
-
-def _flatten(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, item in value.items():
-        path = f"{prefix}{key}"
-        if isinstance(item, dict) and item and path != "http.default_chat_template_kwargs":
-            flat.update(_flatten(item, f"{path}."))
-        else:
-            flat[path] = item
-    return flat
-
-
-def diff(old: Deployment, new: Deployment) -> list[Change]:
-    """Every effective key whose value differs, in key order."""
-    before = _flatten(old.model_dump(mode="json"))
-    after = _flatten(new.model_dump(mode="json"))
-    return [
-        Change(path, before.get(path, _ABSENT), after.get(path, _ABSENT))
-        for path in sorted(before.keys() | after.keys())
-        if before.get(path, _ABSENT) != after.get(path, _ABSENT)
-    ]
 
 
 def with_model(raw: dict[str, Any], model: str, served_name: str | None) -> dict[str, Any]:

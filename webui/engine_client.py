@@ -56,6 +56,8 @@ class EngineApi(Protocol):
 
     async def undrain(self) -> dict[str, Any] | None: ...
 
+    async def reload(self) -> tuple[bool, str]: ...
+
 
 class EngineClient:
     def __init__(self, target: EngineTarget, timeout_s: float = 5.0) -> None:
@@ -116,3 +118,23 @@ class EngineClient:
 
     async def undrain(self) -> dict[str, Any] | None:
         return await self._json("POST", "/admin/undrain")
+
+    async def reload(self) -> tuple[bool, str]:
+        """POST /admin/reload (rank 0 takes its file's live knobs): (True, what it applied) or
+        (False, why not, in rank 0's words)."""
+        response = await self._call("POST", "/admin/reload")
+        if isinstance(response, str):
+            return False, response
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        if response.status_code == 200 and isinstance(body.get("applied"), dict):
+            applied = body["applied"]
+            return True, ", ".join(
+                f"{key} {old!r} -> {new!r}" for key, (old, new) in applied.items()
+            )
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return False, message or f"HTTP {response.status_code}"

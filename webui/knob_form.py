@@ -16,15 +16,17 @@ from pydantic.fields import FieldInfo
 
 from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig
 
 # The console's knobs: every knob with a label (dgpp.engine.knobs), as (key path, label, help),
-# in declaration order: the engine's, then the server's, then the runtime's deadlines.
+# in declaration order: the engine's, then the server's, then the runtime's deadlines. A live
+# knob says so: a change of live knobs alone is applied without a restart (the switch reloads).
+LIVE_NOTE = " (applied live, no restart)"
 KNOBS: tuple[tuple[str, str, str], ...] = tuple(
-    (each.deployment, each.label, each.help)
+    (each.deployment, each.label, each.help + (LIVE_NOTE if each.live else ""))
     for cls in (EngineConfig, ServerConfig, WorldTimeouts)
     for each in knobs_of(cls)
     if each.label and each.deployment is not None

@@ -159,9 +159,12 @@ def preview_memory(deployment: Deployment, memory: DeviceMemory) -> MemoryPrevie
     }
     try:
         ranks = _plan_ranks(deployment, model, memory)
-    except ConfigError as err:  # the engine's own refusal: a pool it cannot size, a context
-        # longer than the pool, a model it cannot shard over the world
-        return MemoryPreview("refused", err.message, _knob_named(err.message), **base)
+    except (ConfigError, ModelLoadError) as err:
+        # rank 0's own refusal: a pool it cannot size, a context longer than the pool, a model
+        # it cannot shard over the world, a quantization the checkpoint is not stored in, an
+        # architecture it does not know
+        field = f"engine.{err.param}" if err.param else _knob_named(err.message)
+        return MemoryPreview("refused", err.message, field, **base)
     except Exception as err:  # a planning bug must not take the preview down; say so plainly
         log.exception("the memory plan of %s failed", deployment.model)
         return MemoryPreview("unknown", f"the memory plan failed: {one_line(err)}", **base)
@@ -183,10 +186,10 @@ def _knob_named(message: str) -> str:
 
 
 def _plan_ranks(deployment: Deployment, model: Any, memory: DeviceMemory) -> tuple[RankMemory, ...]:
-    from dgpp.appliance.deployment_plan import describe_states, plan_deployment
+    from dgpp.appliance.deployment_plan import describe_states, plan_deployment, resolve_deployment
 
     rows = []
-    for entry in plan_deployment(deployment, model, memory):
+    for entry in plan_deployment(resolve_deployment(deployment, model, memory), memory):
         plan = entry.plan
         rows.append(
             RankMemory(

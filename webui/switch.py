@@ -1,5 +1,7 @@
 """The safe switch: every change the console makes (another model, other knobs) goes through it.
 
+A change of live knobs only (`dgpp.appliance.live_reload`) is written and reloaded by rank 0 at
+once, without a restart; when rank 0 does not take it, the switch goes on as for any change:
 validate -> drain (stop admitting; running requests finish, up to `drain_s`) -> write the new
 deployment file -> restart rank 0 -> follow `/health` until the new server serves. When it does
 not within `ready_s` (or rank 0 exits, or reports `failed`), the previous file is written back
@@ -24,7 +26,8 @@ from typing import Any
 
 from dgpp.appliance.control_backend import ControlBackend
 from dgpp.appliance.deployment import Deployment
-from dgpp.webui.deployment_edit import diff
+from dgpp.appliance.deployment_diff import diff
+from dgpp.appliance.live_reload import live_keys
 from dgpp.webui.deployment_store import (
     DeploymentStore,
     deployment_text,
@@ -197,6 +200,10 @@ class Switcher:
         engine_for: EngineFactory,
     ) -> None:
         old_engine = engine_for(old)
+        changes, keys = diff(old, new), live_keys()
+        live = bool(changes) and all(change.path in keys for change in changes)
+        if live and await self._reload(ident, new_raw, old_engine):
+            return
         await self._drain(ident, old_engine)
         self._step(ident, Phase.WRITING, f"writing {self.store.path}")
         try:
@@ -230,6 +237,25 @@ class Switcher:
                 Phase.FAILED,
                 f"the previous deployment did not come back either: {restored.reason}",
             )
+
+    async def _reload(self, ident: int, new_raw: dict[str, Any], engine: EngineApi) -> bool:
+        """Write the file and have rank 0 reload it; True once the job has ended (applied, or
+        the file could not be written), False when rank 0 did not take it (the switch then
+        restarts it as for any change)."""
+        self._step(ident, Phase.WRITING, f"writing {self.store.path}")
+        try:
+            await asyncio.to_thread(self.store.write, new_raw)
+        except OSError as err:
+            reason = f"cannot write {self.store.path}: {err}"
+            self._finish(ident, Phase.FAILED, reason, reason=reason)
+            return True
+        self._step(ident, Phase.RELOADING, "only live knobs changed: rank 0 reloads, no restart")
+        ok, detail = await engine.reload()
+        if ok:
+            self._finish(ident, Phase.READY, f"applied live, no restart: {detail}")
+            return True
+        self._step(ident, Phase.RELOADING, f"rank 0 did not reload ({detail}); restarting it")
+        return False
 
     async def _drain(self, ident: int, engine: EngineApi) -> None:
         self._step(ident, Phase.DRAINING, "stopping admission on the running engine")

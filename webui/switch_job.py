@@ -10,12 +10,13 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from dgpp.webui.deployment_edit import Change
+from dgpp.appliance.deployment_diff import Change
 
 
 class Phase(enum.StrEnum):
     DRAINING = "draining"
     WRITING = "writing"
+    RELOADING = "reloading"  # only live knobs changed: rank 0 takes them without a restart
     RESTARTING = "restarting"
     WAITING = "waiting"
     READY = "ready"

@@ -15,7 +15,8 @@ from dgpp.engine.distributed.cluster_secret import SecretMismatch, authenticate_
 from dgpp.engine.distributed.control import ControlChannel
 from dgpp.engine.distributed.handshake import WorldConfig, push_config, report_loaded
 from dgpp.engine.distributed.worker import pushed_config
-from dgpp.engine.distributed.world import Rendezvous, World, WorldSpec
+from dgpp.engine.distributed.world import Rendezvous, World
+from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError
 from dgpp.engine.resolved import ResolvedConfig

@@ -16,7 +16,8 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.distributed.cluster_secret import authenticate_world
 from dgpp.engine.distributed.control import ControlChannel, serve_commands
 from dgpp.engine.distributed.handshake import receive_config, report_loaded
-from dgpp.engine.distributed.world import World, WorldSpec, join_world
+from dgpp.engine.distributed.world import World, join_world
+from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, DgppError, one_line
 from dgpp.engine.model_runner import ModelRunner

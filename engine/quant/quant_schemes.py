@@ -20,11 +20,9 @@ from typing import Any
 from safetensors import safe_open
 
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.quant.methods import METHODS
 from dgpp.kernels.group_codes import Codebook, GlobalMode, GroupFormat
 
-GROUP_METHODS = ("gptq", "awq", "auto-round", "compressed-tensors", "fp8", "modelopt")
-# mxfp4: gpt-oss's own export (experts only; `layers.mxfp4_experts`)
-METHODS = ("gguf", *GROUP_METHODS, "mxfp4")
 CT_FORMATS = (
     "pack-quantized",
     "float-quantized",

@@ -1,6 +1,8 @@
 """POST /admin/drain, POST /admin/undrain and GET /admin/drain: stop admitting generation requests
 before a planned restart, let the running ones finish, and say how many are left. GET /admin/nodes:
 every rank's latest node snapshot (GPUs, CPU), through a reader rank 0's runtime provides.
+POST /admin/reload: read the deployment again and take its live knobs without a restart, through
+the reloader rank 0's runtime provides (`dgpp.appliance.live_reload`).
 
 While draining, every new generation request (chat, completions, messages) is answered
 `503 draining` with Retry-After and counted as shed; everything else (health, models, metrics,
@@ -19,6 +21,7 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dgpp.engine.errors import DgppError
 from dgpp.engine.server.deps import Startup, state_of
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS, APIError, error_response
 from dgpp.engine.server.metrics import GENERATION_PATHS, Outcome, request_tracker
@@ -27,6 +30,11 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 DRAIN_KEY = "dgpp_drain"
 NODES_KEY = "dgpp_nodes"
+RELOAD_KEY = "dgpp_reload"
+# Reads the deployment again and applies it: every changed key -> [old, new]; raises a
+# DgppError whose code says why nothing was applied. It blocks (a file, an engine step).
+Reloader = Callable[[], dict[str, list[Any]]]
+RELOAD_REFUSALS = ("restart_required", "nothing_to_reload")  # 409: valid, but not live
 # Every rank's latest snapshot, JSON-able dicts with at least `rank` and `time` (the wall clock
 # when it was taken, None when the rank has published nothing). It may block on the network.
 NodesReader = Callable[[], list[dict[str, Any]]]
@@ -48,10 +56,16 @@ def set_nodes_reader(app: FastAPI, reader: NodesReader | None) -> None:
     setattr(app.state, NODES_KEY, reader)
 
 
+def set_reloader(app: FastAPI, reloader: Reloader | None) -> None:
+    """What POST /admin/reload runs (set by rank 0's runtime; None: the route answers 409)."""
+    setattr(app.state, RELOAD_KEY, reloader)
+
+
 def install(app: FastAPI) -> None:
     """The admin routes and the guard that refuses generation requests while draining."""
     setattr(app.state, DRAIN_KEY, None)
     setattr(app.state, NODES_KEY, None)
+    setattr(app.state, RELOAD_KEY, None)
     app.include_router(router)
     app.add_middleware(DrainGuard)
 
@@ -125,6 +139,22 @@ async def nodes(request: Request) -> dict[str, Any]:
     snapshots = await run_in_threadpool(reader) if reader is not None else []
     now = time.time()
     return {"nodes": [_aged(snapshot, now) for snapshot in snapshots]}
+
+
+@router.post("/reload")
+async def reload(request: Request) -> dict[str, Any]:
+    """Take the deployment's live knobs now: `{"applied": {key: [old, new]}}`; 409
+    `restart_required` naming the keys a restart must apply (nothing is applied then), 400 for
+    a deployment file that does not validate."""
+    reloader: Reloader | None = getattr(request.app.state, RELOAD_KEY, None)
+    if reloader is None:
+        raise APIError(409, "this server has no deployment to reload", code="nothing_to_reload")
+    try:
+        applied = await run_in_threadpool(reloader)
+    except DgppError as err:
+        status = 409 if err.code in RELOAD_REFUSALS else 400
+        raise APIError(status, err.message, code=err.code) from None
+    return {"applied": applied}
 
 
 def _aged(snapshot: dict[str, Any], now: float) -> dict[str, Any]:

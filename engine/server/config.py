@@ -28,6 +28,7 @@ class ServerConfig:
         label="Served names",
         flag="--served-model-name",
         when_unset="the model reference's last path part",
+        live=True,
     )
     # Agents often omit max_tokens; a tiny default leaves them with empty answers.
     default_max_tokens: int | None = knob(
@@ -36,16 +37,18 @@ class ServerConfig:
         unit="tokens",
         ge=1,
         when_unset="up to the context limit",
+        live=True,
     )
     max_tokens_policy: Literal["clamp", "reject"] = knob(
         "clamp",
         "a max_tokens beyond what the context leaves after the prompt: clamp generates until "
         "the context is full (finish reason length); reject refuses the request",
         label="Over-long max_tokens",
+        live=True,
     )
     max_body_bytes: int = knob(32 * 1024 * 1024, "largest request body", unit="bytes", ge=1024)
     queue_limit: int = knob(
-        256, "waiting requests before 503 overloaded", label="Queue limit", ge=0
+        256, "waiting requests before 503 overloaded", label="Queue limit", ge=0, live=True
     )
     responses_store_size: int = knob(
         1024,
@@ -77,6 +80,7 @@ class ServerConfig:
         "request's chat_template_kwargs win",
         label="Chat-template kwargs",
         factory=dict,
+        live=True,
     )
     generation_config: Literal["auto", "none"] = knob(
         "auto",

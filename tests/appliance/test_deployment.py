@@ -16,7 +16,7 @@ from dgpp.appliance.deployment import (
 )
 from dgpp.appliance.deployment_files import resolve
 from dgpp.appliance.timeout_env import apply_env_overrides
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.errors import ConfigError, ModelLoadError
 
 

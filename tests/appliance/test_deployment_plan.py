@@ -17,6 +17,7 @@ from dgpp.appliance.deployment_plan import (
     model_config_of,
     plan_deployment,
     refuse_unfit,
+    resolve_deployment,
 )
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
@@ -80,7 +81,7 @@ def test_moe_templates_fit_a_spark_world(name: str) -> None:
     deployment = parse_deployment(find_template(name).load(), name)
     model, source = model_config_of(deployment)
     assert source == "facts"
-    plans = plan_deployment(deployment, model)
+    plans = plan_deployment(resolve_deployment(deployment, model))
     refuse_unfit(plans)  # raises when a rank does not fit
     for entry in plans:
         assert entry.largest_context >= deployment.engine.max_model_len
@@ -95,7 +96,7 @@ def test_hybrid_templates_fit_a_spark_world_with_their_states(name: str) -> None
     deployment = parse_deployment(find_template(name).load(), name)
     model, source = model_config_of(deployment)
     assert source == "facts" and model.max_position_embeddings == 262144
-    plans = plan_deployment(deployment, model)
+    plans = plan_deployment(resolve_deployment(deployment, model))
     assert len(plans) == deployment.world_size
     refuse_unfit(plans)
     engine = deployment.engine
@@ -155,7 +156,7 @@ def test_a_world_that_does_not_fit_is_refused_with_its_numbers() -> None:
         "engine": {"dtype": "bfloat16", "device": "cuda", "max_model_len": 16384},
     }
     deployment = parse_deployment(raw)
-    plans = plan_deployment(deployment, model_config_of(deployment)[0])
+    plans = plan_deployment(resolve_deployment(deployment, model_config_of(deployment)[0]))
     assert all(entry.largest_context == 0 for entry in plans)
     with pytest.raises(ConfigError, match=r"rank 0: weights 1\d\d\.\d\d GiB .* budget"):
         refuse_unfit(plans)

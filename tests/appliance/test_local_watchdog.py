@@ -16,7 +16,7 @@ import pytest
 
 from dgpp.appliance.local_backend import LocalWorkers
 from dgpp.appliance.local_watchdog import WATCHDOG_S, watchdog_seconds
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.errors import ConfigError
 
 UNIT = Path(__file__).parents[2] / "units" / "dgpp@.service"

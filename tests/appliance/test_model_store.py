@@ -302,8 +302,12 @@ def test_gguf_repos_resolve_one_file_by_its_quantization_tag(env, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(env / "cache"))
     repo = env / "repo"
     repo.mkdir()
-    model = tiny_model(
-        "LlamaForCausalLM", hidden_size=32, intermediate_size=64, num_hidden_layers=1
+    model = tiny_model(  # the first 4,096 tokens of the vocabulary: small files read fast
+        "LlamaForCausalLM",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        vocab_size=4096,
     )
     for fmt in ("Q4_1", "Q8_0"):
         write_gguf(model, "LlamaForCausalLM", repo / f"Tiny-{fmt}.gguf", fmt, folder / GGUF_NAME)

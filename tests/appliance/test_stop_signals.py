@@ -85,3 +85,16 @@ def test_a_wake_after_close_is_harmless() -> None:
     signals.close()
     signals.wake()
     assert not signals.wait(0)
+
+
+def test_take_forgets_the_signal_so_each_sighup_asks_again() -> None:
+    """A reload is asked for by every SIGHUP: `take` returns the signal and `wait` then waits
+    for the next one."""
+    with StopSignals((signal.SIGHUP,)) as reloads:
+        assert reloads.take() is None and not reloads.wait(0)
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert reloads.wait(2.0)
+        assert reloads.take() == signal.SIGHUP
+        assert not reloads.wait(0.05)  # forgotten until the next one
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert reloads.wait(2.0) and reloads.take() == signal.SIGHUP

@@ -36,7 +36,7 @@ def test_a_proof_is_bound_to_its_secret_role_generation_and_rank() -> None:
 
 
 def _timeouts() -> Any:
-    from dgpp.engine.distributed.world import WorldTimeouts
+    from dgpp.engine.distributed.world_spec import WorldTimeouts
 
     return WorldTimeouts(rendezvous_s=60, control_deadline_s=60)
 
@@ -45,7 +45,7 @@ def _head(port: int, checkpoint: str, results: Any, rogue_done: Any) -> None:
     """Rank 0: form the world (with the secret), generate, then, while the world still
     serves, wait for a second rogue attempt and generate again."""
     from dgpp.engine.distributed.head import Head
-    from dgpp.engine.distributed.world import WorldSpec
+    from dgpp.engine.distributed.world_spec import WorldSpec
     from dgpp.engine.engine_config import EngineConfig
     from dgpp.engine.resolved import resolve
 
@@ -66,7 +66,7 @@ def _worker(port: int, secret: bytes) -> None:
     import torch.distributed as dist
 
     from dgpp.engine.distributed.worker import Worker
-    from dgpp.engine.distributed.world import WorldSpec
+    from dgpp.engine.distributed.world_spec import WorldSpec
 
     worker = Worker(WorldSpec(rank=1, port=port, timeouts=_timeouts(), secret=secret))
     threading.Thread(target=worker.run, args=(threading.Event(),), daemon=True).start()

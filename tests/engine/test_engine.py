@@ -149,3 +149,28 @@ def test_logprobs_are_returned(checkpoint: Path) -> None:
     for token_id, entry in zip(completion.token_ids, completion.logprobs, strict=True):
         assert entry.token_id == token_id and entry.rank == 1 and len(entry.top) == 3
         assert entry.top[0][0] == token_id and entry.logprob <= 0.0
+
+
+def test_live_knobs_retune_the_step_policy_mid_flight_and_outputs_stay_exact(
+    checkpoint: Path,
+) -> None:
+    """`retune` (a live reload) swaps the step policy between two steps: the request in flight
+    goes on under the new one and its greedy tokens stay those of running alone."""
+    from dataclasses import replace
+
+    prompt = list(range(200, 260))
+    llm = LLM(str(checkpoint), kv_capacity=1024, block_size=4, prefill_chunk_tokens=8)
+    engine = llm.engine
+    engine.add_request(prompt, GREEDY, "tuned")
+    engine.step()
+    tuned = replace(engine.config, short_prompt_tokens=4, long_prefill_share=0.5)
+    engine.retune(replace(tuned, step_target_ms=-1.0))
+    policy = engine.scheduler.policy
+    assert (policy.short_prompt_tokens, policy.long_prefill_share) == (4, 0.5)
+    assert policy.step_target_ms == -1.0 and engine.config.step_target_ms == -1.0
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                tokens = list(output.outputs[0].token_ids)
+    assert tokens == _alone(checkpoint, prompt)

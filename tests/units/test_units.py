@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from dgpp.appliance.exit_codes import EXIT_CONFIG
-from dgpp.engine.distributed.world import WorldTimeouts
+from dgpp.engine.distributed.world_spec import WorldTimeouts
 
 UNITS_DIR = Path(__file__).resolve().parents[2] / "units"
 INSTANCES = ["dgpp@rank0.service", "dgpp@rank1.service"]
 UNITS = ["dgpp-tune.service", "dgpp-webui.service", "dgpp.target"]
-STAND_INS = ["/opt/dgpp/venv/bin/dgpp", "/usr/local/libexec/dgpp/dgpp-tune"]
+STAND_INS = ["/opt/dgpp/venv/bin/dgpp", "/usr/local/libexec/dgpp/dgpp-tune", "/bin/kill"]
 # Keys systemd learned in 254 (restart backoff); an older systemd-analyze warns about them.
 NEWER_KEYS = {"RestartSteps": 254, "RestartMaxDelaySec": 254}
 SYSTEMD_UNITS = [Path("/usr/lib/systemd/system"), Path("/lib/systemd/system")]
@@ -52,7 +52,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for stand_in in STAND_INS:
         path = root / stand_in.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("#!/bin/sh\n# stand-in: verify only checks that ExecStart exists\n")
+        path.write_text("#!/bin/sh\n# stand-in: verify only checks that the Exec*= paths exist\n")
         path.chmod(0o755)
     (root / "etc/passwd").write_text(
         "root:x:0:0:root:/root:/bin/sh\ndgpp:x:998:998:dgpp:/var/lib/dgpp:/usr/sbin/nologin\n"
@@ -114,6 +114,8 @@ def test_rank_unit_keeps_the_runtime_promises() -> None:
     assert service["Restart"] == "always"
     assert service["EnvironmentFile"] == "/etc/dgpp/%i.env"
     assert service["ExecStart"] == "/opt/dgpp/venv/bin/dgpp rank"
+    # `systemctl reload`: rank 0 takes its live knobs on SIGHUP (docs/engine.md).
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"
     assert service["LimitMEMLOCK"] == "infinity"
     assert "PrivateDevices" not in service, "it hides /dev/nvidia*"
     # A worker that refuses a stale configuration (exit 3) retries, to follow a fixed head.

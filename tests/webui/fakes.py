@@ -11,6 +11,7 @@ from typing import Any
 
 from dgpp.appliance.control_backend import ActionResult, LogRun, RankStatus
 from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.live_reload import RestartRequiredError, live_changes
 from dgpp.engine.server.metrics import ServiceMetrics
 from dgpp.engine.server.prometheus import build_registry, render
 from dgpp.webui.deployment_store import resolve_raw, served_names
@@ -80,6 +81,7 @@ class FakeWorld:
     running: int = 0
     actions: list[str] = field(default_factory=list)
     fail_restart: bool = False
+    refuse_reload: bool = False  # an older rank 0, without POST /admin/reload
     speculative: tuple[str, int] = ("off", 0)  # what /v1/metrics reports: method, depth
     nodes: list[dict[str, Any]] = field(
         default_factory=lambda: [node_snapshot(0, "spark-1"), node_snapshot(1, "spark-2")]
@@ -194,6 +196,20 @@ class FakeEngine:
         self.world.actions.append("undrain")
         self.world.draining = False
         return {"draining": False, "running": 0, "waiting": 0}
+
+    async def reload(self) -> tuple[bool, str]:
+        """As rank 0's POST /admin/reload: the file read again, its changes from the deployment
+        this engine runs taken when all are live (`live_changes`), else refused."""
+        if self.world.state != "serving" or self.world.refuse_reload:
+            return False, "HTTP 404" if self.world.refuse_reload else "ConnectError"
+        new = resolve_raw(json.loads(self.world.deployment_path.read_text()))
+        try:
+            changes = live_changes(self.deployment, new)
+        except RestartRequiredError as err:
+            return False, err.message
+        self.world.actions.append("reload")
+        self.world.model = served_names(new)[0]
+        return True, ", ".join(f"{c.path} {c.old_text} -> {c.new_text}" for c in changes)
 
     async def nodes(self) -> list[dict[str, Any]] | None:
         return self.world.nodes if self.world.state != "down" else None

@@ -8,7 +8,8 @@ import stat
 from pathlib import Path
 
 from dgpp.appliance.deployment import parse_deployment
-from dgpp.webui.deployment_edit import diff, with_model, with_template
+from dgpp.appliance.deployment_diff import diff
+from dgpp.webui.deployment_edit import with_model, with_template
 from dgpp.webui.deployment_store import DeploymentStore, engine_target, resolve_raw
 
 

@@ -129,6 +129,13 @@ def test_the_engines_own_refusals_name_their_knob() -> None:
     assert plan.message.startswith("max_model_len=32768 exceeds what this model and KV pool")
     assert plan.field == "engine.max_model_len"
 
+    # The preview resolves as rank 0 does: a quantization the weights are not stored in is
+    # refused here, on its knob, not after the switch has restarted rank 0.
+    plan = preview_memory(deployment(quantization="gptq"), spark_memory())
+    assert plan.verdict == "refused" and plan.ranks == ()
+    assert "asks for quantization 'gptq', but the checkpoint's weights" in plan.message
+    assert plan.field == "engine.quantization"
+
 
 def test_without_the_checkpoint_or_its_facts_there_is_no_plan() -> None:
     plan = preview_memory(parse_deployment({"model": "org/unknown"}), spark_memory())

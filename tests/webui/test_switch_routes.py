@@ -89,6 +89,38 @@ def test_a_valid_knob_shows_the_diff_then_applies_through_the_switch(logged_in: 
     assert "Apply knobs" in page.text and "ready" in page.text
 
 
+def test_live_knobs_alone_are_reloaded_without_a_restart(logged_in: Console) -> None:
+    """Only live knobs changed: the file is written and rank 0 reloads it; nothing drains or
+    restarts."""
+    live = {
+        **DEPLOYMENT,
+        "engine": {**DEPLOYMENT["engine"], "step_target_ms": 40.0},
+        "http": {"served_model_names": ["m", "m-alias"], "queue_limit": 8},
+    }
+    logged_in.apply(live, "Tune")
+    job = logged_in.wait_for_switch()
+    assert job["phase"] == "ready", job
+    assert logged_in.world.actions == ["reload"]
+    assert logged_in.written() == live
+    assert [step["phase"] for step in job["steps"]] == ["writing", "reloading", "ready"]
+    assert job["steps"][-1]["message"] == (
+        "applied live, no restart: engine.step_target_ms 0.0 -> 40.0, http.queue_limit 256 -> 8, "
+        'http.served_model_names ["m"] -> ["m", "m-alias"]'
+    )
+
+
+def test_a_reload_rank_0_does_not_take_falls_back_to_the_restart(logged_in: Console) -> None:
+    logged_in.world.refuse_reload = True  # an older rank 0 without POST /admin/reload
+    live = {**DEPLOYMENT, "engine": {**DEPLOYMENT["engine"], "step_target_ms": 40.0}}
+    logged_in.apply(live)
+    job = logged_in.wait_for_switch()
+    assert job["phase"] == "ready", job
+    assert logged_in.world.actions == ["drain", "restart"]
+    messages = [step["message"] for step in job["steps"]]
+    assert "rank 0 did not reload (HTTP 404); restarting it" in messages
+    assert logged_in.written() == live
+
+
 def test_a_model_preview_validates_the_checkpoint(logged_in: Console) -> None:
     response = logged_in.client.post(
         "/models/preview",
@@ -148,7 +180,9 @@ def test_a_deployment_that_never_gets_ready_rolls_back_after_the_timeout(
 ) -> None:
     world = logged_in.world
     world.starting_names.add("slow")
-    logged_in.apply({**DEPLOYMENT, "http": {"served_model_names": ["slow"]}})
+    # With a knob that needs a restart (served names alone are taken live: no restart).
+    engine = {**DEPLOYMENT["engine"], "kv_capacity": 4096}
+    logged_in.apply({**DEPLOYMENT, "engine": engine, "http": {"served_model_names": ["slow"]}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "rolled back"
     assert job["reason"] == "not ready within 2 s (starting)"

@@ -21,9 +21,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.console import Console
-from dgpp.webui.deployment_edit import diff
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import LOGGED_IN, ConsoleDep, CurrentSession
 from dgpp.webui.knob_form import validation_errors

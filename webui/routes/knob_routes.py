@@ -10,8 +10,8 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.deployment_edit import diff
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
 from dgpp.webui.knob_form import apply_form, current_values, knob_fields

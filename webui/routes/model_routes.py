@@ -16,9 +16,10 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse
 
 from dgpp.appliance.deployment import Deployment
+from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError, DgppError
 from dgpp.webui.console import Console
-from dgpp.webui.deployment_edit import diff, with_model, with_template
+from dgpp.webui.deployment_edit import with_model, with_template
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
 from dgpp.webui.model_catalogue import Catalogue

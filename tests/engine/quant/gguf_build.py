@@ -6,7 +6,9 @@ blocks with small scales, so the file, not the float model, defines the weights.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,14 +66,43 @@ def _encode(values: np.ndarray, fmt: str, rng: np.random.Generator) -> tuple[np.
     return _random_k_blocks(fmt, values.shape[0], values.shape[1], rng), qtype
 
 
-def _copy_tokenizer(writer: GGUFWriter, source: Path) -> None:
+@functools.cache
+def _tokenizer_fields(source: Path) -> tuple[tuple[str, Any, GGUFValueType, Any], ...]:
+    """The `tokenizer.*` fields of `source`: (key, value, type, item type), read once (gguf-py
+    parses SmolLM2's 49,152 tokens and 48,900 merges in seconds)."""
     reader = GGUFReader(str(source))
+    fields = []
     for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = GGUFValueType(field.types[0])
-        sub = GGUFValueType(field.types[1]) if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub)
+        if key.startswith("tokenizer."):
+            vtype = GGUFValueType(field.types[0])
+            sub = GGUFValueType(field.types[1]) if vtype == GGUFValueType.ARRAY else None
+            fields.append((key, field.contents(), vtype, sub))
+    return tuple(fields)
+
+
+PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+
+
+def _copy_tokenizer(writer: GGUFWriter, source: Path, vocab_size: int) -> None:
+    """`source`'s tokenizer; a model with a smaller vocabulary gets its first `vocab_size`
+    tokens and the merges among them (a BPE vocabulary cut this way stays consistent: every
+    merge kept makes a kept token of two kept ones). Small files read fast: transformers' GGUF
+    reader parses every token of the file three times per model it loads."""
+    fields = _tokenizer_fields(source)
+    tokens = next(value for key, value, *_ in fields if key == "tokenizer.ggml.tokens")
+    cut = vocab_size < len(tokens)
+    kept = set(tokens[:vocab_size])
+    for key, value, vtype, sub in fields:
+        if cut and key in PER_TOKEN:
+            value = value[:vocab_size]
+        elif cut and key == "tokenizer.ggml.merges":
+            value = [m for m in value if _merge_kept(m, kept)]
+        writer.add_key_value(key, value, vtype, sub)
+
+
+def _merge_kept(merge: str, kept: set[str]) -> bool:
+    left, _, right = merge.partition(" ")
+    return left in kept and right in kept and left + right in kept
 
 
 def write_gguf(
@@ -104,7 +135,7 @@ def write_gguf(
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(1)
-    _copy_tokenizer(writer, tokenizer_gguf)
+    _copy_tokenizer(writer, tokenizer_gguf, config.vocab_size)
     tied = bool(config.tie_word_embeddings)
     for name, param in model.state_dict().items():
         if tied and name == "lm_head.weight":

@@ -1,0 +1,148 @@
+"""Live knobs: a running rank 0 takes a new deployment without a restart when every key that
+changed is a knob declared `live` (`knob(..., live=True)`: read only by rank 0's scheduler or
+HTTP server, never by the other ranks and never to size memory).
+
+A reload (SIGHUP, so `systemctl reload dgpp@rank0`; or `POST /admin/reload`, which the console
+uses) reads the deployment again the way the rank was started (its file, with the command line's
+flags over it), compares it with the running one key by key (`deployment_diff`), and applies
+every change or none: a change to any other key (the model, the KV pool, a timeout) needs a
+restart, and the refusal names those keys. Applied knobs hold from the engine's next step (the
+requests in flight included), survive a re-formed world, and are the running deployment a
+later reload compares with.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dgpp.appliance.deployment import Deployment, engine_config, server_config
+from dgpp.appliance.deployment_diff import Change, diff
+from dgpp.engine.distributed.world_spec import WorldTimeouts
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.errors import DgppError
+from dgpp.engine.knobs import knobs_of
+from dgpp.engine.server.config import ServerConfig
+
+log = logging.getLogger("dgpp.reload")
+
+RETUNE_TIMEOUT_S = 30.0  # the engine takes new knobs between two steps
+
+
+def live_keys() -> frozenset[str]:
+    """The deployment keys of every live knob ("engine.step_target_ms", "http.queue_limit")."""
+    return frozenset(
+        each.deployment
+        for cls in (EngineConfig, ServerConfig, WorldTimeouts)
+        for each in knobs_of(cls)
+        if each.live and each.deployment
+    )
+
+
+class RestartRequiredError(DgppError):
+    """The new deployment changes keys a running rank 0 cannot take: a restart (the console's
+    switch) applies it."""
+
+    code = "restart_required"
+
+
+class NothingToReloadError(DgppError):
+    """This rank 0 reads no deployment file (`dgpp serve` with flags only)."""
+
+    code = "nothing_to_reload"
+
+
+def live_changes(running: Deployment, new: Deployment) -> list[Change]:
+    """The changes from `running` to `new`, all of them live; `RestartRequiredError` naming
+    every key that is not."""
+    changes = diff(running, new)
+    keys = live_keys()
+    fixed = [change for change in changes if change.path not in keys]
+    if fixed:
+        named = ", ".join(f"{c.path} ({c.old_text} -> {c.new_text})" for c in fixed)
+        raise RestartRequiredError(
+            f"these changes need a restart of rank 0 (the console's switch): {named}; "
+            f"live knobs are {', '.join(sorted(keys))}"
+        )
+    return changes
+
+
+def _taken(target: Any, source: Any, cls: type, paths: set[str]) -> Any:
+    """`target` with the values `source` has for the knobs of `cls` at `paths`."""
+    values = {e.name: getattr(source, e.name) for e in knobs_of(cls) if e.deployment in paths}
+    return replace(target, **values) if values else target
+
+
+@dataclass
+class Running:
+    """What rank 0 runs, as a reload changes it."""
+
+    deployment: Deployment
+    engine: EngineConfig  # resolved: the pool sized, the context limit fixed
+    server: ServerConfig
+
+
+# Hands a reload's deployment and configurations to the running process.
+Apply = Callable[[Deployment, EngineConfig, ServerConfig], None]
+
+
+class LiveReloader:
+    """Reloads one rank 0: `source` reads its deployment again, `apply` hands the new engine
+    and server configurations to the running parts. One reload at a time."""
+
+    def __init__(
+        self,
+        running: Running,
+        source: Callable[[], Deployment] | None,
+        apply: Apply,
+        api_key: str | None = None,
+    ) -> None:
+        self.running = running
+        self.source = source
+        self.apply = apply
+        self.api_key = api_key  # --api-key, which wins over the file's key (as at start)
+        self._lock = threading.Lock()
+
+    def reload(self) -> dict[str, list[Any]]:
+        """Read the deployment again and apply it: every changed key -> [old, new] (empty when
+        nothing changed). `NothingToReloadError`, `ConfigError` (an invalid file: nothing is
+        applied) or `RestartRequiredError`."""
+        if self.source is None:
+            raise NothingToReloadError(
+                "this rank 0 reads no deployment file (started with flags only): restart it "
+                "with other flags instead"
+            )
+        with self._lock:
+            new = self.source()
+            changes = live_changes(self.running.deployment, new)
+            paths = {change.path for change in changes}
+            engine = _taken(self.running.engine, engine_config(new), EngineConfig, paths)
+            server = _taken(
+                self.running.server, server_config(new, self.api_key), ServerConfig, paths
+            )
+            if changes:
+                self.apply(new, engine, server)
+            self.running = Running(new, engine, server)
+        applied = {change.path: [change.old, change.new] for change in changes}
+        return applied
+
+    def reload_logged(self) -> None:
+        """`reload`, its outcome logged (SIGHUP has no one to answer)."""
+        try:
+            applied = self.reload()
+        except DgppError as err:
+            log.error("reload refused, nothing changed: %s", err)
+            return
+        except Exception:  # a reload must never take rank 0 down
+            log.exception("reload failed")
+            return
+        if applied:
+            log.info(
+                "reloaded live: %s",
+                ", ".join(f"{path} {old!r} -> {new!r}" for path, (old, new) in applied.items()),
+            )
+        else:
+            log.info("reloaded: the deployment is unchanged")
