@@ -129,12 +129,12 @@ def run_head_rank(
     secret: bytes | None,
 ) -> int:
     """Serve as rank 0 of `deployment`, read from `path` (read again on a reload)."""
-    from dgpp.appliance.head_runtime import HeadOptions, run_head
-    from dgpp.engine.resolved import resolve
-
     server = server_config(deployment)  # reads the key files: refuses before anything starts
     warn_if_unauthenticated(server, deployment.http.allow_unauthenticated)
+    # Only now the engine's imports (torch, transformers: seconds).
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
+    from dgpp.appliance.head_runtime import HeadOptions, run_head
+    from dgpp.engine.resolved import resolve
 
     ident, _ = record_deployment(deployment)
     attach_rank_log(ident, 0)

@@ -39,6 +39,21 @@ def test_the_allow_list_names_only_tests_that_exist_and_says_why() -> None:
         assert any(name.split("[")[0].rstrip("*") in s.read_text() for s in sources), pattern
 
 
+def test_the_heavy_files_scheduled_first_exist_and_run_first(
+    request: pytest.FixtureRequest,
+) -> None:
+    """tests/conftest.py's HEAVY_FIRST names real files, and collection puts them first in its
+    order (xdist hands out files in collection order: `--no-loadscope-reorder`)."""
+    from tests.conftest import HEAVY_FIRST
+
+    assert [path for path in HEAVY_FIRST if not (ROOT / path).is_file()] == []
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST)
+    assert "--no-loadscope-reorder" in request.config.getini("addopts")
+    files = list(dict.fromkeys(item.nodeid.split("::")[0] for item in request.session.items))
+    collected = [path for path in HEAVY_FIRST if path in files]
+    assert files[: len(collected)] == collected
+
+
 @pytest.mark.parametrize(
     ("sleep_s", "mode", "code"),
     [

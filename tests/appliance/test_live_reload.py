@@ -4,6 +4,7 @@ applied. On a real `dgpp serve` world of two over real HTTP, and through a re-fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,8 @@ from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig
+from dgpp.webui.deployment_store import engine_target
+from dgpp.webui.engine_client import EngineClient
 from tests.appliance.world_harness import start, wait_healthy, write_deployment
 from tests.conftest import build_tiny_checkpoint
 
@@ -125,6 +128,13 @@ def test_a_running_world_takes_live_knobs_refuses_the_rest_and_keeps_them_when_i
         assert "engine.kv_capacity (2048 -> 4096)" in error["message"]
         assert "http.served_model_names" not in error["message"].split("; live knobs")[0]
         assert _names(url) == ["m", "m2"]
+        # The console's client reads both answers of the real server.
+        client = EngineClient(engine_target(parse_deployment(json.loads(deployment.read_text()))))
+        ok, detail = asyncio.run(client.reload())
+        assert not ok and "engine.kv_capacity (2048 -> 4096)" in detail, detail
+        _edit(deployment, "engine", kv_capacity=2048)
+        _edit(deployment, "http", served_model_names=["m", "m2"], queue_limit=9)
+        assert asyncio.run(client.reload()) == (True, "http.queue_limit 7 -> 9")
         # A file that does not validate: 400 with the schema's words, nothing applied.
         _edit(deployment, "engine", kv_capacity=2048, prefill_chunk_tokens=0)
         invalid = httpx.post(f"{url}/admin/reload", timeout=60)

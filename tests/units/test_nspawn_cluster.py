@@ -31,7 +31,7 @@ import pytest
 
 from tests.units.cluster_net import ClusterNetwork
 from tests.units.container import Container, missing_tools, stage_checkout
-from tests.units.test_nspawn_playbook import _changed_tasks
+from tests.units.one_host import changed_tasks
 
 pytestmark = pytest.mark.nspawn
 
@@ -235,6 +235,6 @@ def test_restarting_rank0_re_forms_the_world(cluster: Cluster) -> None:
 
 def test_a_second_playbook_run_changes_nothing(cluster: Cluster) -> None:
     result = _playbook(cluster, "second playbook run")
-    changed = _changed_tasks(result.stdout)
+    changed = changed_tasks(result.stdout)
     assert changed == [], changed
     _serves_world_of_two(cluster)

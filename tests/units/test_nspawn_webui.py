@@ -1,6 +1,7 @@
-"""`dgpp-webui.service` under a real systemd: `playbooks/cluster.yml` installs a one-host cluster
-into a booted container (as `test_nspawn_playbook.py` does, see `container.py`), rank 0 serving
-SmolLM2 on CPU, and the console started by the unit is then driven with curl from inside the
+"""A one-host cluster under a real systemd: `playbooks/cluster.yml` installs it into a booted
+container (`one_host.py`, `container.py`), rank 0 serving SmolLM2 on CPU under its unit (enabled
+with `dgpp.target` and `dgpp-tune`, "ready in" in its journal), and a second run changes nothing.
+Then `dgpp-webui.service`: the console started by the unit is driven with curl from inside the
 container: the login form and its CSRF cookie, a login with the generated password, the overview
 page, the JSON overview (rank 0's unit seen through `systemctl show`) and the rank's journal, and
 the refusals of requests without a session.
@@ -31,12 +32,13 @@ import pytest
 
 from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend
 from tests.units.container import Container, missing_tools, stage_checkout
-from tests.units.test_nspawn_playbook import (
+from tests.units.one_host import (
     ANSIBLE_PLAYBOOK,
+    HEALTH,
     MODEL,
-    _changed_tasks,
-    _inventory,
-    _playbook,
+    changed_tasks,
+    one_host_inventory,
+    run_playbook,
 )
 
 pytestmark = pytest.mark.nspawn
@@ -64,6 +66,7 @@ PREVIEW_ROW = (
     r'<td class="key">([^<]+)</td><td class="old">([^<]*)</td><td class="new">([^<]*)</td>'
 )
 HIDDEN = r'<input type="hidden" name="([^"]+)" value="([^"]*)">'
+FIRST_RUN: dict[str, Path] = {}  # the fixture's inventory, for the second run
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +82,8 @@ def console(
     try:
         box.start()
         inventory = work / "inventory.json"
-        inventory.write_text(json.dumps(_inventory(box.leader or 0)))
-        result, seconds = _playbook(inventory)
+        inventory.write_text(json.dumps(one_host_inventory(box.leader or 0)))
+        result, seconds = run_playbook(inventory)
         assert result.returncode == 0, (
             result.stdout[-6000:] + result.stderr[-3000:] + _console_journal(box)
         )
@@ -90,7 +93,8 @@ def console(
         sudo_task = (
             "TASK [dgpp_webui : Ensure sudo lets the console run exactly its systemctl commands]"
         )
-        assert sudo_task in _changed_tasks(result.stdout), result.stdout[-6000:]
+        assert sudo_task in changed_tasks(result.stdout), result.stdout[-6000:]
+        FIRST_RUN["inventory"] = inventory
         yield box
     finally:
         box.stop()
@@ -108,6 +112,25 @@ def _wait_for_login_page(box: Container, timeout_s: float = 60.0) -> None:
     while box.sh(f"{STATUS} {CONSOLE}/login", check=False).stdout != "200":
         assert time.monotonic() - started < timeout_s, _console_journal(box)
         time.sleep(0.2)
+
+
+def test_the_playbook_brings_up_a_serving_rank(console: Container) -> None:
+    box = console
+    assert box.sh(HEALTH).stdout == "200"
+    status = box.sh("systemctl show dgpp@rank0 -p ActiveState -p StatusText").stdout
+    assert "ActiveState=active" in status and "StatusText=serving smollm2" in status, status
+    assert box.sh("systemctl is-enabled dgpp@rank0 dgpp.target dgpp-tune").returncode == 0
+    assert "ready in" in box.sh("journalctl -u dgpp@rank0 --no-pager -o cat").stdout
+
+
+def test_a_second_playbook_run_changes_nothing(console: Container) -> None:
+    """Before any test below changes the deployment or the console's state."""
+    result, seconds = run_playbook(FIRST_RUN["inventory"])
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    changed = changed_tasks(result.stdout)
+    print(f"\nsecond run: {seconds:.1f} s; changed: {changed}")
+    assert console.sh(HEALTH).stdout == "200"
+    assert changed == []
 
 
 def test_the_unit_runs_the_console_as_its_own_user(console: Container) -> None:

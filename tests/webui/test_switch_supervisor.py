@@ -66,7 +66,9 @@ def test_a_restarting_state_from_before_the_restart_is_not_the_new_process(
     logged_in: Console,
 ) -> None:
     shown = _supervised(logged_in, ["restarting", "restarting", "starting"])
-    logged_in.apply({**DEPLOYMENT, "http": {"served_model_names": ["slow"]}})
+    # With a knob that needs a restart (served names alone are taken live: no restart).
+    engine = {**DEPLOYMENT["engine"], "kv_capacity": 4096}
+    logged_in.apply({**DEPLOYMENT, "engine": engine, "http": {"served_model_names": ["slow"]}})
     job = logged_in.wait_for_switch()
     assert job["phase"] == "ready", job
     assert shown == ["restarting", "restarting", "starting"]
