@@ -9,6 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Two workers share CI's two cores, each running PyTorch's OpenMP pool (and the servers and
+# ranks they start inherit this): with libgomp's default spin-wait, a thread that finished its
+# part of a parallel region spins on a core the other worker needs, on every op of the tiny
+# models. Sleeping instead took a set of in-process parity modules on two workers from 155 s
+# to 102 s (CPU 245 s -> 171 s). Read once, when `import torch` loads libgomp: so set before it.
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
+
 import torch
 
 from dgpp.kernels.cpu_build import kernel_build_dir
