@@ -48,8 +48,8 @@ def attach_rank_log(deployment: str, rank: int) -> logging.FileHandler | None:
 
 
 def follow_deployment(old: str | None, new: str, rank: int) -> None:
-    """This rank now runs deployment `new` (a live reload): log to its folder instead of
-    `old`'s (`attach_rank_log`)."""
+    """This rank now runs deployment `new` (its first, `old` None; a switch; a live reload):
+    log to its folder (`attach_rank_log`) instead of `old`'s."""
     if old == new:
         return
     root = logging.getLogger()

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -18,7 +19,7 @@ from fastapi import FastAPI
 from dgpp.appliance.deployment import Deployment
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ENGINE_FAILURE, EXIT_OK
 from dgpp.appliance.http_access_log import http_server_config
-from dgpp.appliance.live_reload import RETUNE_TIMEOUT_S, LiveReloader, Running
+from dgpp.appliance.live_reload import RETUNE_TIMEOUT_S, LiveReloader
 from dgpp.appliance.local_backend import LocalWorkers
 from dgpp.appliance.local_watchdog import WATCHDOG_S
 from dgpp.appliance.node_probe import (
@@ -36,7 +37,6 @@ from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError, one_line
 from dgpp.engine.resolved import ResolvedConfig
 from dgpp.engine.server.admin_routes import set_nodes_reader, set_reloader
@@ -157,9 +157,11 @@ class HeadRuntime:
         self.reloader: LiveReloader | None = None
         self._live = threading.Lock()  # a reload's changes against a world starting to serve
         if options.deployment is not None:
-            running = Running(options.deployment, options.resolved.engine, options.server)
-            self.reloader = LiveReloader(running, options.reread, self._apply, options.api_key)
-            set_reloader(app, self.reloader.reload)
+            reloader = LiveReloader(
+                options.deployment, options.reread, self._apply, options.api_key
+            )
+            self.reloader = reloader
+            set_reloader(app, reloader.reload)
 
     def reload_on_signal(self, signals: StopSignals) -> None:
         """Reload on each SIGHUP until the runtime stops."""
@@ -172,32 +174,32 @@ class HeadRuntime:
             else:
                 self.reloader.reload_logged()
 
-    def _apply(self, deployment: Deployment, engine: EngineConfig, server: ServerConfig) -> None:
-        """A live reload's new knobs, for the engine's next step, the HTTP server's next
-        request, and every world formed from now on."""
-        with self._live:
-            self._apply_locked(deployment, engine, server)
-
-    def _apply_locked(
-        self, deployment: Deployment, engine: EngineConfig, server: ServerConfig
+    def _apply(
+        self, deployment: Deployment, engine: dict[str, Any], server: dict[str, Any]
     ) -> None:
+        """A live reload's changed knobs (by name), for the engine's next step, the HTTP
+        server's next request, and every world formed from now on."""
         from dgpp.appliance.deployment_log import follow_deployment, record_deployment
 
-        options = self.options
-        options.resolved = replace(options.resolved, engine=engine)
-        options.server = server
-        self.head.resolved, self.head.config = options.resolved, engine
-        async_engine = self._async_engine
-        if async_engine is not None:
-            async_engine.queue_limit = server.queue_limit
-            if not async_engine.retune(engine, RETUNE_TIMEOUT_S):
-                log.warning("the engine takes the new knobs once its long step ends")
-        state = state_of(self.app)
-        if state is not None:
-            state.config, state.served_model_names = server, server.served_model_names
-        ident, _ = record_deployment(deployment)
-        follow_deployment(options.deployment_id, ident, 0)
-        options.deployment_id = ident
+        with self._live:
+            options = self.options
+            options.resolved = replace(
+                options.resolved, engine=replace(options.resolved.engine, **engine)
+            )
+            options.server = replace(options.server, **server)
+            self.head.resolved, self.head.config = options.resolved, options.resolved.engine
+            async_engine = self._async_engine
+            if async_engine is not None:
+                async_engine.queue_limit = options.server.queue_limit
+                if engine and not async_engine.retune(options.resolved.engine, RETUNE_TIMEOUT_S):
+                    log.warning("the engine takes the new knobs once its long step ends")
+            state = state_of(self.app)
+            if state is not None:
+                state.config = options.server
+                state.served_model_names = options.server.served_model_names
+            ident, _ = record_deployment(deployment)
+            follow_deployment(options.deployment_id, ident, 0)
+            options.deployment_id = ident
 
     def run(self) -> None:
         self.notifier.watch(self.status_line, self._stop)

@@ -13,10 +13,10 @@ later reload compares with.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 from dgpp.appliance.deployment import Deployment, engine_config, server_config
@@ -32,6 +32,7 @@ log = logging.getLogger("dgpp.reload")
 RETUNE_TIMEOUT_S = 30.0  # the engine takes new knobs between two steps
 
 
+@functools.cache
 def live_keys() -> frozenset[str]:
     """The deployment keys of every live knob ("engine.step_target_ms", "http.queue_limit")."""
     return frozenset(
@@ -70,37 +71,28 @@ def live_changes(running: Deployment, new: Deployment) -> list[Change]:
     return changes
 
 
-def _taken(target: Any, source: Any, cls: type, paths: set[str]) -> Any:
-    """`target` with the values `source` has for the knobs of `cls` at `paths`."""
-    values = {e.name: getattr(source, e.name) for e in knobs_of(cls) if e.deployment in paths}
-    return replace(target, **values) if values else target
+def _values(source: Any, cls: type, paths: set[str]) -> dict[str, Any]:
+    """The values `source` (a `cls`) has for its knobs at the deployment keys `paths`."""
+    return {e.name: getattr(source, e.name) for e in knobs_of(cls) if e.deployment in paths}
 
 
-@dataclass
-class Running:
-    """What rank 0 runs, as a reload changes it."""
-
-    deployment: Deployment
-    engine: EngineConfig  # resolved: the pool sized, the context limit fixed
-    server: ServerConfig
-
-
-# Hands a reload's deployment and configurations to the running process.
-Apply = Callable[[Deployment, EngineConfig, ServerConfig], None]
+# Hands a reload's deployment and the changed knobs' values (the engine's, the HTTP server's,
+# by knob name) to the running process.
+Apply = Callable[[Deployment, dict[str, Any], dict[str, Any]], None]
 
 
 class LiveReloader:
-    """Reloads one rank 0: `source` reads its deployment again, `apply` hands the new engine
-    and server configurations to the running parts. One reload at a time."""
+    """Reloads one rank 0 running `deployment`: `source` reads its deployment again, `apply`
+    hands the changed knobs to the running parts. One reload at a time."""
 
     def __init__(
         self,
-        running: Running,
+        deployment: Deployment,
         source: Callable[[], Deployment] | None,
         apply: Apply,
         api_key: str | None = None,
     ) -> None:
-        self.running = running
+        self.deployment = deployment  # what a reload compares with
         self.source = source
         self.apply = apply
         self.api_key = api_key  # --api-key, which wins over the file's key (as at start)
@@ -117,17 +109,14 @@ class LiveReloader:
             )
         with self._lock:
             new = self.source()
-            changes = live_changes(self.running.deployment, new)
-            paths = {change.path for change in changes}
-            engine = _taken(self.running.engine, engine_config(new), EngineConfig, paths)
-            server = _taken(
-                self.running.server, server_config(new, self.api_key), ServerConfig, paths
-            )
+            changes = live_changes(self.deployment, new)
             if changes:
+                paths = {change.path for change in changes}
+                engine = _values(engine_config(new), EngineConfig, paths)
+                server = _values(server_config(new, self.api_key), ServerConfig, paths)
                 self.apply(new, engine, server)
-            self.running = Running(new, engine, server)
-        applied = {change.path: [change.old, change.new] for change in changes}
-        return applied
+            self.deployment = new
+        return {change.path: [change.old, change.new] for change in changes}
 
     def reload_logged(self) -> None:
         """`reload`, its outcome logged (SIGHUP has no one to answer)."""

@@ -198,19 +198,17 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     reloads = StopSignals((signal.SIGHUP,))  # `systemctl reload dgpp@rankN` must not kill it
     _publish_node(spec, stop)
     threading.Thread(target=serve, name=f"dgpp-rank{spec.rank}", daemon=True).start()
-    logged_to, handler = None, None
+    logged_to = None
     while not stop.is_set() and not signals.wait(0.5):
         if reloads.take() is not None:
             log.info("SIGHUP: nothing to reload on rank %d (live knobs are rank 0's)", spec.rank)
         report_worker(notifier, worker)
         if worker.deployment_id is not None and worker.deployment_id != logged_to:
-            from dgpp.appliance.deployment_log import attach_rank_log
+            from dgpp.appliance.deployment_log import follow_deployment
 
-            if handler is not None:  # rank 0 switched deployments: follow it to its folder
-                logging.getLogger().removeHandler(handler)
-                handler.close()
+            # The first world's deployment, or rank 0 switched: log to its folder.
+            follow_deployment(logged_to, worker.deployment_id, spec.rank)
             logged_to = worker.deployment_id
-            handler = attach_rank_log(logged_to, spec.rank)
     stop.set()
     code = outcome[0] if outcome else EXIT_OK
     notifier.notify(stopping=True, status=f"stopping with exit code {code}")

@@ -10,7 +10,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.errors import DgppError
 from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import (
@@ -25,7 +24,7 @@ from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
 from dgpp.engine.server.pipeline import (
     GenerationJob,
-    StreamTotals,
+    OpenAIStream,
     complete,
     prepare,
     stream_response,
@@ -175,11 +174,9 @@ def _delta(piece: ParsedDelta) -> dict[str, Any]:
     return delta
 
 
-class _ChatStream:
+class _ChatStream(OpenAIStream):
     """Chat Completions chunks: a role delta per choice, parsed deltas (reasoning, content,
     tool calls), a finish chunk per choice, then the usage chunk when asked and `[DONE]`."""
-
-    keepalive = ": keep-alive\n\n"
 
     def __init__(
         self,
@@ -226,15 +223,3 @@ class _ChatStream:
             finish = _finish_reason(completion, parser.num_tool_calls)
             events.append(self._chunk(index, {}, finish_reason=finish))
         return events
-
-    def failed(self, err: DgppError) -> list[str]:
-        return [openai_bodies.sse_error(err)]
-
-    def closing(self, totals: StreamTotals) -> list[str]:
-        return openai_bodies.stream_end(
-            self.base,
-            len(self.job.prompt),
-            totals.completion_tokens,
-            totals.cached_tokens,
-            self.include_usage,
-        )

@@ -10,14 +10,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.errors import DgppError, InvalidRequestError
+from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import ApiSampling, check_unsupported, resolve_max_tokens
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.pipeline import (
     GenerationJob,
-    StreamTotals,
+    OpenAIStream,
     complete,
     prepare,
     stream_response,
@@ -110,11 +110,9 @@ async def completions(
     )
 
 
-class _CompletionStream:
+class _CompletionStream(OpenAIStream):
     """Completions chunks: the echoed prompt when asked, text deltas, a finish chunk per
     choice, then the usage chunk when asked and `[DONE]`."""
-
-    keepalive = ": keep-alive\n\n"
 
     def __init__(
         self,
@@ -149,15 +147,3 @@ class _CompletionStream:
         if output.finished:
             events.append(self._chunk(index, "", openai_bodies.finish_reason(completion)))
         return events
-
-    def failed(self, err: DgppError) -> list[str]:
-        return [openai_bodies.sse_error(err)]
-
-    def closing(self, totals: StreamTotals) -> list[str]:
-        return openai_bodies.stream_end(
-            self.base,
-            len(self.job.prompt),
-            totals.completion_tokens,
-            totals.cached_tokens,
-            self.include_usage,
-        )

@@ -126,6 +126,29 @@ class StreamShape(Protocol):
     def closing(self, totals: StreamTotals) -> list[str]: ...
 
 
+class OpenAIStream:
+    """What chat and completions streams share: their keep-alive comment, an error event for a
+    failed engine, and the end (the usage chunk when asked, then `[DONE]`). A subclass sets
+    `base` (the chunk's id, object, created and model), `job` and `include_usage`."""
+
+    keepalive = ": keep-alive\n\n"
+    base: dict[str, Any]
+    job: GenerationJob
+    include_usage: bool
+
+    def failed(self, err: DgppError) -> list[str]:
+        return [openai_bodies.sse_error(err)]
+
+    def closing(self, totals: StreamTotals) -> list[str]:
+        return openai_bodies.stream_end(
+            self.base,
+            len(self.job.prompt),
+            totals.completion_tokens,
+            totals.cached_tokens,
+            self.include_usage,
+        )
+
+
 def stream_response(
     state: ServerState, tracker: RequestTracker, job: GenerationJob, shape: StreamShape
 ) -> StreamingResponse:
