@@ -134,11 +134,12 @@ def run_head_rank(
     # Only now the engine's imports (torch, transformers: seconds).
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
     from dgpp.appliance.head_runtime import HeadOptions, run_head
-    from dgpp.engine.resolved import resolve
+    from dgpp.engine.resolved import resolve as resolve_config  # not the file's `resolve`
 
     ident, _ = record_deployment(deployment)
     attach_rank_log(ident, 0)
-    resolved = resolve(engine_config(deployment), checkpoint_of(deployment), deployment.world_size)
+    checkpoint = checkpoint_of(deployment)
+    resolved = resolve_config(engine_config(deployment), checkpoint, deployment.world_size)
     options = HeadOptions(
         deployment_id=ident,
         resolved=resolved,

@@ -91,7 +91,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dgpp.appliance.head_runtime import HeadOptions, run_head
     from dgpp.appliance.local_watchdog import watchdog_seconds
     from dgpp.appliance.timeout_env import apply_env_overrides
-    from dgpp.engine.resolved import resolve
+    from dgpp.engine.resolved import resolve as resolve_config  # not the file's `resolve`
 
     if args.api_key is not None:
         log.warning("--api-key is visible to every user of this machine (ps); prefer a key file")
@@ -108,7 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if world_size > 1 and engine.device == "cpu" and engine.num_threads is None:
         # N ranks on one machine share its cores; oversubscribed OpenMP pools crawl.
         engine = replace(engine, num_threads=max(1, (os.cpu_count() or 1) // world_size))
-    resolved = resolve(engine, checkpoint, world_size)  # refuses before anything is written
+    resolved = resolve_config(engine, checkpoint, world_size)  # refuses before anything is written
     timeouts = apply_env_overrides(world_timeouts(deployment), os.environ)
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
 

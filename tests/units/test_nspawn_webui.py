@@ -133,6 +133,23 @@ def test_a_second_playbook_run_changes_nothing(console: Container) -> None:
     assert changed == []
 
 
+def test_systemctl_reload_is_taken_by_rank_0_in_place(console: Container) -> None:
+    """`systemctl reload dgpp@rank0` (ExecReload: SIGHUP) reads the deployment again, here
+    unchanged: the same process serves on and its journal says so."""
+    box = console
+    before = box.sh("systemctl show -p MainPID --value dgpp@rank0").stdout.strip()
+    box.sh("systemctl reload dgpp@rank0")
+    journal = ""
+    for _ in range(50):
+        journal = box.sh("journalctl -u dgpp@rank0 --no-pager -o cat").stdout
+        if "reloaded: the deployment is unchanged" in journal:
+            break
+        time.sleep(0.2)
+    assert "reloaded: the deployment is unchanged" in journal, journal[-3000:]
+    assert box.sh("systemctl show -p MainPID --value dgpp@rank0").stdout.strip() == before
+    assert box.sh(HEALTH).stdout == "200"
+
+
 def test_the_unit_runs_the_console_as_its_own_user(console: Container) -> None:
     box = console
     assert box.sh("systemctl is-enabled dgpp-webui").stdout.strip() == "enabled"
