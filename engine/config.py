@@ -164,14 +164,12 @@ class ModelConfig:
             raise ModelLoadError(f"config.json lacks the required key {missing}") from None
 
     @classmethod
-    def from_checkpoint(cls, path: Path) -> ModelConfig:
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise ModelLoadError(f"{path} is not a checkpoint: it has no config.json")
-        try:
-            raw = json.loads(config_file.read_text())
-        except json.JSONDecodeError as err:
-            raise ModelLoadError(f"{config_file} is not valid JSON: {err}") from None
+    def from_checkpoint(cls, path: Path, raw: dict[str, Any] | None = None) -> ModelConfig:
+        """The facts of the checkpoint at `path`: from its config.json, or from `raw` where the
+        caller has them (a worker rank: rank 0's, pushed); the quantization layout of a group
+        method is read from the checkpoint's own tensor headers either way."""
+        if raw is None:
+            raw = read_config_json(path)
         config = cls.from_dict(raw)
         quant = quant_config(raw, path)
         method = check_method(quant)
@@ -179,6 +177,20 @@ class ModelConfig:
             return config
         meta = tensor_meta(checkpoint_files(path))
         return replace(config, quant_schemes=schemes_from_meta(method, quant, meta))
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """`path/config.json`, refused with the reason when absent or not JSON."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} is not a checkpoint: it has no config.json")
+    try:
+        raw = json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{config_file} does not hold a JSON object")
+    return raw
 
 
 def read_generation_config(checkpoint: Path) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 weight is read (a quantization other than the one asked for, an unknown architecture), sizes
 the KV pool from `memory_fraction` (`memory_plan.size_kv_pool`) and fixes the context limit.
 Rank 0 resolves; `LLMEngine` takes the result and reads no configuration itself; the other ranks
-run the engine configuration rank 0 pushes (`distributed.worker`); the console's preview and
+build from what rank 0 pushes of it (`distributed.worker.pushed_config`: the sized engine
+configuration and rank 0's reading of config.json); the console's preview and
 `dgpp deploy plan` plan the memory of the same `ResolvedConfig`
 (`appliance.deployment_plan.resolve_deployment`).
 """

@@ -99,9 +99,7 @@ class Head:
             raise FormationError(str(err)) from None
         try:
             push_config(
-                WorldConfig.of(
-                    pushed_config(self.config, self.checkpoint, self.world_size, self.deployment_id)
-                ),
+                WorldConfig.of(pushed_config(self.resolved, self.deployment_id)),
                 world.control_group,
             )
         except ConfigError as err:  # a worker refused: it (or its deployment) may be fixed

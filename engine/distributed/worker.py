@@ -21,17 +21,22 @@ from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, DgppError, one_line
 from dgpp.engine.model_runner import ModelRunner
+from dgpp.engine.resolved import ResolvedConfig
 
 log = logging.getLogger(__name__)
 
 
-def pushed_config(
-    config: EngineConfig, checkpoint: Path, world_size: int, deployment_id: str | None = None
-) -> dict[str, Any]:
-    """The configuration rank 0 pushes, as plain data: every rank builds the same runner from it
-    (and names its log folder after the deployment)."""
-    pushed = {"engine": asdict(config), "checkpoint": str(checkpoint), "world_size": world_size}
-    return pushed | {"deployment_id": deployment_id}
+def pushed_config(resolved: ResolvedConfig, deployment_id: str | None = None) -> dict[str, Any]:
+    """The configuration rank 0 resolved, pushed as plain data: every rank builds the same runner
+    from it (the engine configuration with its KV pool sized, the checkpoint's facts as rank 0
+    read them) and names its log folder after the deployment."""
+    return {
+        "engine": asdict(resolved.engine),
+        "checkpoint": str(resolved.checkpoint),
+        "model": dict(resolved.model.raw),
+        "world_size": resolved.tp_size,
+        "deployment_id": deployment_id,
+    }
 
 
 class Worker:
@@ -132,7 +137,8 @@ def _build_runner(pushed: dict[str, Any], world: World, resident_dir: Path | Non
     checkpoint = Path(pushed["checkpoint"])
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
-    model_config = ModelConfig.from_checkpoint(checkpoint)
+    # Rank 0's reading of config.json, not this node's copy: one resolution for the world.
+    model_config = ModelConfig.from_checkpoint(checkpoint, raw=pushed["model"])
     assert config.max_model_len is not None, "rank 0 pushes the resolved context limit"
     return ModelRunner(
         config, model_config, checkpoint, config.max_model_len, world.parallel, resident_dir

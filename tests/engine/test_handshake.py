@@ -1,9 +1,16 @@
-"""The configuration rank 0 pushes: digest, version and per-key differences (no world needed)."""
+"""The configuration rank 0 pushes: digest, version, per-key differences and the resolved facts
+workers build from (no world needed)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
+
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.distributed.handshake import (
     WorldConfig,
     check,
@@ -11,6 +18,11 @@ from dgpp.engine.distributed.handshake import (
     differences,
     software_version,
 )
+from dgpp.engine.distributed.worker import pushed_config
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.resolved import resolve
+from tests.conftest import tiny_model
 
 CONFIG = {"engine": {"model": "default", "kv_capacity": 2048}, "world_size": 2}
 
@@ -64,3 +76,21 @@ def test_one_line_drops_the_source_location_and_stays_short() -> None:
     assert len(line) == 160 and line.endswith("…")
     assert one_line(ValueError("")) == "ValueError: "
     assert one_line(None) == "unknown error"
+
+
+def test_workers_build_from_the_facts_rank_0_resolved(tmp_path: Path) -> None:
+    """Rank 0 pushes its reading of config.json with the sized engine configuration, as plain
+    data; a worker builds its model facts from that, not from its own copy of the file."""
+    tiny_llama = tmp_path / "checkpoint"
+    tiny_model("LlamaForCausalLM").save_pretrained(str(tiny_llama), safe_serialization=True)
+    resolved = resolve(EngineConfig(model=str(tiny_llama), kv_capacity=256), tiny_llama, 2)
+    pushed = json.loads(json.dumps(pushed_config(resolved, "dep-1")))  # what crosses the wire
+    assert pushed["engine"]["kv_capacity"] == 256 and pushed["world_size"] == 2
+    assert pushed["engine"]["max_model_len"] == resolved.max_model_len
+    node_copy = tiny_llama.parent / "node-copy"
+    shutil.copytree(tiny_llama, node_copy)
+    (node_copy / "config.json").write_text("{ damaged")
+    worker_facts = ModelConfig.from_checkpoint(node_copy, raw=pushed["model"])
+    assert worker_facts == resolved.model
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        ModelConfig.from_checkpoint(node_copy)
