@@ -38,14 +38,16 @@ def paged_attention(
     scale: float,
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of query [T, H, D] over each sequence's cached keys; returns [T, H, D].
+    """Causal attention of query [T, H, D] over each sequence's cached keys; returns [T, H, D]
+    (into `out` when given).
 
     `sinks` [H]: a learned logit per head that joins each softmax's denominator and adds no
     value (gpt-oss). `sliding_window`: a query at position p sees only keys k with
     p - window < k <= p; keys before a row's window are not read (decode rows gather only the
     window's slots, prefill chunks start at the window's first block)."""
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     block_size = key_cache.shape[1]
     starts = metadata.query_start_loc_host
     num_decodes = metadata.num_decodes

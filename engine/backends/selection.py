@@ -3,6 +3,8 @@ built."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
@@ -13,9 +15,14 @@ from dgpp.engine.config import ModelConfig
 
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
-    """The paged-attention backend for `device` and `dtype`: the PyTorch one on every device
-    today (it is the only one there is)."""
-    del dtype  # every dtype the engine serves runs on the PyTorch backend
+    """The paged-attention backend for `device` and `dtype`: the Triton kernel on CUDA (where
+    Triton is installed), the PyTorch twin elsewhere. Every dtype the engine serves runs on
+    both."""
+    del dtype
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from dgpp.engine.backends.triton_paged import TritonPagedAttention  # imports triton
+
+        return TritonPagedAttention(device)
     return TorchPagedAttention(device)
 
 

@@ -18,37 +18,29 @@ products are exact in float32 and the sums accumulate in float32).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+# First: sets TRITON_INTERPRET before anything imports triton.
+from tests.kernels.triton_interpret import (
+    IN_PROCESS,
+    interpreted,
+    needs_interpreter,
+    run_in_a_fresh_interpreter,
+)
 
+# isort: split
+import numpy as np
 import pytest
+import torch
+import triton.language as tl
+from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-triton = pytest.importorskip("triton")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.runtime.interpreter import InterpretedFunction, InterpreterBuilder, TensorHandle  # noqa: E402
-
-import dgpp.kernels.group_linear_triton as glt  # noqa: E402
-from dgpp.kernels.group_codes import (  # noqa: E402
+import dgpp.kernels.group_linear_triton as glt
+from dgpp.kernels.group_codes import (
     GroupFormat,
     GroupWeight,
     codebook_values,
     pack_nibbles,
 )
-from dgpp.kernels.group_linear_torch import group_linear_torch  # noqa: E402
-
-IN_PROCESS = isinstance(triton.language.zeros, InterpretedFunction)
-needs_interpreter = pytest.mark.skipif(
-    not IN_PROCESS,
-    reason="triton was imported before TRITON_INTERPRET=1; test_in_a_fresh_interpreter runs these",
-)
+from dgpp.kernels.group_linear_torch import group_linear_torch
 
 
 def _widen_bf16(handle: TensorHandle) -> TensorHandle:
@@ -59,9 +51,7 @@ def _widen_bf16(handle: TensorHandle) -> TensorHandle:
 
 @pytest.fixture(autouse=True)
 def _interpreted_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = glt._group_linear_kernel
-    if IN_PROCESS and not isinstance(kernel, InterpretedFunction):
-        monkeypatch.setattr(glt, "_group_linear_kernel", InterpretedFunction(kernel.fn))
+    interpreted(glt, "_group_linear_kernel", monkeypatch)
     create_dot = InterpreterBuilder.create_dot
 
     def bf16_aware_dot(self, a, b, d, *args):
@@ -199,13 +189,4 @@ def test_non_contiguous_input() -> None:
 if not IN_PROCESS:
 
     def test_in_a_fresh_interpreter() -> None:
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__],
-            cwd=Path(__file__).resolve().parents[2],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        run_in_a_fresh_interpreter(__file__)

@@ -1,0 +1,181 @@
+"""Triton paged attention: every row of a step (decode, speculative verify, prefill chunk over a
+cached prefix) read straight from the paged cache through its block table.
+
+`paged_attention_triton` has the signature of its twin `paged_attention_torch.paged_attention`
+and agrees with it up to the order of float32 sums. One program serves one query token and one
+KV head: it loads the queries of every head sharing that KV head (GQA), walks the token's key
+pages from the first visible one (a sliding window starts later) to its own position, and keeps
+an online softmax in float32 (scores, running maximum and denominator; a sink's logit starts
+the denominator, gpt-oss). Keys past the token's position are masked, so a verify row's queries
+and a prefill chunk's are causal among themselves.
+
+Decode reads each key page once per KV head, which is what bounds it (memory); a prefill chunk
+reads them once per query token, so long prompts still go through this kernel correctly but
+not fast: a tiled prefill kernel and split-K decode for very long contexts are the next steps
+(issue 36).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr: tl.tensor,
+    k_cache_ptr: tl.tensor,
+    v_cache_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    block_tables_ptr: tl.tensor,
+    token_row_ptr: tl.tensor,
+    token_pos_ptr: tl.tensor,
+    sinks_ptr: tl.tensor,
+    scale: float,
+    window: int,
+    stride_qt: int,
+    stride_qh: int,
+    stride_kb: int,
+    stride_ks: int,
+    stride_kh: int,
+    stride_vb: int,
+    stride_vs: int,
+    stride_vh: int,
+    stride_ot: int,
+    stride_oh: int,
+    stride_bt: int,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+) -> None:
+    token = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    row = tl.load(token_row_ptr + token)
+    pos = tl.load(token_pos_ptr + token)  # the query's own position: its last visible key
+
+    g = tl.arange(0, GROUP_P2)
+    heads = kv_head * GROUP + g
+    head_ok = g < GROUP
+    d = tl.arange(0, DIM_P2)
+    d_ok = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + token * stride_qt + heads[:, None] * stride_qh + d[None, :],
+        mask=head_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(pos - window + 1, 0)
+    if HAS_SINKS:
+        m_i = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)
+        l_i = tl.full([GROUP_P2], 1.0, tl.float32)  # exp(sink - m_i): it joins the denominator
+    else:
+        m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
+
+    s = tl.arange(0, BLOCK_SIZE)
+    for page in range(first // BLOCK_SIZE, pos // BLOCK_SIZE + 1):
+        block = tl.load(block_tables_ptr + row * stride_bt + page)
+        k_at = k_cache_ptr + block * stride_kb + kv_head * stride_kh
+        v_at = v_cache_ptr + block * stride_vb + kv_head * stride_vh
+        k = tl.load(k_at + s[:, None] * stride_ks + d[None, :], mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_at + s[:, None] * stride_vs + d[None, :], mask=d_ok[None, :], other=0.0)
+        k, v = k.to(tl.float32), v.to(tl.float32)  # [BLOCK_SIZE, DIM]
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP, BLOCK_SIZE]
+        key_pos = page * BLOCK_SIZE + s
+        visible = (key_pos >= first) & (key_pos <= pos)
+        scores = tl.where(visible[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + token * stride_ot + heads[:, None] * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=head_ok[:, None] & d_ok[None, :],
+    )
+
+
+def token_rows_and_positions(
+    metadata: PagedAttentionMetadata, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query token's row and position (its row's last `query_len` positions), computed on
+    the device from the metadata's tensors: no host round trip."""
+    starts = metadata.query_start_loc
+    query_lens = starts[1:] - starts[:-1]
+    rows = torch.repeat_interleave(
+        torch.arange(query_lens.shape[0], device=starts.device), query_lens, output_size=num_tokens
+    )
+    index = torch.arange(num_tokens, device=starts.device)
+    positions = index - starts[rows] + metadata.seq_lens[rows] - query_lens[rows]
+    return rows.to(torch.int32), positions.to(torch.int32)
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: PagedAttentionMetadata,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of query [T, H, D] over each row's cached keys and values
+    ([blocks, block_size, H_kv, D]); returns [T, H, D] (into `out` when given)."""
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
+    assert num_heads % num_kv_heads == 0, "query heads come in whole groups per KV head"
+    assert block_size & (block_size - 1) == 0, "pages hold a power-of-two number of tokens"
+    out = torch.empty_like(query) if out is None else out
+    for tensor in (query, key_cache, value_cache, out):
+        assert tensor.stride(-1) == 1, "head dimensions are contiguous"
+    if num_tokens == 0:
+        return out
+    rows, positions = token_rows_and_positions(metadata, num_tokens)
+    group = num_heads // num_kv_heads
+    tables = metadata.block_tables
+    _paged_attention_kernel[(num_tokens, num_kv_heads)](
+        query,
+        key_cache,
+        value_cache,
+        out,
+        tables,
+        rows,
+        positions,
+        sinks if sinks is not None else query,  # never read without sinks
+        scale,
+        sliding_window or 0,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        tables.stride(0),
+        GROUP=group,
+        GROUP_P2=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        DIM_P2=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=block_size,
+        HAS_SINKS=sinks is not None,
+        HAS_WINDOW=sliding_window is not None,
+    )
+    return out
