@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from dgpp.kernels.activation import silu_and_mul
 
 
 class SiluAndMul(nn.Module):
-    """silu(gate) * up, where the input is the concatenation [gate | up] on the last dimension."""
+    """silu(gate) * up, where the input is the concatenation [gate | up] on the last dimension
+    (`kernels.activation`: Triton on CUDA, the PyTorch twin elsewhere)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_and_mul(x)

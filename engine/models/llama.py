@@ -29,7 +29,7 @@ from dgpp.engine.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from dgpp.engine.layers.norm import RMSNorm
+from dgpp.engine.layers.norm import ResidualNorm, RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateSpec
@@ -177,7 +177,7 @@ class DecoderLayer(nn.Module):
         self_attn: nn.Module,
         mlp: nn.Module,
         mixer_name: str = "self_attn",
-        norm: type[nn.Module] = RMSNorm,
+        norm: type[ResidualNorm] = RMSNorm,
     ) -> None:
         super().__init__()
         self.mixer_name = mixer_name
@@ -193,8 +193,9 @@ class DecoderLayer(nn.Module):
         metadata: StepMetadata,
     ) -> torch.Tensor:
         mixer = self._modules[self.mixer_name]
-        hidden = hidden + mixer(angles, self.input_layernorm(hidden), metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        mixed = mixer(angles, self.input_layernorm(hidden), metadata)
+        normed, hidden = self.post_attention_layernorm.add_forward(mixed, hidden)
+        return hidden + self.mlp(normed)
 
 
 class DecoderModel(nn.Module):

@@ -1,0 +1,17 @@
+"""The gated activation: the Triton kernel for CUDA tensors where Triton is installed, its
+PyTorch twin everywhere else."""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels import activation_torch
+from dgpp.kernels.rms_norm import has_triton
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda and has_triton():
+        from dgpp.kernels.activation_triton import silu_and_mul_triton
+
+        return silu_and_mul_triton(x)
+    return activation_torch.silu_and_mul(x)

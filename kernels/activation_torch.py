@@ -1,0 +1,12 @@
+"""PyTorch twin of the gated-activation kernel: the reference and the path without Triton."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x = [gate | up] on the last dimension."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
