@@ -55,6 +55,9 @@ def test_host_role_installs_pinned_cpu_torch_and_dgpp_into_a_new_venv(tmp_path: 
             "dgpp_host_nvidia_smi": str(tmp_path / "no-driver" / "nvidia-smi"),
             "dgpp_host_checkout_dir": str(checkout_copy(tmp_path / "checkout")),
             "dgpp_host_wheel_build_dir": str(tmp_path / "wheel"),
+            # pip's byte-compiling of every installed module (about 15,000 files, half a
+            # minute of CPU here) is pip's work, not the role's; Python compiles on first import.
+            "dgpp_host_pip_extra_args": "--no-compile",
         },
     )
     stage(host, venv_link=False)
