@@ -12,27 +12,45 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
-_SCALARS = {
-    GGUFValueType.UINT8: "<B",
-    GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I",
-    GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f",
-    GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
-}
+
+
+@cache
+def _gguf() -> ModuleType:
+    """gguf-py, for its constants: imported when a GGUF file is first read, so the engine
+    imports on a machine without it (one that serves safetensors checkpoints only)."""
+    import gguf
+
+    return gguf
+
+
+@cache
+def _scalars() -> dict[Any, str]:
+    kinds = _gguf().GGUFValueType
+    return {
+        kinds.UINT8: "<B",
+        kinds.INT8: "<b",
+        kinds.UINT16: "<H",
+        kinds.INT16: "<h",
+        kinds.UINT32: "<I",
+        kinds.INT32: "<i",
+        kinds.FLOAT32: "<f",
+        kinds.BOOL: "<?",
+        kinds.UINT64: "<Q",
+        kinds.INT64: "<q",
+        kinds.FLOAT64: "<d",
+    }
 
 
 class GgufFormatError(ValueError):
@@ -81,7 +99,7 @@ class GgufHeader:
         for _ in range(kv_count):
             key, offset = self._string(offset)
             (kind,) = struct.unpack_from("<I", self._bytes, offset)
-            self.fields[key], offset = self._field(GGUFValueType(kind), offset + 4)
+            self.fields[key], offset = self._field(_gguf().GGUFValueType(kind), offset + 4)
         infos = []
         for _ in range(tensor_count):
             name, offset = self._string(offset)
@@ -89,7 +107,7 @@ class GgufHeader:
             shape = struct.unpack_from(f"<{dims}Q", self._bytes, offset + 4)
             kind, start = struct.unpack_from("<IQ", self._bytes, offset + 4 + 8 * dims)
             offset += 4 + 8 * dims + 12
-            infos.append((name, GGMLQuantizationType(kind), tuple(shape), start))
+            infos.append((name, _gguf().GGMLQuantizationType(kind), tuple(shape), start))
         alignment = int(self.field("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
         data_start = -(-offset // alignment) * alignment
         self.tensors = [self._tensor(*info, data_start) for info in infos]
@@ -99,7 +117,7 @@ class GgufHeader:
         entry = self.fields.get(key)
         if entry is None:
             return default
-        if entry.type != GGUFValueType.ARRAY:
+        if entry.type != _gguf().GGUFValueType.ARRAY:
             return self._value(entry.type, entry.start)[0]
         assert entry.item_type is not None
         values, offset = [], entry.start
@@ -121,26 +139,26 @@ class GgufHeader:
         return bytes(self._bytes[offset + 8 : end]).decode("utf-8", "replace"), end
 
     def _value(self, kind: GGUFValueType, offset: int) -> tuple[Any, int]:
-        if kind == GGUFValueType.STRING:
+        if kind == _gguf().GGUFValueType.STRING:
             return self._string(offset)
-        fmt = _SCALARS.get(kind)
+        fmt = _scalars().get(kind)
         if fmt is None:
             raise GgufFormatError(f"a nested array at byte {offset}")
         return struct.unpack_from(fmt, self._bytes, offset)[0], offset + struct.calcsize(fmt)
 
     def _field(self, kind: GGUFValueType, offset: int) -> tuple[HeaderField, int]:
-        if kind != GGUFValueType.ARRAY:
+        if kind != _gguf().GGUFValueType.ARRAY:
             _, end = self._value(kind, offset)
             return HeaderField(kind, None, 1, offset, end), end
         item, count = struct.unpack_from("<IQ", self._bytes, offset)
-        item_type, start = GGUFValueType(item), offset + 12
-        if item_type == GGUFValueType.STRING:  # walk the lengths, decode nothing
+        item_type, start = _gguf().GGUFValueType(item), offset + 12
+        if item_type == _gguf().GGUFValueType.STRING:  # walk the lengths, decode nothing
             end = start
             for _ in range(count):
                 (length,) = struct.unpack_from("<Q", self._bytes, end)
                 end += 8 + length
-        elif item_type in _SCALARS:
-            end = start + count * struct.calcsize(_SCALARS[item_type])
+        elif item_type in _scalars():
+            end = start + count * struct.calcsize(_scalars()[item_type])
         else:
             raise GgufFormatError(f"an array of {item_type.name} at byte {offset}")
         if end > len(self._bytes):
@@ -155,7 +173,7 @@ class GgufHeader:
         start: int,
         data_start: int,
     ) -> HeaderTensor:
-        block, type_size = GGML_QUANT_SIZES[kind]
+        block, type_size = _gguf().GGML_QUANT_SIZES[kind]
         elements = int(np.prod(shape)) if shape else 1
         begin = data_start + start
         nbytes = elements // block * type_size
