@@ -1,0 +1,168 @@
+"""Section (a) of the GPU check: every Triton kernel against its PyTorch twin, at a real model's
+sizes on the GPU (tiny ones under `--dry-run`): the error as ||out - ref|| / ||ref|| against the
+twin run in float64, and the milliseconds of each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.kernels.activation_torch import silu_and_mul
+from dgpp.kernels.activation_triton import silu_and_mul_triton
+from dgpp.kernels.group_codes import GroupFormat, GroupWeight, pack_nibbles
+from dgpp.kernels.group_linear_torch import group_linear_torch
+from dgpp.kernels.group_linear_triton import group_linear_triton
+from dgpp.kernels.paged_attention_torch import paged_attention
+from dgpp.kernels.paged_attention_triton import paged_attention_triton
+from dgpp.kernels.rms_norm_torch import add_rms_norm, rms_norm
+from dgpp.kernels.rms_norm_triton import add_rms_norm_triton, rms_norm_triton
+
+# Tolerances by dtype (relative error against float64); the interpreter on CPU truncates
+# bfloat16 casts, a GPU rounds them.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+@dataclass
+class KernelResult:
+    name: str
+    dtype: str
+    error: float
+    tolerance: float
+    kernel_ms: float
+    twin_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error < self.tolerance
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _attention_step(
+    device: torch.device, rows: list[tuple[int, int]], num_decodes: int, heads: int, kv: int,
+    dim: int, block: int,
+) -> tuple[torch.Tensor, torch.Tensor, object]:  # fmt: skip
+    gen = torch.Generator(device).manual_seed(0)
+    blocks = sum(-(-s // block) for s, _ in rows) + 1
+    order = torch.randperm(blocks, generator=gen, device=device).tolist()
+    layout_rows = []
+    for seq_len, q_len in rows:
+        table = [order.pop() for _ in range(-(-seq_len // block))]
+        layout_rows.append(BatchRow(seq_len - q_len, q_len, table))
+    layout = BatchLayout(tuple(layout_rows), num_decodes, block, prefill_softmax_fp32=True)
+    metadata = TorchPagedAttention(device).prepare(layout)
+    caches = torch.randn(2, blocks, block, kv, dim, generator=gen, device=device)
+    query = torch.randn(sum(q for _, q in rows), heads, dim, generator=gen, device=device)
+    return query, caches, metadata
+
+
+def attention_cases(dry_run: bool) -> list[tuple[str, list[tuple[int, int]], int, tuple[int, ...]]]:
+    if dry_run:
+        return [("paged attention, decode", [(40, 1), (23, 1)], 2, (4, 2, 16, 8))]
+    shape = (32, 8, 128, 16)  # Llama-3-8B-like heads, 16-token pages
+    return [
+        ("paged attention, decode 16 x 4K", [(4096, 1)] * 16, 16, shape),
+        ("paged attention, 512-token chunk on 4K", [(4096, 512)], 0, shape),
+    ]
+
+
+def _measure(
+    name: str, dtype: torch.dtype, kernel: Callable[[], object], twin: Callable[[], object],
+    reference: torch.Tensor, device: torch.device, repeats: int,
+) -> KernelResult:  # fmt: skip
+    def first(out: object) -> torch.Tensor:
+        return out[0] if isinstance(out, tuple) else out  # type: ignore[return-value]
+
+    error = relative_error(first(kernel()), reference)
+    kernel_ms, twin_ms = timed_ms(kernel, device, repeats), timed_ms(twin, device, repeats)
+    return KernelResult(name, str(dtype)[6:], error, TOLERANCE[dtype], kernel_ms, twin_ms)
+
+
+def check_kernels(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
+    results = []
+    dtypes = [torch.float32, torch.bfloat16]
+    for name, rows, decodes, (heads, kv, dim, block) in attention_cases(dry_run):
+        query, caches, metadata = _attention_step(device, rows, decodes, heads, kv, dim, block)
+        scale = dim**-0.5
+        ref_inputs = (query.double(), caches[0].double(), caches[1].double(), metadata, scale)
+        reference = paged_attention(*ref_inputs)
+        for dtype in dtypes:
+            inputs = (query.to(dtype), caches[0].to(dtype), caches[1].to(dtype), metadata, scale)
+            kernel = partial(paged_attention_triton, *inputs)
+            twin = partial(paged_attention, *inputs)
+            results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
+    rows, hidden, inter = (6, 96, 160) if dry_run else (4096, 4096, 14336)
+    gen = torch.Generator(device).manual_seed(1)
+    x = torch.randn(rows, hidden, generator=gen, device=device)
+    residual = torch.randn(rows, hidden, generator=gen, device=device)
+    weight = 1 + 0.1 * torch.randn(hidden, generator=gen, device=device)
+    gate_up = 3 * torch.randn(rows, 2 * inter, generator=gen, device=device)
+    references = {
+        "norm": rms_norm(x.double(), weight.double(), 1e-6),
+        "add": add_rms_norm(x.double(), residual.double(), weight.double(), 1e-6)[0],
+        "silu": silu_and_mul(gate_up.double()),
+    }
+    for dtype in dtypes:
+        xs, rs, ws, gs = (t.to(dtype) for t in (x, residual, weight, gate_up))
+        cases = [
+            (f"RMSNorm {rows} x {hidden}", "norm", partial(rms_norm_triton, xs, ws, 1e-6),
+             partial(rms_norm, xs, ws, 1e-6)),
+            (f"add + RMSNorm {rows} x {hidden}", "add",
+             partial(add_rms_norm_triton, xs, rs, ws, 1e-6),
+             partial(add_rms_norm, xs, rs, ws, 1e-6)),
+            (f"SiLU-and-mul {rows} x {inter}", "silu", partial(silu_and_mul_triton, gs),
+             partial(silu_and_mul, gs)),
+        ]  # fmt: skip
+        for name, which, kernel, twin in cases:
+            results.append(_measure(name, dtype, kernel, twin, references[which], device, repeats))
+    results += _group_linear(device, dry_run, repeats)
+    return results
+
+
+def _group_linear(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
+    """int4 with group scales (GPTQ's symmetric form), x of 16 rows: decode of a batch."""
+    rows, cols, group = (64, 256, 64) if dry_run else (4096, 4096, 128)
+    gen = torch.Generator(device).manual_seed(2)
+    codes = torch.randint(0, 16, (rows, cols), generator=gen, device=device)
+    scales = (0.01 + 0.02 * torch.rand(rows, cols // group, generator=gen, device=device)).half()
+    fmt = GroupFormat("int4", group, scale_dtype="float16")
+    weight = GroupWeight(pack_nibbles(codes), scales)
+    x = torch.randn(16, cols, generator=gen, device=device)
+    double = GroupWeight(weight.codes, scales.double())
+    reference = group_linear_torch(
+        x.double(), double, GroupFormat("int4", group, scale_dtype="float32")
+    )
+    results = []
+    # Triton's interpreter multiplies bfloat16 `tl.dot` operands as their raw bits (numpy has no
+    # bfloat16): only float32 is meaningful without a GPU.
+    dtypes = (torch.float32,) if dry_run else (torch.float32, torch.bfloat16)
+    for dtype in dtypes:
+        xs = x.to(dtype)
+        name = f"int4 g{group} linear 16 x {cols} -> {rows}"
+        kernel = partial(group_linear_triton, xs, weight, fmt)
+        twin = partial(group_linear_torch, xs, weight, fmt)
+        results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
+    return results

@@ -1,0 +1,149 @@
+"""Sections (b)-(d) of the GPU check, on random-weight checkpoints built in the run
+(`gpu_check_build`): greedy parity with transformers, decode time against the weight-bytes /
+bandwidth roofline, and prefill throughput with attention's share."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from gpu_check_build import DECODE_LLAMA, DRY_DECODE_LLAMA, TINY_LLAMA, TINY_MOE, random_checkpoint
+from gpu_check_kernels import sync, timed_ms
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.request import Request
+from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+
+PROMPT = [0, 17, 42, 7, 99, 3, 150, 28]
+
+
+def _hf(checkpoint: Path, dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype).to(device).eval()
+
+
+def _hf_greedy(model: Any, prompt: list[int], new: int, device: torch.device) -> list[int]:
+    tokens, past, ids = [], None, torch.tensor([prompt], device=device)
+    with torch.inference_mode():
+        for _ in range(new):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+            ids = torch.tensor([[tokens[-1]]], device=device)
+    return tokens
+
+
+def _dgpp_logits(llm: LLM, sequence: list[int], prompt_len: int) -> torch.Tensor:
+    """dgpp's logits at every position after the prompt, teacher-forced one decode row at a
+    time through the paged cache."""
+    engine = llm.engine
+    request = Request(
+        "gpu-check", sequence[:prompt_len], SamplingParams(max_tokens=1), max_tokens=1
+    )
+    rows = []
+    try:
+        with torch.inference_mode():
+            while True:
+                num = request.num_pending_tokens
+                assert engine.block_manager.allocate_slots(request, num)
+                chunk = ScheduledChunk(request, request.num_computed_tokens, num)
+                logits = engine.runner.run(StepPlan((chunk,), num_decodes=int(num == 1)))
+                request.num_computed_tokens += num
+                rows.append(logits[0].float())
+                if request.num_tokens == len(sequence):
+                    break
+                request.token_ids.append(sequence[request.num_tokens])
+    finally:
+        engine.block_manager.free(request)
+    return torch.stack(rows)
+
+
+def parity(device: torch.device, work: Path) -> list[dict[str, Any]]:
+    """(b): float32 greedy tokens equal transformers'; bfloat16 top-1 agreement and the largest
+    logit difference against transformers' own bfloat16 run, teacher-forced on its tokens."""
+    results = []
+    for name, architecture, sizes in (
+        ("tiny Llama", "LlamaForCausalLM", TINY_LLAMA),
+        ("tiny Qwen3-MoE", "Qwen3MoeForCausalLM", TINY_MOE),
+    ):
+        checkpoint = random_checkpoint(work / name.replace(" ", "-"), architecture, sizes, device)
+        hf = _hf(checkpoint, torch.float32, device)
+        expected = _hf_greedy(hf, PROMPT, 24, device)
+        llm = LLM(
+            str(checkpoint), device=device.type, dtype="float32", kv_capacity=512, block_size=16
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        got = list(llm.generate([PROMPT], params)[0].outputs[0].token_ids)
+        del llm
+        hf16 = _hf(checkpoint, torch.bfloat16, device)
+        continuation = _hf_greedy(hf16, PROMPT, 24, device)
+        sequence = PROMPT + continuation
+        with torch.inference_mode():
+            reference = (
+                hf16(torch.tensor([sequence], device=device)).logits[0, len(PROMPT) - 1 :].float()
+            )
+        llm16 = LLM(
+            str(checkpoint), device=device.type, dtype="bfloat16", kv_capacity=512, block_size=16
+        )
+        ours = _dgpp_logits(llm16, sequence, len(PROMPT))[: reference.shape[0]]
+        vocab = reference.shape[-1]
+        agree = float((ours[:, :vocab].argmax(-1) == reference.argmax(-1)).float().mean())
+        worst = float((ours[:, :vocab] - reference).abs().max())
+        del llm16
+        results.append({
+            "model": name, "float32_greedy_equal": got == expected,
+            "bf16_top1_agreement": agree, "bf16_max_logit_diff": worst,
+        })  # fmt: skip
+    return results
+
+
+def copy_bandwidth_gbs(device: torch.device, dry_run: bool) -> float:
+    size = (64 if dry_run else 2048) * 2**20
+    source = torch.empty(size, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    ms = timed_ms(lambda: target.copy_(source), device, 5 if dry_run else 20)
+    return 2 * size / (ms / 1e3) / 1e9  # read + write
+
+
+def decode_and_prefill(device: torch.device, work: Path, dry_run: bool) -> dict[str, Any]:
+    """(c) decode ms/token at batch 1 and 16 against weight bytes / copy bandwidth; (d) prefill
+    tok/s of one long prompt (4K and 32K; short ones under `--dry-run`)."""
+    sizes = DRY_DECODE_LLAMA if dry_run else DECODE_LLAMA
+    checkpoint = random_checkpoint(work / "decode-llama", "LlamaForCausalLM", sizes, device)
+    lengths = (256, 1024) if dry_run else (4096, 32768)
+    llm = LLM(
+        str(checkpoint), device=device.type, kv_capacity=max(lengths) + 16 * 160 + 64,
+        block_size=16, max_model_len=max(lengths) + 64,
+    )  # fmt: skip
+    engine = llm.engine
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    bandwidth = copy_bandwidth_gbs(device, dry_run)
+    out: dict[str, Any] = {"weight_GB": weight_bytes / 1e9, "copy_GBps": bandwidth}
+    out["roofline_ms"] = weight_bytes / (bandwidth * 1e9) * 1e3
+    for batch in (1, 16):
+        prompts = [[(7 * i + j) % 200 + 2 for j in range(16)] for i in range(batch)]
+
+        def run(new: int, prompts: list[list[int]] = prompts) -> float:
+            params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+            sync(device)
+            start = time.perf_counter()
+            llm.generate(prompts, params)
+            sync(device)
+            return time.perf_counter() - start
+
+        short, long = (4, 12) if dry_run else (16, 144)
+        run(short)  # warm-up
+        per_step = (run(long) - run(short)) / (long - short)
+        out[f"decode_ms_b{batch}"] = per_step * 1e3
+    for length in lengths:
+        prompt = [(11 * j) % 200 + 2 for j in range(length)]
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        sync(device)
+        start = time.perf_counter()
+        llm.generate([prompt], params)
+        sync(device)
+        out[f"prefill_tok_s_{length}"] = length / (time.perf_counter() - start)
+    return out

@@ -1,0 +1,58 @@
+"""bench/gpu_check.py --dry-run: the prepared GPU check's code paths on CPU at tiny sizes (the
+Triton kernels under the interpreter), so the script a GPU session runs in one go is known to
+work before it gets there; and its mapping of a checkout to `dgpp.*` where dgpp is not
+installed (the GPU image)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "bench" / "gpu_check.py"
+
+
+def test_the_dry_run_passes_and_reports_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(CHECK), "--dry-run", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads((out / "gpu_check.json").read_text())
+    assert figures["failed"] == [] and figures["dry_run"] is True
+    names = {kernel["name"].split(",")[0].split(" ")[0] for kernel in figures["kernels"]}
+    assert {"paged", "RMSNorm", "add", "SiLU-and-mul", "int4"} <= names
+    assert all(kernel["ok"] for kernel in figures["kernels"])
+    assert [r["float32_greedy_equal"] for r in figures["parity"]] == [True, True]
+    assert all(r["bf16_top1_agreement"] > 0.9 for r in figures["parity"])
+    assert {"decode_ms_b1", "decode_ms_b16", "roofline_ms", "prefill_tok_s_1024"} <= set(
+        figures["decode"]
+    )
+    assert result.stdout.rstrip().endswith(f"all passed ({figures['seconds']:.0f} s)")
+    assert (out / "gpu_check.log").stat().st_size > 0
+
+
+def test_a_checkout_maps_to_dgpp_where_dgpp_is_not_installed() -> None:
+    code = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(CHECK.parent)!r})\n"
+        # Hide the editable install (its finder class, its path entry and hook).
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in f.__module__]\n"
+        "sys.path[:] = [entry for entry in sys.path if '__editable__' not in entry]\n"
+        "sys.path_importer_cache.clear()\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('dgpp') is None, 'dgpp still importable'\n"
+        "import gpu_check\n"
+        "gpu_check.importable_dgpp()\n"
+        "import dgpp.kernels.rms_norm_torch as m\n"
+        "print(m.__file__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    path = Path(result.stdout.strip())
+    assert path.name == "rms_norm_torch.py" and path.resolve() == ROOT / "kernels" / path.name
