@@ -11,7 +11,7 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
 (b) greedy parity with transformers in float32 on random tiny Llama and Qwen3-MoE checkpoints,
     and in bfloat16 the share of positions whose top-1 token agrees with transformers' bfloat16
     run and the largest logit difference;
-(c) decode ms/token of a ~1.5B Llama-shaped random model at batch 1 and 16 (eager: CUDA graphs
+(c) decode ms/token of a 1.45B Llama-shaped random model at batch 1 and 16 (eager: CUDA graphs
     are not built yet) against weight bytes / copy bandwidth measured in the same run;
 (d) prefill tok/s of one 4K and one 32K prompt.
 Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and Triton MoE

@@ -22,9 +22,9 @@ TINY_MOE = dict(
     num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
     vocab_size=256, max_position_embeddings=512, head_dim=16,
 )  # fmt: skip
-# About 1.5B parameters in Llama's shape (TinyLlama-like widths, a 32K vocabulary).
+# 1.45B parameters in Llama's shape (TinyLlama-like widths, 30 layers, a 32K vocabulary).
 DECODE_LLAMA = dict(
-    hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=32,
+    hidden_size=2048, intermediate_size=5632, num_hidden_layers=30, num_attention_heads=32,
     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=40960,
 )  # fmt: skip
 DRY_DECODE_LLAMA = dict(TINY_LLAMA, max_position_embeddings=2048)

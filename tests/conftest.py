@@ -21,6 +21,13 @@ import torch
 
 from dgpp.kernels.cpu_build import kernel_build_dir
 
+# Without a GPU every Triton kernel the suite runs is interpreted. Triton reads the variable when
+# it is first imported, so it is set here, before any test file imports it: the kernel tests all
+# run in this process (a file that imported triton first used to send the others' cases to a
+# fresh interpreter process each, skipped here: 103 skips and three process starts).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # transformers runs Gated DeltaNet (Qwen3-Next) through fla-core's Triton kernels whenever `fla`
