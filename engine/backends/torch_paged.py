@@ -13,6 +13,9 @@ from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 
 class TorchPagedAttention:
     name = "torch-paged"
+    # The attention over the paged cache (after this step's keys and values are stored): the
+    # PyTorch twin here; a faster backend names its kernel of the same signature.
+    attend = staticmethod(paged_attention)
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -78,6 +81,4 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         key_cache, value_cache = cache[0], cache[1]
         store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        return paged_attention(
-            query, key_cache, value_cache, metadata, scale, sinks, sliding_window
-        )
+        return self.attend(query, key_cache, value_cache, metadata, scale, sinks, sliding_window)
