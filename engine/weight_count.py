@@ -9,6 +9,7 @@ import torch
 
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
 
@@ -21,19 +22,44 @@ def rank_weight_bytes(model: ModelConfig, tp_size: int, tp_rank: int, dtype_byte
     return floats * dtype_bytes + packed
 
 
-_COUNTS: OrderedDict[tuple[str, int, int], tuple[int, int]] = OrderedDict()
+_COUNTS: OrderedDict[tuple[str, int, object], tuple[int, int]] = OrderedDict()
 _COUNTS_LOCK = threading.Lock()
 
 
+def head_shares(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, ...] | int:
+    """What makes one rank's parameter shapes differ from another's: only the attention heads it
+    holds (`partition_heads`, which may deal them unevenly); every other split is even
+    (`ParallelContext.shard` refuses one that is not) and differs between ranks only in its
+    offset. Ranks with equal shares hold equally many parameters. The rank itself where the
+    heads cannot be partitioned (the build will say why)."""
+    try:
+        grouped = partition_heads(model.num_heads, model.num_kv_heads, tp_size, tp_rank)
+        latent = partition_heads(model.num_heads, model.num_heads, tp_size, tp_rank)
+    except ValueError:
+        return tp_rank
+    return grouped.num_q, grouped.num_kv, latent.num_q
+
+
 def _weight_counts(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, int]:
-    """(float parameters, bytes of the others) of one rank, remembered per configuration: a
-    large MoE takes seconds to build even on the meta device (GLM-4.5: 8 s, 74,545 expert
-    modules), and a plan, the console's previews and `dgpp deploy plan` ask again and again."""
-    key = (repr(model), tp_size, tp_rank)  # every field that shapes the model, by value
+    """(float parameters, bytes of the others) of one rank, remembered per configuration and
+    head share (ranks with the same share count once): a large MoE takes seconds to build even
+    on the meta device (DeepSeek-V3: 9 s a rank, 14,906 expert modules), and a plan, the
+    console's previews and `dgpp deploy plan` ask again and again."""
+    key = (repr(model), tp_size, head_shares(model, tp_size, tp_rank))
     with _COUNTS_LOCK:
         if key in _COUNTS:
             _COUNTS.move_to_end(key)
             return _COUNTS[key]
+    floats, packed = count_weights(model, tp_size, tp_rank)
+    with _COUNTS_LOCK:
+        _COUNTS[key] = (floats, packed)
+        while len(_COUNTS) > 32:
+            _COUNTS.popitem(last=False)
+    return floats, packed
+
+
+def count_weights(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, int]:
+    """(float parameters, bytes of the others) of rank `tp_rank`, built on the meta device."""
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
     meta = torch.device("meta")
     with meta:
@@ -44,8 +70,4 @@ def _weight_counts(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int,
             floats += param.numel()
         else:
             packed += param.numel() * param.element_size()
-    with _COUNTS_LOCK:
-        _COUNTS[key] = (floats, packed)
-        while len(_COUNTS) > 32:
-            _COUNTS.popitem(last=False)
     return floats, packed

@@ -21,6 +21,7 @@ from dgpp.appliance.deployment_plan import (
 )
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.state_plan import GIB as SNAPSHOT_GIB
 from dgpp.engine.weight_count import rank_weight_bytes
@@ -185,3 +186,32 @@ def test_every_template_names_a_model_with_facts_or_the_default() -> None:
     for template in list_templates():
         model = template.load()["model"]
         assert model == "default" or (FACTS_DIR / (model.replace("/", "--") + ".json")).is_file()
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    ["LlamaForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
+     "Qwen3NextForCausalLM"],
+)  # fmt: skip
+def test_ranks_with_the_same_head_share_are_counted_once_and_rightly(architecture: str) -> None:
+    """A rank's weights are counted once per head share (`head_shares`): for every rank of
+    worlds of 2 and 4 the remembered count equals that rank's own meta build, also where heads
+    split unevenly (12 query heads in 6 groups: 2 ranks hold 3 groups each, 4 ranks 2 or 1)."""
+    from dgpp.engine import weight_count
+    from tests.conftest import tiny_model
+
+    sizes: dict[str, object] = {"num_attention_heads": 12, "num_key_value_heads": 6}
+    if architecture in ("LlamaForCausalLM", "Qwen3NextForCausalLM"):
+        sizes["hidden_size"] = 96  # whole heads of 8
+    if architecture == "Qwen3NextForCausalLM":
+        sizes.update(linear_num_key_heads=4, linear_num_value_heads=8)  # whole on 4 ranks
+    raw = tiny_model(architecture, **sizes).config
+    model = ModelConfig.from_dict(raw.to_dict())
+    shares = set()
+    for tp_size in (2, 4):
+        weight_count._COUNTS.clear()
+        for rank in range(tp_size):
+            expected = weight_count.count_weights(model, tp_size, rank)
+            assert weight_count._weight_counts(model, tp_size, rank) == expected, (tp_size, rank)
+            shares.add((tp_size, weight_count.head_shares(model, tp_size, rank)))
+    assert len(shares) > 2  # the uneven world of 4 has ranks of two shares
