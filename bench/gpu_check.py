@@ -11,8 +11,9 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
 (b) greedy parity with transformers in float32 on random tiny Llama and Qwen3-MoE checkpoints,
     and in bfloat16 the share of positions whose top-1 token agrees with transformers' bfloat16
     run and the largest logit difference;
-(c) decode ms/token of a 1.45B Llama-shaped random model at batch 1 and 16 (eager: CUDA graphs
-    are not built yet) against weight bytes / copy bandwidth measured in the same run;
+(c) decode ms/token of a 1.45B Llama-shaped random model at batch 1 and 16, eager and with CUDA
+    graphs, against weight bytes / copy bandwidth measured in the same run, and graphed greedy
+    tokens against eager (the dry run: through the graphs' static buffers, not captured);
 (d) prefill tok/s of one 4K and one 32K prompt.
 Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and Triton MoE
 and MLA kernels (none exist yet); attention's share of prefill.
@@ -102,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             failed.append("section b raised")
     if "c" in sections:
         try:
-            figures["decode"] = decode_and_prefill(device, work, args.dry_run)
+            figures["decode"] = decode = decode_and_prefill(device, work, args.dry_run)
+            if not decode["graphed_equals_eager"]:
+                failed.append("graphed greedy tokens differ from eager")
         except Exception:
             log.error("section c failed:\n%s", traceback.format_exc())
             failed.append("section c raised")
@@ -129,9 +132,16 @@ def render(figures: dict) -> str:
     decode = figures.get("decode")
     if decode:
         steps = f"b1 {decode['decode_ms_b1']:.2f} ms, b16 {decode['decode_ms_b16']:.2f} ms"
+        if "decode_ms_b1_graphed" in decode:
+            steps += (
+                f"; graphed b1 {decode['decode_ms_b1_graphed']:.2f} ms, "
+                f"b16 {decode['decode_ms_b16_graphed']:.2f} ms"
+            )
+        graphed = "graphed == eager" if decode["graphed_equals_eager"] else "graphed != eager"
         roof = f"roofline {decode['roofline_ms']:.2f} ms ({decode['copy_GBps']:.0f} GB/s copy)"
         lines.append(
-            f"| decode, random Llama | {decode['weight_GB']:.2f} GB | {steps}; {roof} | | |"
+            f"| decode, random Llama | {decode['weight_GB']:.2f} GB | {steps}; {roof}; "
+            f"{graphed} | | |"
         )
         prefill = ", ".join(
             f"{key.rsplit('_', 1)[1]}: {value:.0f} tok/s"

@@ -13,10 +13,12 @@ from gpu_check_build import DECODE_LLAMA, DRY_DECODE_LLAMA, TINY_LLAMA, TINY_MOE
 from gpu_check_kernels import sync, timed_ms
 
 from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.decode_graphs import DecodeGraphs
 from dgpp.engine.request import Request
 from dgpp.engine.scheduler import ScheduledChunk, StepPlan
 
 PROMPT = [0, 17, 42, 7, 99, 3, 150, 28]
+CPU = torch.device("cpu")
 
 
 def _hf(checkpoint: Path, dtype: torch.dtype, device: torch.device) -> Any:
@@ -108,36 +110,86 @@ def copy_bandwidth_gbs(device: torch.device, dry_run: bool) -> float:
     return 2 * size / (ms / 1e3) / 1e9  # read + write
 
 
+def _greedy(llm: LLM, prompts: list[list[int]], new: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+
+
+def graphed_equals_eager(llm: LLM, graphs: DecodeGraphs) -> bool:
+    """Greedy tokens of 5 prompts of different lengths (the batch shrinks as they finish, so
+    several buckets and padded rows are used) through `graphs`, against the eager engine."""
+    runner = llm.engine.runner
+    prompts = [[(13 * i + j) % 200 + 2 for j in range(5 + 9 * i)] for i in range(5)]
+    kept, runner.graphs = runner.graphs, None
+    eager = _greedy(llm, prompts, 12)
+    runner.graphs = graphs
+    before = graphs.replays
+    graphed = _greedy(llm, prompts, 12)
+    runner.graphs = kept
+    return graphed == eager and graphs.replays > before
+
+
+def dry_run_graphs(work: Path) -> bool:
+    """CPU stand-in for the capture: a tiny Llama on the (interpreted) Triton backend whose
+    decode steps run through the graphs' static, padded buffers without capturing."""
+    from dgpp.engine import model_runner
+    from dgpp.engine.backends.triton_paged import TritonPagedAttention
+
+    checkpoint = random_checkpoint(work / "graphs-llama", "LlamaForCausalLM", TINY_LLAMA, CPU)
+    chosen = model_runner.select_backend_for
+    model_runner.select_backend_for = lambda *_: TritonPagedAttention(CPU)
+    try:
+        llm = LLM(str(checkpoint), kv_capacity=1024, block_size=16)
+    finally:
+        model_runner.select_backend_for = chosen
+    scratch = llm.engine.config.num_kv_blocks - 1  # never reached by these prompts
+    graphs = llm.engine.runner.attach_decode_graphs(8, scratch, capture=False)
+    llm.engine.runner.graphs = None
+    return graphed_equals_eager(llm, graphs)
+
+
 def decode_and_prefill(device: torch.device, work: Path, dry_run: bool) -> dict[str, Any]:
-    """(c) decode ms/token at batch 1 and 16 against weight bytes / copy bandwidth; (d) prefill
-    tok/s of one long prompt (4K and 32K; short ones under `--dry-run`)."""
+    """(c) decode ms/token at batch 1 and 16, eager and graphed, against weight bytes / copy
+    bandwidth, and graphed greedy tokens against eager; (d) prefill tok/s of one long prompt
+    (4K and 32K; short ones under `--dry-run`)."""
     sizes = DRY_DECODE_LLAMA if dry_run else DECODE_LLAMA
     checkpoint = random_checkpoint(work / "decode-llama", "LlamaForCausalLM", sizes, device)
     lengths = (256, 1024) if dry_run else (4096, 32768)
     llm = LLM(
         str(checkpoint), device=device.type, kv_capacity=max(lengths) + 16 * 160 + 64,
-        block_size=16, max_model_len=max(lengths) + 64,
+        block_size=16, max_model_len=max(lengths) + 64, cuda_graph_max_batch=16,
     )  # fmt: skip
     engine = llm.engine
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     bandwidth = copy_bandwidth_gbs(device, dry_run)
     out: dict[str, Any] = {"weight_GB": weight_bytes / 1e9, "copy_GBps": bandwidth}
     out["roofline_ms"] = weight_bytes / (bandwidth * 1e9) * 1e3
-    for batch in (1, 16):
-        prompts = [[(7 * i + j) % 200 + 2 for j in range(16)] for i in range(batch)]
+    started = time.perf_counter()
+    engine.warm_up()  # captures the decode graphs (CUDA)
+    out["warm_up_s"] = time.perf_counter() - started
+    graphs = engine.runner.graphs
+    if graphs is None:
+        out["graphed_equals_eager"] = dry_run_graphs(work) if dry_run else False
+    else:
+        out["graphed_equals_eager"] = graphed_equals_eager(llm, graphs)
+    for chosen in (None, graphs) if graphs is not None else (None,):
+        engine.runner.graphs = chosen
+        for batch in (1, 16):
+            prompts = [[(7 * i + j) % 200 + 2 for j in range(16)] for i in range(batch)]
 
-        def run(new: int, prompts: list[list[int]] = prompts) -> float:
-            params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
-            sync(device)
-            start = time.perf_counter()
-            llm.generate(prompts, params)
-            sync(device)
-            return time.perf_counter() - start
+            def run(new: int, prompts: list[list[int]] = prompts) -> float:
+                sync(device)
+                start = time.perf_counter()
+                _greedy(llm, prompts, new)
+                sync(device)
+                return time.perf_counter() - start
 
-        short, long = (4, 12) if dry_run else (16, 144)
-        run(short)  # warm-up
-        per_step = (run(long) - run(short)) / (long - short)
-        out[f"decode_ms_b{batch}"] = per_step * 1e3
+            short, long = (4, 12) if dry_run else (16, 144)
+            run(short)  # warm-up
+            per_step = (run(long) - run(short)) / (long - short)
+            suffix = "" if chosen is None else "_graphed"
+            out[f"decode_ms_b{batch}{suffix}"] = per_step * 1e3
+    engine.runner.graphs = graphs
     for length in lengths:
         prompt = [(11 * j) % 200 + 2 for j in range(length)]
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -173,6 +173,15 @@ class EngineConfig:
         le=1.0,
         when_unset="the pool is KV capacity",
     )
+    cuda_graph_max_batch: int = knob(
+        64,
+        "decode steps of at most this many requests replay a CUDA graph captured at start "
+        "(CUDA only; 0: always eager)",
+        label="CUDA-graph batch",
+        unit="requests",
+        ge=0,
+        le=512,
+    )
     mlock: bool = knob(
         False,
         "pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",

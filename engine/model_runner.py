@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow
+from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow, StepMetadata
 from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.background_packing import BackgroundPacking
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.decode_graphs import DecodeGraphs, why_not_graphed
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.embedding import ParallelLMHead
@@ -111,12 +112,21 @@ class ModelRunner:
         declared = layer_cache_specs(model_config, parallel)  # what the memory plan counted
         assert [layer.cache_spec for layer in layers] == declared, "cache specs disagree"
         self.backends: list[AttentionBackend] = list(unique_backends(layers))
+        recurrent = state_layers(self.model)
+        backends = [*self.backends, *([recurrent[0].state_backend] if recurrent else [])]
+        graphed = self.device.type == "cuda" and config.cuda_graph_max_batch > 0
+        if graphed:
+            reason = "packing weights in the background" if self.packing else None
+            reason = reason or why_not_graphed(self.model, backends)
+            if reason is not None:
+                logging.getLogger(__name__).info("decode runs eagerly: %s", reason)
+                graphed = False
         started = time.monotonic()
+        # Decode graphs pad their buckets onto one more block, past every block a request gets.
         self.kv_caches = allocate_caches(
-            layers, config.num_kv_blocks, config.block_size, self.dtype, self.device
+            layers, config.num_kv_blocks + graphed, config.block_size, self.dtype, self.device
         )
         # Recurrent layers (hybrid models): a state slot per running request and per snapshot.
-        recurrent = state_layers(self.model)
         assert [layer.state_spec for layer in recurrent] == layer_state_specs(
             model_config, parallel
         ), "state specs disagree"
@@ -126,6 +136,34 @@ class ModelRunner:
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
+        self.max_model_len = max_model_len
+        self.graphs: DecodeGraphs | None = None
+        if graphed:
+            self.attach_decode_graphs(config.cuda_graph_max_batch, config.num_kv_blocks, True)
+
+    def attach_decode_graphs(
+        self, max_batch: int, scratch_block: int, capture: bool
+    ) -> DecodeGraphs:
+        """Serve pure decode steps of up to `max_batch` rows through `DecodeGraphs` (captured
+        on CUDA at warm-up; `capture=False` runs the same static buffers eagerly)."""
+        model = self.model
+
+        def forward(
+            ids: torch.Tensor, positions: torch.Tensor, metadata: StepMetadata
+        ) -> torch.Tensor:
+            return model.compute_logits(model(ids, positions, metadata))
+
+        self.graphs = DecodeGraphs(
+            forward,
+            self.backends[0].name,
+            self.device,
+            max_batch,
+            -(-self.max_model_len // self.block_size),
+            self.block_size,
+            scratch_block,
+            capture,
+        )
+        return self.graphs
 
     def message(self, plan: StepPlan) -> StepMessage:
         """Rank 0: the step message of `plan`, against the block tables every rank holds."""
@@ -140,6 +178,8 @@ class ModelRunner:
         """The forward every rank runs for the same message (collectives inside must match):
         float32 logits [message.num_sampled, padded_vocab], in row order."""
         self.tables.apply(message)
+        if self.graphs is not None and self.graphs.fits(message):
+            return self.graphs.run(message, self.tables)
         fp32 = self.config.prefill_precision == "fp32"
         layout = BatchLayout(
             tuple(
@@ -166,6 +206,9 @@ class ModelRunner:
         row = StepRow(_WARM_UP_SEQ, 0, (0,), 1, 0, (0,), slot)
         self.execute(StepMessage((row,), num_decodes=0))
         self.tables.apply(StepMessage((), 0, finished=(_WARM_UP_SEQ,)))
+        if self.graphs is not None:
+            with torch.inference_mode():
+                self.graphs.capture_all()
 
 
 def _token_inputs(

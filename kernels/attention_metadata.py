@@ -37,6 +37,10 @@ class PagedAttentionMetadata:
     decode_output_index: torch.Tensor | None = None  # [T_dec] int64 into [B_dec * Q_max] outputs
     # Decode rows' slots and masks for sliding-window layers, built once per window per step:
     decode_windows: DecodeWindows | None = None
+    # Each query token's row [T] and position [T] (int32 or int64), for kernels that walk every
+    # token's own keys (the Triton backend builds them once per step); None: derive them.
+    token_rows: torch.Tensor | None = None
+    token_positions: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

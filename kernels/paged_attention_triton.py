@@ -145,7 +145,9 @@ def paged_attention_triton(
         assert tensor.stride(-1) == 1, "head dimensions are contiguous"
     if num_tokens == 0:
         return out
-    rows, positions = token_rows_and_positions(metadata, num_tokens)
+    rows, positions = metadata.token_rows, metadata.token_positions
+    if rows is None or positions is None:
+        rows, positions = token_rows_and_positions(metadata, num_tokens)
     group = num_heads // num_kv_heads
     tables = metadata.block_tables
     _paged_attention_kernel[(num_tokens, num_kv_heads)](

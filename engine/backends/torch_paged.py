@@ -3,12 +3,45 @@ and the one used where no faster kernel exists (CPU)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.decode_inputs import DecodeWindows, decode_gather_inputs, decode_query_index
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
+
+
+def paged_metadata(layout: BatchLayout, device: torch.device) -> PagedAttentionMetadata:
+    """What every paged backend needs of a step: each new token's cache slot, the rows' block
+    tables (padded with block 0), where each row's queries start, and each row's length."""
+    block_size = layout.block_size
+    slots: list[int] = []
+    query_start = [0]
+    for row in layout.rows:
+        table = row.block_table
+        span = range(row.start, row.seq_len)
+        slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
+        query_start.append(query_start[-1] + row.num_tokens)
+    seq_lens = [row.seq_len for row in layout.rows]
+    max_blocks = max(len(row.block_table) for row in layout.rows)
+    tables = [[*row.block_table, *[0] * (max_blocks - len(row.block_table))] for row in layout.rows]
+
+    def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return PagedAttentionMetadata(
+        slot_mapping=tensor(slots),
+        block_tables=tensor(tables),
+        query_start_loc=tensor(query_start),
+        seq_lens=tensor(seq_lens),
+        query_start_loc_host=tuple(query_start),
+        seq_lens_host=tuple(seq_lens),
+        num_decodes=layout.num_decodes,
+        max_seq_len=max(seq_lens),
+        prefill_softmax_fp32=layout.prefill_softmax_fp32,
+    )
 
 
 class TorchPagedAttention:
@@ -21,51 +54,30 @@ class TorchPagedAttention:
         self.device = device
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
-        block_size = layout.block_size
-        slots: list[int] = []
-        query_start = [0]
-        for row in layout.rows:
-            table = row.block_table
-            span = range(row.start, row.seq_len)
-            slots.extend(table[pos // block_size] * block_size + pos % block_size for pos in span)
-            query_start.append(query_start[-1] + row.num_tokens)
-        seq_lens = [row.seq_len for row in layout.rows]
-        max_blocks = max(len(row.block_table) for row in layout.rows)
-        tables = [
-            [*row.block_table, *[0] * (max_blocks - len(row.block_table))] for row in layout.rows
-        ]
-        device = self.device
-
-        def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        decode_slots, decode_mask, query_index, windows = None, None, None, None
-        if layout.num_decodes:
-            decodes = layout.rows[: layout.num_decodes]
-            query_lens = [row.num_tokens for row in decodes]
-            decode_tables = [list(row.block_table) for row in decodes]
-            decode_lens = seq_lens[: layout.num_decodes]
-            decode_slots, decode_mask = decode_gather_inputs(
-                decode_tables, decode_lens, block_size, device, query_lens
-            )
-            query_index = decode_query_index(query_lens, device)
-            # Sliding-window layers' slots and masks: built by the first layer of each window.
-            windows = DecodeWindows(decode_tables, decode_lens, query_lens, block_size, device)
-        return PagedAttentionMetadata(
-            slot_mapping=tensor(slots),
-            block_tables=tensor(tables),
-            query_start_loc=tensor(query_start),
-            seq_lens=tensor(seq_lens),
-            query_start_loc_host=tuple(query_start),
-            seq_lens_host=tuple(seq_lens),
-            num_decodes=layout.num_decodes,
-            max_seq_len=max(seq_lens),
-            prefill_softmax_fp32=layout.prefill_softmax_fp32,
+        """The step's slots, block tables and row extents, plus what the PyTorch decode path
+        gathers by: every decode row's context slots and padding mask (and sliding windows')."""
+        metadata = paged_metadata(layout, self.device)
+        if not layout.num_decodes:
+            return metadata
+        decodes = layout.rows[: layout.num_decodes]
+        query_lens = [row.num_tokens for row in decodes]
+        decode_tables = [list(row.block_table) for row in decodes]
+        decode_lens = list(metadata.seq_lens_host[: layout.num_decodes])
+        device, block_size = self.device, layout.block_size
+        decode_slots, decode_mask = decode_gather_inputs(
+            decode_tables, decode_lens, block_size, device, query_lens
+        )
+        query_index = decode_query_index(query_lens, device)
+        return replace(
+            metadata,
             decode_slots=decode_slots,
             decode_mask=decode_mask,
             decode_query_index=query_index[0] if query_index else None,
             decode_output_index=query_index[1] if query_index else None,
-            decode_windows=windows,
+            # Sliding-window layers' slots and masks: built by the first layer of each window.
+            decode_windows=DecodeWindows(
+                decode_tables, decode_lens, query_lens, block_size, device
+            ),
         )
 
     def forward(

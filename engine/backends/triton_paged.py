@@ -1,13 +1,37 @@
-"""The Triton paged-attention backend (CUDA): the PyTorch backend's metadata, cache layout and
-store, attention by `kernels.paged_attention_triton`, which reads every row of the step straight
-from the paged cache through its block table."""
+"""The Triton paged-attention backend (CUDA): the PyTorch backend's cache layout and store,
+attention by `kernels.paged_attention_triton`, which reads every row of the step straight from
+the paged cache through its block table. Its metadata is tensors only (no host values read in
+the forward), so a decode step through it can be captured in a CUDA graph
+(`dgpp.engine.decode_graphs`)."""
 
 from __future__ import annotations
 
-from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dataclasses import replace
+
+import torch
+
+from dgpp.engine.backends.base import BatchLayout
+from dgpp.engine.backends.torch_paged import TorchPagedAttention, paged_metadata
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
 
 
 class TritonPagedAttention(TorchPagedAttention):
     name = "triton-paged"
     attend = staticmethod(paged_attention_triton)
+    graph_safe = True  # the forward reads its metadata's tensors only
+
+    def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
+        """The shared paged metadata and each query token's row and position, built once per
+        step (the kernel walks each token's own keys); no PyTorch decode gather inputs."""
+        rows: list[int] = []
+        positions: list[int] = []
+        for index, row in enumerate(layout.rows):
+            rows.extend([index] * row.num_tokens)
+            positions.extend(range(row.start, row.seq_len))
+        device = self.device
+        return replace(
+            paged_metadata(layout, device),
+            token_rows=torch.tensor(rows, dtype=torch.int32, device=device),
+            token_positions=torch.tensor(positions, dtype=torch.int32, device=device),
+        )

@@ -74,6 +74,8 @@ def grouped_by_expert(
 class Experts(nn.Module):
     """This rank's slice of every routed expert, stacked."""
 
+    host_sync = True  # `grouped_by_expert` counts tokens per expert on the host: no graphs
+
     def __init__(self, spec: MoeSpec, hidden_size: int, parallel: ParallelContext) -> None:
         super().__init__()
         self.spec = spec
@@ -152,6 +154,7 @@ class PackedExperts(nn.ModuleList):
     per-expert names load into it unchanged)."""
 
     down_proj_bias = None
+    host_sync = True  # as `Experts`
 
     def forward(
         self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor

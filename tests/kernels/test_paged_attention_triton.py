@@ -53,8 +53,8 @@ def _interpreted_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     interpreted(pat, "_paged_attention_kernel", monkeypatch)
 
 
-def make_step(step: str, heads: int, kv_heads: int, dim: int, seed: int):
-    """A step's queries, its caches (prefix cached, this step's keys stored) and metadata."""
+def make_layout(step: str, seed: int) -> tuple[BatchLayout, int]:
+    """The step's rows over scattered block tables, and the pool's size in blocks."""
     gen = torch.Generator().manual_seed(seed)
     shapes, num_decodes = STEPS[step]
     num_blocks = sum(-(-s // BLOCK) for s, _ in shapes) + 4
@@ -63,7 +63,14 @@ def make_step(step: str, heads: int, kv_heads: int, dim: int, seed: int):
     for seq_len, q_len in shapes:
         table = [free.pop() for _ in range(-(-seq_len // BLOCK))]
         rows.append(BatchRow(seq_len - q_len, q_len, table))
-    layout = BatchLayout(tuple(rows), num_decodes, BLOCK, prefill_softmax_fp32=True)
+    return BatchLayout(tuple(rows), num_decodes, BLOCK, prefill_softmax_fp32=True), num_blocks
+
+
+def make_step(step: str, heads: int, kv_heads: int, dim: int, seed: int):
+    """A step's queries, its caches (prefix cached, this step's keys stored) and metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    layout, num_blocks = make_layout(step, seed)
+    shapes = STEPS[step][0]
     metadata = TorchPagedAttention(torch.device("cpu")).prepare(layout)
     caches = torch.randn(2, num_blocks, BLOCK, kv_heads, dim, generator=gen)  # stale slots too
     tokens = sum(q for _, q in shapes)
@@ -128,7 +135,14 @@ def test_cuda_devices_get_the_triton_backend_which_agrees_with_the_torch_one() -
     new_kv = torch.randn(2, tokens, 2, 16, generator=torch.Generator().manual_seed(4))
     expected = cpu.forward(query, new_kv[0], new_kv[1], caches.clone(), metadata, 0.25)
     triton_backend = TritonPagedAttention(torch.device("cpu"))  # its kernel, interpreted
-    got = triton_backend.forward(query, new_kv[0], new_kv[1], caches.clone(), metadata, 0.25)
+    own = triton_backend.prepare(make_layout("mixed", seed=3)[0])  # rows, positions on the host
+    assert own.decode_slots is None and own.token_rows is not None
+    assert own.token_positions is not None
+    rows, positions = pat.token_rows_and_positions(metadata, tokens)
+    assert own.token_rows.tolist() == rows.tolist()
+    assert own.token_positions.tolist() == positions.tolist()
+    assert own.slot_mapping.tolist() == metadata.slot_mapping.tolist()
+    got = triton_backend.forward(query, new_kv[0], new_kv[1], caches.clone(), own, 0.25)
     assert relative_error(got, expected.double()) < 1e-5
 
 

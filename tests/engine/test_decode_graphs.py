@@ -1,0 +1,84 @@
+"""Decode graphs (`dgpp.engine.decode_graphs`): which steps and models they serve, and that a
+decode through their static, padded buffers gives the eager engine's greedy tokens.
+
+The capture itself needs CUDA (bench/gpu_check.py compares graphed with eager there); here the
+same buffers are filled and the forward runs on them directly (`capture=False`), with the
+Triton paged-attention kernel interpreted on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.engine.backends.triton_paged import TritonPagedAttention
+from dgpp.engine.decode_graphs import graph_buckets, why_not_graphed
+from dgpp.engine.layers.moe import Experts, PackedExperts
+from dgpp.engine.step_message import StepMessage, StepRow
+from tests.conftest import build_tiny_checkpoint
+from tests.kernels.triton_interpret import needs_interpreter
+
+CPU = torch.device("cpu")
+
+
+def test_buckets_end_at_the_largest_batch() -> None:
+    assert graph_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    assert graph_buckets(10) == (1, 2, 4, 8, 10)
+    assert graph_buckets(1) == (1,)
+
+
+def test_only_graph_safe_backends_and_models_are_captured() -> None:
+    dense = torch.nn.Linear(2, 2)
+    assert why_not_graphed(dense, [TritonPagedAttention(CPU)]) is None
+    assert "torch-paged" in str(why_not_graphed(dense, [TorchPagedAttention(CPU)]))
+    assert "2 backends" in str(why_not_graphed(dense, [TritonPagedAttention(CPU)] * 2))
+    # The MoE layers count each expert's tokens on the host (until the fused MoE kernel).
+    routed = torch.nn.Sequential(torch.nn.Linear(2, 2), PackedExperts())
+    assert "PackedExperts" in str(why_not_graphed(routed, [TritonPagedAttention(CPU)]))
+    assert Experts.host_sync
+
+
+def _row(seq: int, start: int, tokens: int) -> StepRow:
+    return StepRow(seq, start, (5,) * tokens, 1, 0, (), -1)
+
+
+def test_only_pure_single_token_decode_steps_fit(tmp_path: Path, tokenizer_dir: Path) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+    graphs = LLM(str(checkpoint), kv_capacity=256).engine.runner.attach_decode_graphs(
+        4, scratch_block=15, capture=False
+    )
+    assert graphs.fits(StepMessage(tuple(_row(i, 7, 1) for i in range(4)), num_decodes=4))
+    assert not graphs.fits(StepMessage(tuple(_row(i, 7, 1) for i in range(5)), num_decodes=5))
+    assert not graphs.fits(StepMessage((_row(0, 7, 3),), num_decodes=1))  # a verify row
+    assert not graphs.fits(StepMessage((_row(0, 7, 1), _row(1, 0, 4)), num_decodes=1))
+    assert not graphs.fits(StepMessage((_row(0, 7, 1),), num_decodes=1, restores=((0, 1),)))
+    assert not graphs.fits(StepMessage((), num_decodes=0))
+    assert [graphs.bucket(b) for b in (1, 2, 3, 4)] == [1, 2, 4, 4]
+
+
+@needs_interpreter
+def test_padded_static_buffers_decode_as_the_eager_engine(
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+    prompts = [[11, 12, 13], list(range(40, 75)), [7] * 20]  # rows of 1, 3 and 2 blocks
+    # Different lengths: the batch shrinks 3 -> 2 -> 1 (buckets 4, 2, 1; padded rows in 4).
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 6, 3)]
+    eager = LLM(str(checkpoint), kv_capacity=512, block_size=16)
+    expected = [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
+
+    monkeypatch.setattr(
+        "dgpp.engine.model_runner.select_backend_for", lambda *_: TritonPagedAttention(CPU)
+    )
+    graphed = LLM(str(checkpoint), kv_capacity=512, block_size=16)
+    runner = graphed.engine.runner
+    assert [backend.name for backend in runner.backends] == ["triton-paged"]
+    scratch = runner.config.num_kv_blocks - 1  # the pool's last block: never reached here
+    graphs = runner.attach_decode_graphs(4, scratch_block=scratch, capture=False)
+    got = [out.outputs[0].token_ids for out in graphed.generate(prompts, params)]
+    assert got == expected
+    assert graphs.replays == 8  # every decode step after the prompts' own
+    assert set(graphs.tables[:, 0].tolist()) != {scratch}  # real tables were written
