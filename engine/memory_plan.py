@@ -98,8 +98,9 @@ def read_device_memory(device: str) -> DeviceMemory:
 class MemoryPlan:
     """What one rank will hold, in bytes, and what it may hold.
 
-    `buffers_bytes` are fixed tensors that are not parameters: the float32 rotary tables and, where
-    linears are prepacked (oneDNN on CPU), the LM head's packed copy beside its dense weight."""
+    `buffers_bytes` are fixed tensors that are not parameters: the float32 rotary tables, where
+    linears are prepacked (oneDNN on CPU) the LM head's packed copy beside its dense weight, and
+    on CUDA what the decode graphs keep (`decode_graph_bytes`)."""
 
     weights_bytes: int
     kv_bytes: int
@@ -236,6 +237,32 @@ def buffers_bytes(
     return rotary + packs_lm_head * lm_head * DTYPE_BYTES[config.resolved_dtype]
 
 
+def decode_graph_bytes(
+    config: EngineConfig,
+    model: ModelConfig,
+    shapes: RankShapes,
+    specs: Sequence[CacheSpec],
+    max_context: int,
+) -> int:
+    """CUDA-graph decode (`engine/decode_graphs.py`, CUDA only): the scratch KV block past the
+    pool, the static inputs and block tables, and what the graphs' memory pool keeps of the
+    largest bucket's step (counted as `workspace_bytes` counts a step, for its rows)."""
+    if not config.device.startswith("cuda") or config.cuda_graph_max_batch == 0:
+        return 0
+    b = DTYPE_BYTES[config.resolved_dtype]
+    rows = min(config.cuda_graph_max_batch, config.max_concurrency)
+    heads, kv_heads, head_dim = shapes.num_heads, shapes.num_kv_heads, model.head_dim
+    max_blocks = -(-max_context // config.block_size)
+    static = (4 * rows + rows * max_blocks) * 8
+    step = 3 * rows * model.hidden_size * b + max(
+        rows * (3 * heads + 3 * kv_heads) * head_dim * b,
+        4 * rows * shapes.intermediate_size * b,
+        rows * (shapes.vocab_rows + shapes.padded_vocab_size) * b,
+    )
+    scratch = config.block_size * kv_bytes_per_token(config, specs)
+    return scratch + static + math.ceil(step * WORKSPACE_MARGIN)
+
+
 def plan_memory(
     config: EngineConfig,
     model: ModelConfig,
@@ -270,6 +297,7 @@ def _plan(
     kv_tokens = config.num_kv_blocks * config.block_size
     kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
+    buffers += decode_graph_bytes(config, model, shapes, specs, max_context)
     workspace = workspace_bytes(config, model, shapes, max_context)
     return MemoryPlan(
         weights_bytes=weights,

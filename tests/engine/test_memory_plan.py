@@ -174,6 +174,27 @@ def test_workspace_grows_with_the_step_and_the_context() -> None:
     assert cast == pytest.approx(model.vocab_size * model.hidden_size * 4 * 1.25, abs=1)
 
 
+def test_cuda_plans_count_the_decode_graphs_scratch_block_and_pool() -> None:
+    model, shapes = _model(), RankShapes.of(_model(), 1)
+    specs = rank_cache_specs(model, 1, 0)
+    cuda = _config(device="cuda", dtype="bfloat16")
+    graphs = memory_plan.decode_graph_bytes(cuda, model, shapes, specs, 256)
+    block = 16 * kv_bytes_per_token(cuda, specs)  # the scratch block past the pool
+    assert graphs > block + (4 * 64 + 64 * 16) * 8  # and the static inputs and tables
+    off = memory_plan.decode_graph_bytes(
+        replace(cuda, cuda_graph_max_batch=0), model, shapes, specs, 256
+    )
+    assert off == 0 == memory_plan.decode_graph_bytes(_config(), model, shapes, specs, 256)
+    fewer = memory_plan.decode_graph_bytes(
+        replace(cuda, max_concurrency=8), model, shapes, specs, 256
+    )
+    assert block < fewer < graphs  # the largest bucket is the smaller of the two knobs
+    with_graphs, without = (
+        plan_memory(replace(cuda, cuda_graph_max_batch=n), model, 1, PLENTY) for n in (64, 0)
+    )
+    assert with_graphs.buffers_bytes - without.buffers_bytes == graphs
+
+
 def test_plan_that_does_not_fit_names_every_part_and_the_remedies() -> None:
     small = DeviceMemory(8 << 20, 4 << 20, "tiny box", is_accelerator=False)
     plan = plan_memory(_config(kv_capacity=100_000), _model(), 1, small)
