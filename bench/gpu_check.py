@@ -15,8 +15,9 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
     graphs, against weight bytes / copy bandwidth measured in the same run, and graphed greedy
     tokens against eager (the dry run: through the graphs' static buffers, not captured);
 (d) prefill tok/s of one 4K and one 32K prompt.
-Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and Triton MoE
-and MLA kernels (none exist yet); attention's share of prefill.
+Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and a Triton MLA
+kernel (none exists yet); attention's share of prefill. The fused MoE kernel is in (a), and the
+MoE parity run of (b) goes through it on CUDA.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.kernels.activation_torch import silu_and_mul
 from dgpp.kernels.activation_triton import silu_and_mul_triton
+from dgpp.kernels.fused_moe_torch import fused_moe
+from dgpp.kernels.fused_moe_triton import fused_moe_triton
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight, pack_nibbles
 from dgpp.kernels.group_linear_torch import group_linear_torch
 from dgpp.kernels.group_linear_triton import group_linear_triton
@@ -139,6 +141,29 @@ def check_kernels(device: torch.device, dry_run: bool, repeats: int) -> list[Ker
         for name, which, kernel, twin in cases:
             results.append(_measure(name, dtype, kernel, twin, references[which], device, repeats))
     results += _group_linear(device, dry_run, repeats)
+    results += _fused_moe(device, dry_run, repeats)
+    return results
+
+
+def _fused_moe(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
+    """Qwen3-30B-A3B's routed experts (128 of 768 wide, top-8, hidden 2,048) at a decode step
+    of 16 tokens and a 1,024-token prefill chunk."""
+    hidden, inner, experts, top_k = (64, 32, 8, 2) if dry_run else (2048, 768, 128, 8)
+    gen = torch.Generator(device).manual_seed(3)
+    w13 = torch.randn(experts, 2 * inner, hidden, generator=gen, device=device) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inner, generator=gen, device=device) / inner**0.5
+    results = []
+    for tokens in (3, 40) if dry_run else (16, 1024):
+        x = torch.randn(tokens, hidden, generator=gen, device=device)
+        scores = torch.rand(tokens, experts, generator=gen, device=device)
+        weights, ids = scores.softmax(-1).topk(top_k, dim=-1)
+        reference = fused_moe(x.double(), w13.double(), w2.double(), weights.double(), ids)
+        name = f"fused MoE {tokens} tokens, {experts} x {inner} experts top-{top_k}"
+        for dtype in (torch.float32, torch.bfloat16):
+            inputs = (x.to(dtype), w13.to(dtype), w2.to(dtype), weights, ids)
+            kernel = partial(fused_moe_triton, *inputs)
+            twin = partial(fused_moe, *inputs)
+            results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
     return results
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels import activation_torch
-from dgpp.kernels.rms_norm import has_triton
+from dgpp.kernels.dispatch import uses_triton
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda and has_triton():
+    if uses_triton(x):
         from dgpp.kernels.activation_triton import silu_and_mul_triton
 
         return silu_and_mul_triton(x)

@@ -3,22 +3,14 @@ installed, its PyTorch twin everywhere else."""
 
 from __future__ import annotations
 
-import importlib.util
-from functools import cache
-
 import torch
 
 from dgpp.kernels import rms_norm_torch
-
-
-@cache
-def has_triton() -> bool:
-    """Whether Triton is installed (its kernels are used for CUDA tensors)."""
-    return importlib.util.find_spec("triton") is not None
+from dgpp.kernels.dispatch import uses_triton
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.is_cuda and has_triton():
+    if uses_triton(x):
         from dgpp.kernels.rms_norm_triton import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
@@ -29,7 +21,7 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual)."""
-    if x.is_cuda and has_triton():
+    if uses_triton(x):
         from dgpp.kernels.rms_norm_triton import add_rms_norm_triton
 
         return add_rms_norm_triton(x, residual, weight, eps)

@@ -6,8 +6,9 @@ Tensor parallel: every rank holds a slice of every expert's intermediate dimensi
 down columns), so the block's partial sums add up like a row-parallel MLP's. Expert weights are
 stacked at load into [E, 2 * I_local, H] (gate rows, then up rows) and [E, H, I_local] tensors,
 from per-expert checkpoint tensors (`experts.{e}.gate_proj.weight`, ...) or from gpt-oss's fused
-[E, H, 2 * I] layout (gate and up interleaved). `Experts.forward` is the PyTorch implementation;
-a fused GPU kernel takes the same (hidden, weights, ids) and the same stacked tensors.
+[E, H, 2 * I] layout (gate and up interleaved). `Experts.forward` runs `kernels.fused_moe`: the
+fused Triton kernel on CUDA (all experts in two grouped GEMMs, no host synchronisation), its
+PyTorch twin elsewhere (one batched product per expert that has tokens).
 
 Quantized experts (GPTQ, AWQ, FP8, NVFP4 ... checkpoints, one module per expert) stay packed:
 `PackedExperts` keeps each expert as a gate/up + down pair of packed linears (their loaders,
@@ -17,15 +18,16 @@ kernels and memory as for any other layer) and runs the same grouping over them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.layers.router import Router
 from dgpp.engine.parallel import ParallelContext
+from dgpp.kernels.dispatch import uses_triton
+from dgpp.kernels.fused_moe import fused_moe
+from dgpp.kernels.fused_moe_torch import grouped_by_expert, moe_activation
 
 _EXPERT_NAME = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _PROJECTION = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -46,35 +48,14 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape), requires_grad=False)
 
 
-def grouped_by_expert(
-    hidden: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    num_experts: int,
-    expert: Callable[[int, torch.Tensor], torch.Tensor],
-) -> torch.Tensor:
-    """sum_k weights[t, k] * expert(ids[t, k], hidden[t]) for every token t [T, H], calling
-    `expert(e, rows)` once per expert that has tokens, on all of its rows at once."""
-    top_k = ids.shape[1]
-    flat = ids.reshape(-1)  # [T * k]
-    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    tokens = order // top_k
-    routed = hidden.index_select(0, tokens)  # [T * k, H]
-    out = torch.empty_like(routed)
-    start = 0
-    for index, count in enumerate(counts):
-        if count:
-            out[start : start + count] = expert(index, routed[start : start + count])
-            start += count
-    out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
-    return torch.zeros_like(hidden).index_add_(0, tokens, out)
-
-
 class Experts(nn.Module):
     """This rank's slice of every routed expert, stacked."""
 
-    host_sync = True  # `grouped_by_expert` counts tokens per expert on the host: no graphs
+    @property
+    def host_sync(self) -> bool:
+        """The PyTorch path counts each expert's tokens on the host (no CUDA graphs); the fused
+        Triton kernel, which CUDA weights use, does not."""
+        return not uses_triton(self.down_proj)
 
     def __init__(self, spec: MoeSpec, hidden_size: int, parallel: ParallelContext) -> None:
         super().__init__()
@@ -121,25 +102,19 @@ class Experts(nn.Module):
         param.data.copy_(self._own(loaded.transpose(1, 2), 2))
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.split(self.local, dim=-1)
-        if self.spec.activation == "silu":
-            return F.silu(gate) * up
-        limit = self.spec.swiglu_limit
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-        return (up + 1) * gate * torch.sigmoid(gate * self.spec.swiglu_alpha)
+        spec = self.spec
+        return moe_activation(gate_up, spec.activation, spec.swiglu_alpha, spec.swiglu_limit)
 
     def forward(
         self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         """hidden [T, H], routing weights and expert ids [T, k] -> this rank's partial sum of
         the weighted expert outputs [T, H] (biases of the down projection not included)."""
-        return grouped_by_expert(hidden, weights, ids, self.num_experts, self._expert)
-
-    def _expert(self, index: int, rows: torch.Tensor) -> torch.Tensor:
-        bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[index]
-        inner = self._activate(F.linear(rows, self.gate_up_proj[index], bias))
-        return F.linear(inner, self.down_proj[index])
+        spec = self.spec
+        return fused_moe(
+            hidden, self.gate_up_proj, self.down_proj, weights, ids,
+            spec.activation, spec.swiglu_alpha, spec.swiglu_limit, self.gate_up_proj_bias,
+        )  # fmt: skip
 
     def bias_term(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """The routing-weighted down-projection biases [T, H] (gpt-oss), added after the sum."""

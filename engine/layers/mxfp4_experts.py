@@ -40,6 +40,8 @@ def e8m0_bits(scales: torch.Tensor) -> torch.Tensor:
 class Mxfp4Experts(Experts):
     """`Experts` with MXFP4 weights: the same biases, activation, grouping and shard rule."""
 
+    host_sync = True  # grouped by expert on the host (`grouped_by_expert`) on every device
+
     def __init__(self, spec: MoeSpec, hidden_size: int, parallel: ParallelContext) -> None:
         super().__init__(spec, hidden_size, parallel)
         if hidden_size % BLOCK or self.local % BLOCK:

@@ -39,7 +39,7 @@ def test_the_dry_run_passes_and_reports_every_section(tmp_path: Path) -> None:
     figures = json.loads((out / "gpu_check.json").read_text())
     assert figures["failed"] == [] and figures["dry_run"] is True
     names = {kernel["name"].split(",")[0].split(" ")[0] for kernel in figures["kernels"]}
-    assert {"paged", "RMSNorm", "add", "SiLU-and-mul", "int4"} <= names
+    assert {"paged", "RMSNorm", "add", "SiLU-and-mul", "int4", "fused"} <= names
     assert all(kernel["ok"] for kernel in figures["kernels"])
     assert [r["float32_greedy_equal"] for r in figures["parity"]] == [True, True]
     assert all(r["bf16_top1_agreement"] > 0.9 for r in figures["parity"])

@@ -8,6 +8,7 @@ Triton paged-attention kernel interpreted on CPU."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,8 +17,11 @@ from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
 from dgpp.engine.decode_graphs import graph_buckets, why_not_graphed
+from dgpp.engine.layers import moe
 from dgpp.engine.layers.moe import Experts, PackedExperts
+from dgpp.engine.layers.mxfp4_experts import Mxfp4Experts
 from dgpp.engine.step_message import StepMessage, StepRow
+from dgpp.kernels.fused_moe_triton import fused_moe_triton
 from tests.conftest import build_tiny_checkpoint
 from tests.kernels.triton_interpret import needs_interpreter
 
@@ -35,10 +39,12 @@ def test_only_graph_safe_backends_and_models_are_captured() -> None:
     assert why_not_graphed(dense, [TritonPagedAttention(CPU)]) is None
     assert "torch-paged" in str(why_not_graphed(dense, [TorchPagedAttention(CPU)]))
     assert "2 backends" in str(why_not_graphed(dense, [TritonPagedAttention(CPU)] * 2))
-    # The MoE layers count each expert's tokens on the host (until the fused MoE kernel).
+    # Quantized per-expert MLPs count each expert's tokens on the host; so does the stacked
+    # experts' PyTorch path (CPU), but not their fused Triton kernel (CUDA weights).
     routed = torch.nn.Sequential(torch.nn.Linear(2, 2), PackedExperts())
     assert "PackedExperts" in str(why_not_graphed(routed, [TritonPagedAttention(CPU)]))
-    assert Experts.host_sync
+    assert Mxfp4Experts.host_sync
+    assert Experts.host_sync.fget(SimpleNamespace(down_proj=torch.zeros(1)))  # CPU weights
 
 
 def _row(seq: int, start: int, tokens: int) -> StepRow:
@@ -59,11 +65,21 @@ def test_only_pure_single_token_decode_steps_fit(tmp_path: Path, tokenizer_dir: 
     assert [graphs.bucket(b) for b in (1, 2, 3, 4)] == [1, 2, 4, 4]
 
 
+QWEN3_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16)
+
+
 @needs_interpreter
+@pytest.mark.parametrize("family", ["llama", "qwen3-moe"])
 def test_padded_static_buffers_decode_as_the_eager_engine(
-    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+    """The MoE model's experts run the fused Triton MoE kernel here, as on CUDA (interpreted),
+    which is what lets its step be captured; the eager engine runs the PyTorch twin."""
+    architecture, overrides = {
+        "llama": ("LlamaForCausalLM", {}),
+        "qwen3-moe": ("Qwen3MoeForCausalLM", QWEN3_MOE),
+    }[family]
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
     prompts = [[11, 12, 13], list(range(40, 75)), [7] * 20]  # rows of 1, 3 and 2 blocks
     # Different lengths: the batch shrinks 3 -> 2 -> 1 (buckets 4, 2, 1; padded rows in 4).
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 6, 3)]
@@ -73,9 +89,12 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
     monkeypatch.setattr(
         "dgpp.engine.model_runner.select_backend_for", lambda *_: TritonPagedAttention(CPU)
     )
+    monkeypatch.setattr(moe, "fused_moe", fused_moe_triton)
+    monkeypatch.setattr(moe, "uses_triton", lambda _: True)
     graphed = LLM(str(checkpoint), kv_capacity=512, block_size=16)
     runner = graphed.engine.runner
     assert [backend.name for backend in runner.backends] == ["triton-paged"]
+    assert why_not_graphed(runner.model, runner.backends) is None
     scratch = runner.config.num_kv_blocks - 1  # the pool's last block: never reached here
     graphs = runner.attach_decode_graphs(4, scratch_block=scratch, capture=False)
     got = [out.outputs[0].token_ids for out in graphed.generate(prompts, params)]
