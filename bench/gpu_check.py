@@ -14,9 +14,10 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
 (c) decode ms/token of a 1.45B Llama-shaped random model at batch 1 and 16, eager and with CUDA
     graphs, against weight bytes / copy bandwidth measured in the same run, and graphed greedy
     tokens against eager (the dry run: through the graphs' static buffers, not captured);
-(d) prefill tok/s of one 4K and one 32K prompt.
+(d) prefill tok/s of one 4K and one 32K prompt, and attention's share of each (the attention
+    kernel's calls timed with CUDA events).
 Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and a Triton MLA
-kernel (none exists yet); attention's share of prefill. The fused MoE kernel is in (a), and the
+kernel (none exists yet). The fused MoE kernel is in (a), and the
 MoE parity run of (b) goes through it on CUDA.
 """
 
@@ -145,9 +146,10 @@ def render(figures: dict) -> str:
             f"{graphed} | | |"
         )
         prefill = ", ".join(
-            f"{key.rsplit('_', 1)[1]}: {value:.0f} tok/s"
+            f"{key.rsplit('_', 1)[1]}: {value:.0f} tok/s (attention "
+            f"{decode['prefill_attention_share_' + key.rsplit('_', 1)[1]]:.0%})"
             for key, value in decode.items()
-            if key.startswith("prefill")
+            if key.startswith("prefill_tok_s")
         )
         lines.append(f"| prefill, one prompt | | {prefill} | | |")
     verdict = "all passed" if not figures["failed"] else "FAILED: " + "; ".join(figures["failed"])

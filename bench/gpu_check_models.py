@@ -192,10 +192,47 @@ def decode_and_prefill(device: torch.device, work: Path, dry_run: bool) -> dict[
     engine.runner.graphs = graphs
     for length in lengths:
         prompt = [(11 * j) % 200 + 2 for j in range(length)]
-        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        sync(device)
-        start = time.perf_counter()
-        llm.generate([prompt], params)
-        sync(device)
-        out[f"prefill_tok_s_{length}"] = length / (time.perf_counter() - start)
+        with AttentionTimer(engine.runner.backends[0], device) as attention:
+            sync(device)
+            start = time.perf_counter()
+            _greedy(llm, [prompt], 1)
+            sync(device)
+            seconds = time.perf_counter() - start
+        out[f"prefill_tok_s_{length}"] = length / seconds
+        out[f"prefill_attention_share_{length}"] = attention.seconds() / seconds
     return out
+
+
+class AttentionTimer:
+    """Times every call of a paged backend's attention kernel (`attend`) while active: CUDA
+    events around each call on a GPU, the wall clock (the twin is synchronous) on CPU."""
+
+    def __init__(self, backend: Any, device: torch.device) -> None:
+        self.backend, self.device = backend, device
+        self.spans: list[tuple[Any, Any]] = []
+
+    def __enter__(self) -> AttentionTimer:
+        original, cuda = self.backend.attend, self.device.type == "cuda"
+
+        def timed(*args: Any, **kwargs: Any) -> torch.Tensor:
+            begin = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+            if cuda:
+                begin.record()
+            result = original(*args, **kwargs)
+            end = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+            if cuda:
+                end.record()
+            self.spans.append((begin, end))
+            return result
+
+        self.backend.attend = timed  # the instance's, over the class's kernel
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.backend.attend
+
+    def seconds(self) -> float:
+        if self.device.type != "cuda":
+            return sum(end - begin for begin, end in self.spans)
+        sync(self.device)
+        return sum(begin.elapsed_time(end) for begin, end in self.spans) / 1e3

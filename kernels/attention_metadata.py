@@ -41,6 +41,8 @@ class PagedAttentionMetadata:
     # token's own keys (the Triton backend builds them once per step); None: derive them.
     token_rows: torch.Tensor | None = None
     token_positions: torch.Tensor | None = None
+    # The first token of each prefill tile (`paged_prefill_triton`), int32; None: derive them.
+    prefill_tile_starts: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

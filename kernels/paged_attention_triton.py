@@ -9,19 +9,21 @@ an online softmax in float32 (scores, running maximum and denominator; a sink's 
 the denominator, gpt-oss). Keys past the token's position are masked, so a verify row's queries
 and a prefill chunk's are causal among themselves.
 
-Decode reads each key page once per KV head, which is what bounds it (memory); a prefill chunk
-reads them once per query token, so long prompts still go through this kernel correctly but
-not fast: a tiled prefill kernel and split-K decode for very long contexts are the next steps
-(issue 36).
+Decode reads each key page once per KV head, which is what bounds it (memory). Prefill rows go
+to the tiled kernel (`paged_prefill_triton`), which reads each key once per tile of query
+tokens; split-K decode for very long contexts is still to come (issue 36).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.paged_prefill_triton import prefill_attention_triton, prefill_tile_starts
 
 
 @triton.jit
@@ -148,9 +150,24 @@ def paged_attention_triton(
     rows, positions = metadata.token_rows, metadata.token_positions
     if rows is None or positions is None:
         rows, positions = token_rows_and_positions(metadata, num_tokens)
-    group = num_heads // num_kv_heads
     tables = metadata.block_tables
-    _paged_attention_kernel[(num_tokens, num_kv_heads)](
+    decoded = metadata.query_start_loc_host[metadata.num_decodes]  # decode and verify rows'
+    if num_tokens > decoded:
+        tiles = metadata.prefill_tile_starts
+        if tiles is None:
+            starts = prefill_tile_starts(metadata.query_start_loc_host, metadata.num_decodes)
+            tiles = torch.tensor(starts, dtype=torch.int32, device=query.device)
+        # The interpreter's 16-bit `tl.dot` is wrong (Triton 3.9): float32 products there.
+        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+        f32 = query.dtype == torch.float32 or metadata.prefill_softmax_fp32 or interpreted
+        prefill_attention_triton(
+            query, key_cache, value_cache, out, tables, metadata.query_start_loc, tiles, rows,
+            positions, scale, sinks, sliding_window, f32,
+        )  # fmt: skip
+    if not decoded:
+        return out
+    group = num_heads // num_kv_heads
+    _paged_attention_kernel[(decoded, num_kv_heads)](
         query,
         key_cache,
         value_cache,

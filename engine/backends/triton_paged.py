@@ -14,6 +14,7 @@ from dgpp.engine.backends.base import BatchLayout
 from dgpp.engine.backends.torch_paged import TorchPagedAttention, paged_metadata
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
+from dgpp.kernels.paged_prefill_triton import prefill_tile_starts
 
 
 class TritonPagedAttention(TorchPagedAttention):
@@ -22,16 +23,23 @@ class TritonPagedAttention(TorchPagedAttention):
     graph_safe = True  # the forward reads its metadata's tensors only
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
-        """The shared paged metadata and each query token's row and position, built once per
-        step (the kernel walks each token's own keys); no PyTorch decode gather inputs."""
+        """The shared paged metadata, each query token's row and position and the prefill
+        tiles' first tokens, built once per step; no PyTorch decode gather inputs."""
         rows: list[int] = []
         positions: list[int] = []
         for index, row in enumerate(layout.rows):
             rows.extend([index] * row.num_tokens)
             positions.extend(range(row.start, row.seq_len))
         device = self.device
+        metadata = paged_metadata(layout, device)
+        tiles = prefill_tile_starts(metadata.query_start_loc_host, layout.num_decodes)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
         return replace(
-            paged_metadata(layout, device),
-            token_rows=torch.tensor(rows, dtype=torch.int32, device=device),
-            token_positions=torch.tensor(positions, dtype=torch.int32, device=device),
+            metadata,
+            token_rows=tensor(rows),
+            token_positions=tensor(positions),
+            prefill_tile_starts=tensor(tiles) if tiles else None,
         )

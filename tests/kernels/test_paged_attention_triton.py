@@ -29,6 +29,8 @@ STEPS = {
     "decode": ([(9, 1), (40, 1), (17, 1)], 3),
     "mixed": ([(9, 1), (33, 4), (13, 3), (21, 6), (12, 12)], 3),
     "prefill": ([(20, 20), (27, 9)], 0),
+    # Chunks over several tiles of 16 queries and several 32-key steps of the prefill kernel.
+    "long": ([(9, 1), (90, 40), (45, 45)], 1),
 }
 # (query heads, KV heads, head dim): grouped 3:1, one group of 8, and a head dim not a power of 2.
 SHAPES = [(6, 2, 16), (8, 1, 32), (4, 4, 24)]
@@ -40,6 +42,7 @@ CASES = (
     + [(step, SHAPES[0], BF16, "plain") for step in sorted(STEPS)]
     + [("mixed", shape, F32, v) for shape in SHAPES[:2] for v in ("window", "sinks")]
     + [("mixed", SHAPES[0], BF16, "sinks"), ("decode", SHAPES[1], F32, "window")]
+    + [("long", SHAPES[0], F32, "window"), ("long", SHAPES[1], BF16, "sinks")]
 )
 
 
