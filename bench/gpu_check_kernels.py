@@ -65,7 +65,7 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _attention_step(
     device: torch.device, rows: list[tuple[int, int]], num_decodes: int, heads: int, kv: int,
-    dim: int, block: int,
+    dim: int, block: int, prefill_fp32: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, object]:  # fmt: skip
     gen = torch.Generator(device).manual_seed(0)
     blocks = sum(-(-s // block) for s, _ in rows) + 1
@@ -74,20 +74,32 @@ def _attention_step(
     for seq_len, q_len in rows:
         table = [order.pop() for _ in range(-(-seq_len // block))]
         layout_rows.append(BatchRow(seq_len - q_len, q_len, table))
-    layout = BatchLayout(tuple(layout_rows), num_decodes, block, prefill_softmax_fp32=True)
+    layout = BatchLayout(tuple(layout_rows), num_decodes, block, prefill_fp32)
     metadata = TorchPagedAttention(device).prepare(layout)
     caches = torch.randn(2, blocks, block, kv, dim, generator=gen, device=device)
     query = torch.randn(sum(q for _, q in rows), heads, dim, generator=gen, device=device)
     return query, caches, metadata
 
 
-def attention_cases(dry_run: bool) -> list[tuple[str, list[tuple[int, int]], int, tuple[int, ...]]]:
+# (name, (seq_len, query_len) rows, decode rows, (heads, KV heads, head dim, page), prefill in
+# float32, split-K partition keys)
+AttentionCase = tuple[str, list[tuple[int, int]], int, tuple[int, int, int, int], bool, int]
+
+
+def attention_cases(dry_run: bool) -> list[AttentionCase]:
     if dry_run:
-        return [("paged attention, decode", [(40, 1), (23, 1)], 2, (4, 2, 16, 8))]
+        tiny = (4, 2, 16, 8)
+        return [
+            ("paged attention, decode", [(40, 1), (23, 1)], 2, tiny, True, 512),
+            ("paged attention, decode split-K", [(300, 1)], 1, tiny, True, 64),
+            ("paged attention, prefill chunk", [(40, 1), (90, 40)], 1, tiny, False, 512),
+        ]
     shape = (32, 8, 128, 16)  # Llama-3-8B-like heads, 16-token pages
     return [
-        ("paged attention, decode 16 x 4K", [(4096, 1)] * 16, 16, shape),
-        ("paged attention, 512-token chunk on 4K", [(4096, 512)], 0, shape),
+        ("paged attention, decode 16 x 4K", [(4096, 1)] * 16, 16, shape, True, 512),
+        ("paged attention, decode 1 x 32K split-K", [(32768, 1)], 1, shape, True, 512),
+        ("paged attention, 512-token chunk on 4K fp32", [(4096, 512)], 0, shape, True, 512),
+        ("paged attention, 512-token chunk on 4K", [(4096, 512)], 0, shape, False, 512),
     ]
 
 
@@ -106,14 +118,15 @@ def _measure(
 def check_kernels(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
     results = []
     dtypes = [torch.float32, torch.bfloat16]
-    for name, rows, decodes, (heads, kv, dim, block) in attention_cases(dry_run):
-        query, caches, metadata = _attention_step(device, rows, decodes, heads, kv, dim, block)
+    for name, rows, decodes, shape, fp32, partition in attention_cases(dry_run):
+        dim = shape[2]
+        query, caches, metadata = _attention_step(device, rows, decodes, *shape, fp32)
         scale = dim**-0.5
         ref_inputs = (query.double(), caches[0].double(), caches[1].double(), metadata, scale)
         reference = paged_attention(*ref_inputs)
         for dtype in dtypes:
             inputs = (query.to(dtype), caches[0].to(dtype), caches[1].to(dtype), metadata, scale)
-            kernel = partial(paged_attention_triton, *inputs)
+            kernel = partial(paged_attention_triton, *inputs, partition_keys=partition)
             twin = partial(paged_attention, *inputs)
             results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
     rows, hidden, inter = (6, 96, 160) if dry_run else (4096, 4096, 14336)

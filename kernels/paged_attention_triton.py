@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.paged_decode_split import PARTITION_KEYS, combine_partitions, decode_split
 from dgpp.kernels.paged_prefill_triton import prefill_attention_triton, prefill_tile_starts
 
 
@@ -36,8 +37,13 @@ def _paged_attention_kernel(
     token_row_ptr: tl.tensor,
     token_pos_ptr: tl.tensor,
     sinks_ptr: tl.tensor,
+    part_ptr: tl.tensor,
+    stat_ptr: tl.tensor,
     scale: float,
     window: int,
+    pages_per_part: int,
+    num_parts: int,
+    stat_plane: int,
     stride_qt: int,
     stride_qh: int,
     stride_kb: int,
@@ -56,6 +62,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    SPLIT: tl.constexpr,
 ) -> None:
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -76,7 +83,15 @@ def _paged_attention_kernel(
     first = 0
     if HAS_WINDOW:
         first = tl.maximum(pos - window + 1, 0)
-    if HAS_SINKS:
+    lo = first // BLOCK_SIZE
+    hi = pos // BLOCK_SIZE + 1
+    if SPLIT:  # this program's share of the pages; the sink joins in `combine_partitions`
+        part = tl.program_id(2)
+        lo = tl.maximum(lo, part * pages_per_part)
+        hi = tl.minimum(hi, (part + 1) * pages_per_part)
+        m_i = tl.full([GROUP_P2], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_P2], tl.float32)
+    elif HAS_SINKS:
         m_i = tl.load(sinks_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)
         l_i = tl.full([GROUP_P2], 1.0, tl.float32)  # exp(sink - m_i): it joins the denominator
     else:
@@ -85,7 +100,7 @@ def _paged_attention_kernel(
     acc = tl.zeros([GROUP_P2, DIM_P2], tl.float32)
 
     s = tl.arange(0, BLOCK_SIZE)
-    for page in range(first // BLOCK_SIZE, pos // BLOCK_SIZE + 1):
+    for page in range(lo, hi):
         block = tl.load(block_tables_ptr + row * stride_bt + page)
         k_at = k_cache_ptr + block * stride_kb + kv_head * stride_kh
         v_at = v_cache_ptr + block * stride_vb + kv_head * stride_vh
@@ -103,12 +118,22 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
 
-    out = acc / l_i[:, None]
-    tl.store(
-        out_ptr + token * stride_ot + heads[:, None] * stride_oh + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=head_ok[:, None] & d_ok[None, :],
-    )
+    if SPLIT:  # unnormalised: running maximum, denominator and weighted sum per partition
+        at = (token * (GROUP * tl.num_programs(1)) + heads) * num_parts + part
+        tl.store(stat_ptr + at, m_i, mask=head_ok)
+        tl.store(stat_ptr + stat_plane + at, l_i, mask=head_ok)
+        tl.store(
+            part_ptr + at[:, None] * HEAD_DIM + d[None, :],
+            acc,
+            mask=head_ok[:, None] & d_ok[None, :],
+        )
+    else:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + token * stride_ot + heads[:, None] * stride_oh + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=head_ok[:, None] & d_ok[None, :],
+        )
 
 
 def token_rows_and_positions(
@@ -135,9 +160,11 @@ def paged_attention_triton(
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    partition_keys: int = PARTITION_KEYS,
 ) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each row's cached keys and values
-    ([blocks, block_size, H_kv, D]); returns [T, H, D] (into `out` when given)."""
+    ([blocks, block_size, H_kv, D]); returns [T, H, D] (into `out` when given).
+    `partition_keys`: the shortest share of a context one split-K decode program reads."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     assert num_heads % num_kv_heads == 0, "query heads come in whole groups per KV head"
@@ -167,34 +194,26 @@ def paged_attention_triton(
     if not decoded:
         return out
     group = num_heads // num_kv_heads
-    _paged_attention_kernel[(decoded, num_kv_heads)](
-        query,
-        key_cache,
-        value_cache,
-        out,
-        tables,
-        rows,
-        positions,
+    split = decode_split(decoded, num_kv_heads, metadata.max_seq_len, block_size, partition_keys)
+    pages_per_part, num_parts = split if split is not None else (0, 1)
+    part = stat = out  # never read without a split
+    if split is not None:
+        part = torch.empty(decoded, num_heads, num_parts, head_dim, device=query.device)
+        stat = torch.empty(2, decoded, num_heads, num_parts, device=query.device)
+    _paged_attention_kernel[(decoded, num_kv_heads, num_parts)](
+        query, key_cache, value_cache, out, tables, rows, positions,
         sinks if sinks is not None else query,  # never read without sinks
-        scale,
-        sliding_window or 0,
-        query.stride(0),
-        query.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        out.stride(0),
-        out.stride(1),
-        tables.stride(0),
-        GROUP=group,
-        GROUP_P2=triton.next_power_of_2(group),
-        HEAD_DIM=head_dim,
-        DIM_P2=triton.next_power_of_2(head_dim),
-        BLOCK_SIZE=block_size,
-        HAS_SINKS=sinks is not None,
-        HAS_WINDOW=sliding_window is not None,
-    )
+        part, stat, scale, sliding_window or 0, pages_per_part, num_parts,
+        decoded * num_heads * num_parts,
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        out.stride(0), out.stride(1), tables.stride(0),
+        GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        DIM_P2=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
+        SPLIT=split is not None,
+    )  # fmt: skip
+    if split is not None:
+        combine_partitions(part, stat, sinks, out[:decoded])
     return out

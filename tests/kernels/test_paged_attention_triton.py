@@ -22,6 +22,7 @@ import dgpp.kernels.paged_attention_triton as pat
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
+from dgpp.kernels.paged_decode_split import PARTITION_KEYS, decode_split
 
 BLOCK = 8
 # (seq_len, query_len) per row; the leading `num_decodes` rows are decode (or verify) rows.
@@ -111,6 +112,39 @@ def test_kernel_equals_its_twin(case: tuple[str, tuple[int, int, int], torch.dty
         None if sinks is None else sinks.to(dtype), window,
     )  # fmt: skip
     assert relative_error(twin, reference) < TOLERANCE[dtype]  # the bound suits the twin too
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "case",
+    [("decode", "plain"), ("mixed", "window"), ("long", "sinks"), ("long", "window")],
+    ids="-".join,
+)
+def test_split_k_decode_equals_the_twin(case: tuple[str, str]) -> None:
+    """Decode and verify rows split into partitions of 2 pages (the 90-token row: 6), merged
+    by `combine_partitions`; windows skip partitions, sinks join the merge once."""
+    step, variant = case
+    query, caches, metadata = make_step(step, 6, 2, 16, seed=7)
+    assert decode_split(3, 2, metadata.max_seq_len, BLOCK, 16) is not None
+    sinks = torch.linspace(-1.0, 2.0, 6) if variant == "sinks" else None
+    window = 11 if variant == "window" else None
+    reference = paged_attention(
+        query.double(), caches[0].double(), caches[1].double(), metadata, 0.25,
+        None if sinks is None else sinks.double(), window,
+    )  # fmt: skip
+    out = torch.full_like(query, float("nan"))
+    pat.paged_attention_triton(
+        query, caches[0], caches[1], metadata, 0.25, sinks, window, out=out, partition_keys=16
+    )
+    assert not out.isnan().any()
+    assert relative_error(out, reference) < TOLERANCE[F32]
+
+
+def test_only_few_programs_over_long_contexts_split() -> None:
+    assert decode_split(1, 8, 131072, 16, PARTITION_KEYS) == (256, 32)  # 4K keys a partition
+    assert decode_split(1, 8, 4096, 16, PARTITION_KEYS) == (32, 8)  # 512 keys a partition
+    assert decode_split(1, 8, 512, 16, PARTITION_KEYS) is None  # one partition's worth
+    assert decode_split(64, 8, 131072, 16, PARTITION_KEYS) is None  # enough programs already
 
 
 @needs_interpreter
