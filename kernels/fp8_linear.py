@@ -11,11 +11,15 @@ layer.
 
 from __future__ import annotations
 
+import logging
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight, effective_scales
 
+log = logging.getLogger(__name__)
 E4M3_MAX = 448.0
 _MIN_SCALE = 1e-12  # an all-zero row of x keeps a finite scale (its codes are all zero)
 
@@ -37,8 +41,30 @@ def scaled_mm_usable(weight: GroupWeight, fmt: GroupFormat, device: torch.device
     if weight.zeros is not None or weight.perm is not None or weight.global_scale is not None:
         return False
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
+        return torch.cuda.get_device_capability(device) >= (8, 9) and rowwise_scaled_mm_works(
+            device
+        )
     return device.type == "cpu"
+
+
+@cache
+def rowwise_scaled_mm_works(device: torch.device) -> bool:
+    """Whether this device's `_scaled_mm` takes one scale per row of each operand: tried once
+    on a tiny product, since support varies by GPU and PyTorch build (some have none on
+    sm_120/121, GB10 among them); where it does not, the layer keeps the Triton FP8 GEMM."""
+    ones = torch.ones(16, 32, device=device).to(torch.float8_e4m3fn)
+    scale_a = torch.full((16, 1), 0.5, device=device)
+    scale_b = torch.full((1, 16), 2.0, device=device)
+    try:
+        y = torch._scaled_mm(
+            ones, ones.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32
+        )
+    except (RuntimeError, NotImplementedError) as err:
+        log.info(
+            "no per-row FP8 _scaled_mm on %s (%s): FP8 layers use the Triton GEMM", device, err
+        )
+        return False
+    return bool((y == 32.0).all())
 
 
 def fp8_linear_scaled_mm(x: torch.Tensor, weight: GroupWeight, fmt: GroupFormat) -> torch.Tensor:

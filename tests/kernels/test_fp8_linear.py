@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dgpp.kernels import fp8_linear
 from dgpp.kernels.fp8_linear import (
     fp8_linear_scaled_mm,
     fp8_linear_torch,
     quantize_rows,
+    rowwise_scaled_mm_works,
     scaled_mm_usable,
 )
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight
@@ -58,3 +60,33 @@ def test_only_per_row_e4m3_takes_the_fp8_gemm() -> None:
     assert not scaled_mm_usable(weight, GroupFormat("int4", 96), cpu)
     # CPU layers keep the exact weight-only kernel; the FP8 GEMM is for GPUs
     assert select_group_linear(weight, fmt).__name__ == "group_linear_cpu"
+
+
+def test_gpus_without_per_row_scaled_mm_keep_the_triton_gemm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tried once per device: a build whose `_scaled_mm` refuses per-row scales (sm_120/121 in
+    some) makes the FP8 layers keep the Triton dequantize-GEMM."""
+    cpu = torch.device("cpu")
+    rowwise_scaled_mm_works.cache_clear()
+    assert rowwise_scaled_mm_works(cpu)  # the CPU build multiplies with per-row scales
+
+    def refuses(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("Invalid scaling configuration")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuses)
+    rowwise_scaled_mm_works.cache_clear()
+    try:
+        assert not rowwise_scaled_mm_works(cpu)
+    finally:
+        rowwise_scaled_mm_works.cache_clear()
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_a_cuda_layer_asks_whether_per_row_scaled_mm_works(
+    monkeypatch: pytest.MonkeyPatch, works: bool
+) -> None:
+    weight, fmt = _weight(40, 96)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 1))
+    monkeypatch.setattr(fp8_linear, "rowwise_scaled_mm_works", lambda device: works)
+    assert scaled_mm_usable(weight, fmt, torch.device("cuda")) is works
