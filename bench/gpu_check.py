@@ -16,9 +16,11 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
     tokens against eager (the dry run: through the graphs' static buffers, not captured);
 (d) prefill tok/s of one 4K and one 32K prompt, and attention's share of each (the attention
     kernel's calls timed with CUDA events).
-Not yet: (e) the hybrid model's fla-core path (fla-core is not on the GPU image) and a Triton MLA
-kernel (none exists yet). The fused MoE kernel is in (a), and the
-MoE parity run of (b) goes through it on CUDA.
+(e) the hybrid models' Gated DeltaNet kernels (fla-core's on CUDA, unpacked from the wheels in
+    bench/wheels/ where the image lacks it) against dgpp's twins, and a tiny random Qwen3-Next's
+    greedy parity with transformers (`gpu_check_hybrid`).
+The fused MoE kernel is in (a), and the MoE parity run of (b) goes through it on CUDA. Not yet:
+a Triton MLA kernel (none exists).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, interpreted")
     parser.add_argument("--out", type=Path, required=True, help="folder for the log and JSON")
-    parser.add_argument("--sections", default="a,b,c", help="a, b and c (c includes d)")
+    parser.add_argument("--sections", default="a,b,c,e", help="a, b, c (with d) and e")
     return parser.parse_args(argv)
 
 
@@ -70,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("gpu_check")
     importable_dgpp()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check_hybrid import carry_wheels
+
+    if not args.dry_run:  # fla-core and einops from bench/wheels where the image lacks them
+        log.info("unpacked from bench/wheels: %s", carry_wheels() or "nothing (all importable)")
     import torch
+    from gpu_check_hybrid import hybrid
     from gpu_check_kernels import check_kernels
     from gpu_check_models import decode_and_prefill, parity
 
@@ -111,6 +118,21 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:
             log.error("section c failed:\n%s", traceback.format_exc())
             failed.append("section c raised")
+    if "e" in sections:
+        try:
+            figures["hybrid"] = found = hybrid(device, work, args.dry_run)
+            figures["kernels"] = [
+                *figures.get("kernels", []),
+                *(dict(vars(k), ok=k.ok) for k in found["kernels"]),
+            ]
+            figures["parity"] = [*figures.get("parity", []), found["parity"]]
+            failed += [f"kernel {k.name} {k.dtype}" for k in found["kernels"] if not k.ok]
+            if not found["parity"]["float32_greedy_equal"]:
+                failed.append(f"greedy {found['parity']['model']}")
+            del found["kernels"]
+        except Exception:
+            log.error("section e failed:\n%s", traceback.format_exc())
+            failed.append("section e raised")
     figures["seconds"] = time.perf_counter() - started
     figures["failed"] = failed
     (args.out / "gpu_check.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")

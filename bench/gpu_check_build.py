@@ -22,6 +22,13 @@ TINY_MOE = dict(
     num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
     vocab_size=256, max_position_embeddings=512, head_dim=16,
 )  # fmt: skip
+# Qwen3-Next: Gated DeltaNet layers with a gated full-attention layer of every four, MoE with
+# a gated shared expert.
+TINY_QWEN3_NEXT = dict(
+    TINY_MOE, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+    shared_expert_intermediate_size=32, full_attention_interval=4,
+)  # fmt: skip
 # 1.45B parameters in Llama's shape (TinyLlama-like widths, 30 layers, a 32K vocabulary).
 DECODE_LLAMA = dict(
     hidden_size=2048, intermediate_size=5632, num_hidden_layers=30, num_attention_heads=32,
@@ -31,9 +38,13 @@ DRY_DECODE_LLAMA = dict(TINY_LLAMA, max_position_embeddings=2048)
 
 
 def _config(architecture: str, sizes: dict[str, Any]) -> Any:
-    from transformers import LlamaConfig, Qwen3MoeConfig
+    from transformers import LlamaConfig, Qwen3MoeConfig, Qwen3NextConfig
 
-    config_class = {"LlamaForCausalLM": LlamaConfig, "Qwen3MoeForCausalLM": Qwen3MoeConfig}
+    config_class = {
+        "LlamaForCausalLM": LlamaConfig,
+        "Qwen3MoeForCausalLM": Qwen3MoeConfig,
+        "Qwen3NextForCausalLM": Qwen3NextConfig,
+    }
     config = config_class[architecture](
         **sizes, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False
     )

@@ -64,42 +64,45 @@ def _dgpp_logits(llm: LLM, sequence: list[int], prompt_len: int) -> torch.Tensor
 
 
 def parity(device: torch.device, work: Path) -> list[dict[str, Any]]:
-    """(b): float32 greedy tokens equal transformers'; bfloat16 top-1 agreement and the largest
+    """(b) on a tiny Llama and a tiny Qwen3-MoE (`model_parity`)."""
+    return [
+        model_parity(device, work, "tiny Llama", "LlamaForCausalLM", TINY_LLAMA),
+        model_parity(device, work, "tiny Qwen3-MoE", "Qwen3MoeForCausalLM", TINY_MOE),
+    ]
+
+
+def model_parity(
+    device: torch.device, work: Path, name: str, architecture: str, sizes: dict[str, Any]
+) -> dict[str, Any]:
+    """Float32 greedy tokens equal transformers'; bfloat16 top-1 agreement and the largest
     logit difference against transformers' own bfloat16 run, teacher-forced on its tokens."""
-    results = []
-    for name, architecture, sizes in (
-        ("tiny Llama", "LlamaForCausalLM", TINY_LLAMA),
-        ("tiny Qwen3-MoE", "Qwen3MoeForCausalLM", TINY_MOE),
-    ):
-        checkpoint = random_checkpoint(work / name.replace(" ", "-"), architecture, sizes, device)
-        hf = _hf(checkpoint, torch.float32, device)
-        expected = _hf_greedy(hf, PROMPT, 24, device)
-        llm = LLM(
-            str(checkpoint), device=device.type, dtype="float32", kv_capacity=512, block_size=16
-        )
-        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-        got = list(llm.generate([PROMPT], params)[0].outputs[0].token_ids)
-        del llm
-        hf16 = _hf(checkpoint, torch.bfloat16, device)
-        continuation = _hf_greedy(hf16, PROMPT, 24, device)
-        sequence = PROMPT + continuation
-        with torch.inference_mode():
-            reference = (
-                hf16(torch.tensor([sequence], device=device)).logits[0, len(PROMPT) - 1 :].float()
-            )
-        llm16 = LLM(
-            str(checkpoint), device=device.type, dtype="bfloat16", kv_capacity=512, block_size=16
-        )
-        ours = _dgpp_logits(llm16, sequence, len(PROMPT))[: reference.shape[0]]
-        vocab = reference.shape[-1]
-        agree = float((ours[:, :vocab].argmax(-1) == reference.argmax(-1)).float().mean())
-        worst = float((ours[:, :vocab] - reference).abs().max())
-        del llm16
-        results.append({
-            "model": name, "float32_greedy_equal": got == expected,
-            "bf16_top1_agreement": agree, "bf16_max_logit_diff": worst,
-        })  # fmt: skip
-    return results
+    checkpoint = random_checkpoint(work / name.replace(" ", "-"), architecture, sizes, device)
+    hf = _hf(checkpoint, torch.float32, device)
+    expected = _hf_greedy(hf, PROMPT, 24, device)
+    del hf
+    llm = LLM(str(checkpoint), device=device.type, dtype="float32", kv_capacity=512, block_size=16)
+    got = _greedy(llm, [PROMPT], 24)[0]
+    del llm
+    hf16 = _hf(checkpoint, torch.bfloat16, device)
+    continuation = _hf_greedy(hf16, PROMPT, 24, device)
+    sequence = PROMPT + continuation
+    with torch.inference_mode():
+        logits = hf16(torch.tensor([sequence], device=device)).logits
+        reference = logits[0, len(PROMPT) - 1 :].float()
+    del hf16
+    llm16 = LLM(
+        str(checkpoint), device=device.type, dtype="bfloat16", kv_capacity=512, block_size=16
+    )
+    ours = _dgpp_logits(llm16, sequence, len(PROMPT))[: reference.shape[0]]
+    vocab = reference.shape[-1]
+    return {
+        "model": name,
+        "float32_greedy_equal": list(got) == expected,
+        "bf16_top1_agreement": float(
+            (ours[:, :vocab].argmax(-1) == reference.argmax(-1)).float().mean()
+        ),
+        "bf16_max_logit_diff": float((ours[:, :vocab] - reference).abs().max()),
+    }
 
 
 def copy_bandwidth_gbs(device: torch.device, dry_run: bool) -> float:

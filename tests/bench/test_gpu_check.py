@@ -41,7 +41,8 @@ def test_the_dry_run_passes_and_reports_every_section(tmp_path: Path) -> None:
     names = {kernel["name"].split(",")[0].split(" ")[0] for kernel in figures["kernels"]}
     assert {"paged", "RMSNorm", "add", "SiLU-and-mul", "int4", "fused"} <= names
     assert all(kernel["ok"] for kernel in figures["kernels"])
-    assert [r["float32_greedy_equal"] for r in figures["parity"]] == [True, True]
+    assert {"gated"} <= names and figures["hybrid"]["parity"]["model"] == "tiny Qwen3-Next"
+    assert [r["float32_greedy_equal"] for r in figures["parity"]] == [True, True, True]
     assert all(r["bf16_top1_agreement"] > 0.9 for r in figures["parity"])
     assert figures["decode"]["graphed_equals_eager"] is True
     assert {
@@ -52,6 +53,37 @@ def test_the_dry_run_passes_and_reports_every_section(tmp_path: Path) -> None:
     } <= set(figures["decode"])
     assert result.stdout.rstrip().endswith(f"all passed ({figures['seconds']:.0f} s)")
     assert (out / "gpu_check.log").stat().st_size > 0
+
+
+def test_the_carried_wheels_unpack_where_the_image_lacks_their_packages() -> None:
+    """bench/wheels holds fla-core and einops for the GPU image; where they do not import,
+    `carry_wheels` puts an unpacked copy first on sys.path (here: site-packages' copies hidden)."""
+    code = (
+        "import importlib.abc, importlib.machinery, sys\n"
+        "class SitePackagesHidden(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] not in ('fla', 'einops'):\n"
+        "            return None\n"
+        "        spec = importlib.machinery.PathFinder.find_spec(name, path)\n"
+        "        if spec is not None and 'dgpp-wheels-' not in str(spec.origin):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "        return spec\n"
+        "sys.meta_path.insert(0, SitePackagesHidden())\n"
+        f"sys.path.insert(0, {str(CHECK.parent)!r})\n"
+        "from gpu_check_hybrid import carry_wheels\n"
+        "print(sorted(carry_wheels()))\n"
+        "import einops, fla\n"
+        "print(fla.__file__)\n"
+        "print(carry_wheels())\n"  # a second call: everything imports, nothing unpacked
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    unpacked, fla_file, again = result.stdout.strip().splitlines()
+    assert unpacked == "['einops', 'fla']" and "dgpp-wheels-" in fla_file and again == "[]"
+    wheels = sorted(path.name for path in (ROOT / "bench" / "wheels").glob("*.whl"))
+    assert wheels == ["einops-0.8.2-py3-none-any.whl", "fla_core-0.6.0-py3-none-any.whl"]
 
 
 def test_a_checkout_maps_to_dgpp_where_dgpp_is_not_installed() -> None:
