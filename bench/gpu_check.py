@@ -19,8 +19,8 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
 (e) the hybrid models' Gated DeltaNet kernels (fla-core's on CUDA, unpacked from the wheels in
     bench/wheels/ where the image lacks it) against dgpp's twins, and a tiny random Qwen3-Next's
     greedy parity with transformers (`gpu_check_hybrid`).
-The fused MoE kernel is in (a), and the MoE parity run of (b) goes through it on CUDA. Not yet:
-a Triton MLA kernel (none exists).
+The fused MoE and MLA decode kernels are in (a), and the MoE parity run of (b) goes through the
+fused MoE on CUDA.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.engine.backends.triton_paged import TritonPagedAttention
 from dgpp.kernels.activation_torch import silu_and_mul
 from dgpp.kernels.activation_triton import silu_and_mul_triton
 from dgpp.kernels.fused_moe_torch import fused_moe
@@ -20,6 +21,7 @@ from dgpp.kernels.fused_moe_triton import fused_moe_triton
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight, pack_nibbles
 from dgpp.kernels.group_linear_torch import group_linear_torch
 from dgpp.kernels.group_linear_triton import group_linear_triton
+from dgpp.kernels.mla_decode_triton import mla_decode_torch, mla_decode_triton
 from dgpp.kernels.paged_attention_torch import paged_attention
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
 from dgpp.kernels.rms_norm_torch import add_rms_norm, rms_norm
@@ -155,6 +157,31 @@ def check_kernels(device: torch.device, dry_run: bool, repeats: int) -> list[Ker
             results.append(_measure(name, dtype, kernel, twin, references[which], device, repeats))
     results += _group_linear(device, dry_run, repeats)
     results += _fused_moe(device, dry_run, repeats)
+    results += _mla_decode(device, dry_run, repeats)
+    return results
+
+
+def _mla_decode(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
+    """DeepSeek-V3's latent attention (128 heads, latent 512 + rope 64) decoding 16 rows of 4K
+    context in latent space."""
+    heads, rank, rope, length = (20, 32, 16, 40) if dry_run else (128, 512, 64, 4096)
+    block = 8 if dry_run else 16
+    pages = length // block + 1  # each row's own pages, in order
+    rows = [BatchRow(length - 1, 1, list(range(i * pages, (i + 1) * pages))) for i in range(16)]
+    layout = BatchLayout(tuple(rows), 16, block, prefill_softmax_fp32=True)
+    metadata = TritonPagedAttention(device).prepare(layout)
+    gen = torch.Generator(device).manual_seed(5)
+    cache = torch.randn(16 * pages, block, rank + rope, generator=gen, device=device)
+    q_latent = torch.randn(16, heads, rank, generator=gen, device=device)
+    q_pe = torch.randn(16, heads, rope, generator=gen, device=device)
+    scale = 192**-0.5
+    reference = mla_decode_torch(q_latent.double(), q_pe.double(), cache.double(), metadata, scale)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        inputs = (q_latent.to(dtype), q_pe.to(dtype), cache.to(dtype), metadata, scale)
+        name = f"MLA decode 16 x {length}, {heads} heads, latent {rank} + {rope}"
+        kernel, twin = partial(mla_decode_triton, *inputs), partial(mla_decode_torch, *inputs)
+        results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
     return results
 
 

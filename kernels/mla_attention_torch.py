@@ -96,13 +96,28 @@ def mla_attention(
     Returns [T, H, V]."""
     num_tokens, num_heads = q_nope.shape[0], q_nope.shape[1]
     out = q_nope.new_empty(num_tokens, num_heads, kv_b.shape[1] - q_nope.shape[-1])
-    block_size = cache.shape[1]
     starts = metadata.query_start_loc_host
     num_decodes = metadata.num_decodes
     if num_decodes:
         decoded = starts[num_decodes]  # decode query rows (verify rows have several)
         out[:decoded] = _decode(q_nope[:decoded], q_pe[:decoded], cache, kv_b, metadata, scale)
-    for row in range(num_decodes, metadata.num_seqs):
+    expanded_prefill_rows(q_nope, q_pe, cache, kv_b, metadata, scale, out)
+    return out
+
+
+def expanded_prefill_rows(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    kv_b: torch.Tensor,
+    metadata: PagedAttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """The prefill chunks of the step (rows `num_decodes ..`), expanded, into `out` [T, H, V]."""
+    block_size = cache.shape[1]
+    starts = metadata.query_start_loc_host
+    for row in range(metadata.num_decodes, metadata.num_seqs):
         begin, end = starts[row], starts[row + 1]
         seq_len = metadata.seq_lens_host[row]
         table = metadata.block_tables[row, : -(-seq_len // block_size)]
@@ -115,7 +130,6 @@ def mla_attention(
             scale,
             metadata.prefill_softmax_fp32,
         )
-    return out
 
 
 def _decode(

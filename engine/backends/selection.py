@@ -27,8 +27,13 @@ def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedA
 
 
 def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
-    """The multi-head latent attention backend: the PyTorch one on every device today."""
+    """The multi-head latent attention backend: the Triton decode kernel on CUDA (where Triton
+    is installed), the PyTorch one elsewhere."""
     del dtype
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        from dgpp.engine.backends.triton_mla import TritonMLAAttention  # imports triton
+
+        return TritonMLAAttention(device)
     return TorchMLAAttention(device)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.engine.backends.triton_mla import TritonMLAAttention
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
 from dgpp.engine.decode_graphs import graph_buckets, why_not_graphed
 from dgpp.engine.layers import moe
@@ -66,18 +67,24 @@ def test_only_pure_single_token_decode_steps_fit(tmp_path: Path, tokenizer_dir: 
 
 
 QWEN3_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16)
+DEEPSEEK_MOE = dict(
+    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    n_shared_experts=1, n_group=2, topk_group=1,
+)  # fmt: skip
 
 
 @needs_interpreter
-@pytest.mark.parametrize("family", ["llama", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3-moe", "deepseek-v3"])
 def test_padded_static_buffers_decode_as_the_eager_engine(
     tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
-    """The MoE model's experts run the fused Triton MoE kernel here, as on CUDA (interpreted),
-    which is what lets its step be captured; the eager engine runs the PyTorch twin."""
+    """The MoE models' experts run the fused Triton MoE kernel here and DeepSeek-V3's latent
+    attention the Triton MLA backend, as on CUDA (interpreted), which is what lets their steps
+    be captured; the eager engine runs the PyTorch twins."""
     architecture, overrides = {
         "llama": ("LlamaForCausalLM", {}),
         "qwen3-moe": ("Qwen3MoeForCausalLM", QWEN3_MOE),
+        "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_MOE),
     }[family]
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
     prompts = [[11, 12, 13], list(range(40, 75)), [7] * 20]  # rows of 1, 3 and 2 blocks
@@ -87,13 +94,16 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
     expected = [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
 
     monkeypatch.setattr(
-        "dgpp.engine.model_runner.select_backend_for", lambda *_: TritonPagedAttention(CPU)
+        "dgpp.engine.model_runner.select_backend_for",
+        lambda model, *_: (
+            TritonMLAAttention(CPU) if model.is_latent_attention else TritonPagedAttention(CPU)
+        ),
     )
     monkeypatch.setattr(moe, "fused_moe", fused_moe_triton)
     monkeypatch.setattr(moe, "uses_triton", lambda _: True)
     graphed = LLM(str(checkpoint), kv_capacity=512, block_size=16)
     runner = graphed.engine.runner
-    assert [backend.name for backend in runner.backends] == ["triton-paged"]
+    assert [backend.name for backend in runner.backends] in (["triton-paged"], ["triton-mla"])
     assert why_not_graphed(runner.model, runner.backends) is None
     scratch = runner.config.num_kv_blocks - 1  # the pool's last block: never reached here
     graphs = runner.attach_decode_graphs(4, scratch_block=scratch, capture=False)
