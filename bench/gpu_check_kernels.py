@@ -26,6 +26,8 @@ from dgpp.kernels.paged_attention_torch import paged_attention
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
 from dgpp.kernels.rms_norm_torch import add_rms_norm, rms_norm
 from dgpp.kernels.rms_norm_triton import add_rms_norm_triton, rms_norm_triton
+from dgpp.kernels.rope_store_torch import rope_store
+from dgpp.kernels.rope_store_triton import rope_store_triton
 
 # Tolerances by dtype (relative error against float64); the interpreter on CPU truncates
 # bfloat16 casts, a GPU rounds them.
@@ -158,6 +160,36 @@ def check_kernels(device: torch.device, dry_run: bool, repeats: int) -> list[Ker
     results += _group_linear(device, dry_run, repeats)
     results += _fused_moe(device, dry_run, repeats)
     results += _mla_decode(device, dry_run, repeats)
+    results += _rope_store(device, dry_run, repeats)
+    return results
+
+
+def _rope_store(device: torch.device, dry_run: bool, repeats: int) -> list[KernelResult]:
+    """RoPE with the KV store: Llama-3-8B's 32 query / 8 KV heads of 128 over a 4K chunk; the
+    error is the rotated queries' (the cache writes are checked by the CPU tests)."""
+    tokens, heads, kv, dim = (7, 6, 2, 16) if dry_run else (4096, 32, 8, 128)
+    gen = torch.Generator(device).manual_seed(6)
+    qkv = torch.randn(tokens, heads + 2 * kv, dim, generator=gen, device=device)
+    angle = torch.rand(tokens, 1, dim // 2, generator=gen, device=device) * 6.28
+    angles = (torch.cat((angle.cos(),) * 2, -1), torch.cat((-angle.sin(), angle.sin()), -1))
+    slots = torch.randperm(tokens + 64, generator=gen, device=device)[:tokens]
+    block = 16
+    pages = -(-(tokens + 64) // block)
+    wide = (
+        qkv.double()[:, :heads],
+        qkv.double()[:, heads : heads + kv],
+        qkv.double()[:, heads + kv :],
+    )
+    caches = torch.zeros(2, pages, block, kv, dim, dtype=torch.float64, device=device)
+    reference = rope_store(*wide, tuple(a.double() for a in angles), caches[0], caches[1], slots)
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, cache = qkv.to(dtype), caches.to(dtype)
+        inputs = (x[:, :heads], x[:, heads : heads + kv], x[:, heads + kv :])
+        inputs += (tuple(a.to(dtype) for a in angles), cache[0], cache[1], slots)
+        name = f"RoPE + KV store {tokens} x {heads}/{kv} heads of {dim}"
+        kernel, twin = partial(rope_store_triton, *inputs), partial(rope_store, *inputs)
+        results.append(_measure(name, dtype, kernel, twin, reference, device, repeats))
     return results
 
 

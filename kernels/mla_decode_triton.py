@@ -6,8 +6,8 @@ A decode (or verify) token's heads score the cached latents directly: head h's q
 token's key is its row `[c, k_pe]` [L + R] and its value `c` [L]; the output is the softmax-
 weighted sum of the `c`s [H, L] (W_uv is applied after, by the backend). Every head reads the
 same latents, so one program serves a block of 16 heads of one token: it walks the token's keys
-32 at a time through the block table (any power-of-two page size), with `tl.dot` products and
-an online float32 softmax, reading each latent once per 16 heads.
+32 (float32: 16) at a time through the block table (any power-of-two page size), with `tl.dot`
+products and an online float32 softmax, reading each latent once per 16 heads.
 
 `mla_decode_torch` is the twin, same signature: the token's latents gathered and attended in
 PyTorch (float32 or the inputs' dtype).
@@ -24,7 +24,9 @@ import triton.language as tl
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 
 HEAD_BLOCK = 16  # heads per program (the smallest `tl.dot` operand)
-KEYS = 32  # keys per step of the walk
+# Keys per step of the walk: a [keys, 512] latent tile, double-buffered, stays within GB10's
+# 99 KiB of shared memory per block (2 x 32 x 512 x 2 bytes = 64 KiB; float32 takes 16 keys).
+KEYS = {2: 32, 4: 16}
 
 
 def _rows_and_positions(
@@ -177,6 +179,6 @@ def mla_decode_triton(
         cache.stride(0), cache.stride(1), out.stride(0), out.stride(1), tables.stride(0),
         RANK=rank, RANK_P2=max(16, triton.next_power_of_2(rank)), ROPE=rope,
         ROPE_P2=max(16, triton.next_power_of_2(rope)), BLOCK_SIZE=block_size, HEADS=HEAD_BLOCK,
-        KEYS_PER_STEP=KEYS, F32_DOT=f32, num_warps=4, num_stages=2,
+        KEYS_PER_STEP=KEYS[4 if f32 else 2], F32_DOT=f32, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -22,7 +22,16 @@ import triton
 import triton.language as tl
 
 TILE_TOKENS = 16  # query tokens per tile
-KEYS = 32  # keys per step of the walk
+KEYS = 32  # keys per step of the walk, at most
+# A step's key and value tiles, double-buffered, stay within GB10's 99 KiB of shared memory per
+# block (sm_121): at most this much per stage.
+STAGE_BYTES = 32 * 1024
+
+
+def keys_per_step(dim_p2: int, element_bytes: int) -> int:
+    """Keys per step for heads of `dim_p2` (padded) dims of `element_bytes` each: 32, fewer
+    for wide float32 heads (16 for 256-dim float32 heads)."""
+    return max(16, min(KEYS, STAGE_BYTES // (2 * dim_p2 * element_bytes)))
 
 
 def prefill_tile_starts(query_starts: tuple[int, ...], num_decodes: int) -> list[int]:
@@ -164,6 +173,7 @@ def prefill_attention_triton(
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     group = num_heads // num_kv_heads
+    dim_p2 = max(16, triton.next_power_of_2(head_dim))
     _prefill_kernel[(tile_starts.shape[0], num_kv_heads)](
         query, key_cache, value_cache, out, tables, query_start_loc, tile_starts, rows,
         positions, sinks if sinks is not None else query, scale, sliding_window or 0,
@@ -172,8 +182,8 @@ def prefill_attention_triton(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         out.stride(0), out.stride(1), tables.stride(0),
         GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
-        DIM_P2=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        TILE=TILE_TOKENS, KEYS_PER_STEP=KEYS, HAS_SINKS=sinks is not None,
-        HAS_WINDOW=sliding_window is not None, F32_DOT=f32_dot,
+        DIM_P2=dim_p2, BLOCK_SIZE=block_size, TILE=TILE_TOKENS,
+        KEYS_PER_STEP=keys_per_step(dim_p2, 4 if f32_dot else key_cache.element_size()),
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F32_DOT=f32_dot,
         num_warps=4, num_stages=2,
     )  # fmt: skip

@@ -63,8 +63,10 @@ class PagedAttentionBackend(AttentionBackend, Protocol):
         scale: float,
         sinks: torch.Tensor | None = None,
         sliding_window: int | None = None,
+        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Store key/value [T, H_kv, D] at the step's slots, then attend with query [T, H, D];
         returns [T, H, D]. `sinks` [H]: a logit per head in every softmax's denominator;
-        `sliding_window`: a query at position p sees keys p - window < k <= p only."""
+        `sliding_window`: a query at position p sees keys p - window < k <= p only; `angles`
+        (cos, signed sin) [T, 1, D]: rotate query and key first (in the store, one pass)."""
         ...

@@ -11,6 +11,7 @@ from dgpp.engine.backends.base import BatchLayout
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.decode_inputs import DecodeWindows, decode_gather_inputs, decode_query_index
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
+from dgpp.kernels.rope_store_torch import rope_store
 
 
 def paged_metadata(layout: BatchLayout, device: torch.device) -> PagedAttentionMetadata:
@@ -49,6 +50,9 @@ class TorchPagedAttention:
     # The attention over the paged cache (after this step's keys and values are stored): the
     # PyTorch twin here; a faster backend names its kernel of the same signature.
     attend = staticmethod(paged_attention)
+    # Rotary with the key's store, for layers that pass their angles (`fuses_rope` backends).
+    rotate_and_store = staticmethod(rope_store)
+    fuses_rope = False  # layers rotate themselves: one rotation of the adjacent q/k heads
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -90,7 +94,12 @@ class TorchPagedAttention:
         scale: float,
         sinks: torch.Tensor | None = None,
         sliding_window: int | None = None,
+        angles: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         key_cache, value_cache = cache[0], cache[1]
-        store_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
+        slots = metadata.slot_mapping
+        if angles is None:
+            store_kv(key, value, key_cache, value_cache, slots)
+        else:
+            query = self.rotate_and_store(query, key, value, angles, key_cache, value_cache, slots)
         return self.attend(query, key_cache, value_cache, metadata, scale, sinks, sliding_window)

@@ -15,11 +15,14 @@ from dgpp.engine.backends.torch_paged import TorchPagedAttention, paged_metadata
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
 from dgpp.kernels.paged_prefill_triton import prefill_tile_starts
+from dgpp.kernels.rope_store_triton import rope_store_triton
 
 
 class TritonPagedAttention(TorchPagedAttention):
     name = "triton-paged"
     attend = staticmethod(paged_attention_triton)
+    rotate_and_store = staticmethod(rope_store_triton)
+    fuses_rope = True  # full-rotary layers pass their angles: rotated in the store, one pass
     graph_safe = True  # the forward reads its metadata's tensors only
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:

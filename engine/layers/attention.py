@@ -8,6 +8,7 @@ from torch import nn
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
 from dgpp.engine.cache_spec import PagedKVSpec
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.layers.rotary import RopeAngles
 
 
 class PagedAttention(nn.Module):
@@ -82,8 +83,11 @@ class PagedAttention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         metadata: StepMetadata,
+        angles: RopeAngles | None = None,
     ) -> torch.Tensor:
-        """query [T, H, D], key/value [T, H_kv, D]; returns [T, H, D]."""
+        """query [T, H, D], key/value [T, H_kv, D]; returns [T, H, D]. With `angles` (only
+        where the backend `fuses_rope`) query and key are not rotated yet: the backend rotates
+        them as it stores the key."""
         assert self.cache is not None, "the model runner binds every cache before a forward"
         backend = self._backend
         return backend.forward(
@@ -95,4 +99,10 @@ class PagedAttention(nn.Module):
             self.scale,
             self.sinks,
             self.sliding_window,
+            angles,
         )
+
+    @property
+    def fuses_rope(self) -> bool:
+        """Whether the backend rotates query and key in its store (pass `angles`)."""
+        return getattr(self._backend, "fuses_rope", False)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from dgpp.engine.config import RopeConfig
+from dgpp.kernels.rope_store_torch import apply_rotary as apply_rotary  # the layers' rotation
 
 
 def inverse_frequencies(rope: RopeConfig, rotary_dim: int) -> tuple[torch.Tensor, float]:
@@ -100,12 +101,6 @@ class RotaryEmbedding(nn.Module):
             self.cos[positions].unsqueeze(1).to(dtype),
             self.sin[positions].unsqueeze(1).to(dtype),
         )
-
-
-def apply_rotary(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-    """Rotate x [T, heads, D] (rotate-half layout) by the angles from `RotaryEmbedding.lookup`."""
-    cos, sin = angles
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:

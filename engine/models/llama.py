@@ -99,6 +99,13 @@ class DecoderAttention(nn.Module):
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden).view(num_tokens, num_heads + 2 * num_kv_heads, head_dim)
         v = qkv[:, num_heads + num_kv_heads :]  # [T, H_kv, D]
+        if self.attn.fuses_rope and self.rotary_dim == self.head_dim:
+            # The backend rotates q and k as it stores k (one pass over them, Triton on CUDA).
+            q, k = qkv[:, :num_heads], qkv[:, num_heads : num_heads + num_kv_heads]
+            if self.q_norm is not None and self.k_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            out = self.attn(q, k, v, metadata, angles)
+            return self.o_proj(out.view(num_tokens, num_heads * head_dim))
         if self.q_norm is not None and self.k_norm is not None:
             q = self._rotate(self.q_norm(qkv[:, :num_heads]), angles)
             k = self._rotate(self.k_norm(qkv[:, num_heads : num_heads + num_kv_heads]), angles)

@@ -23,6 +23,7 @@ from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 from dgpp.kernels.paged_decode_split import PARTITION_KEYS, decode_split
+from dgpp.kernels.paged_prefill_triton import keys_per_step
 
 BLOCK = 8
 # (seq_len, query_len) per row; the leading `num_decodes` rows are decode (or verify) rows.
@@ -138,6 +139,15 @@ def test_split_k_decode_equals_the_twin(case: tuple[str, str]) -> None:
     )
     assert not out.isnan().any()
     assert relative_error(out, reference) < TOLERANCE[F32]
+
+
+def test_prefill_key_tiles_fit_gb10_shared_memory() -> None:
+    for dim in (64, 128, 256, 512):
+        for element in (2, 4):
+            keys = keys_per_step(dim, element)
+            assert 16 <= keys <= 32
+            assert 2 * (2 * keys * dim * element) <= 99 * 1024  # K and V, two stages
+    assert keys_per_step(128, 2) == 32 and keys_per_step(256, 4) == 16
 
 
 def test_only_few_programs_over_long_contexts_split() -> None:
