@@ -76,9 +76,15 @@ HEAVY_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files of `HEAVY_FIRST` first, in its order; the rest after, as collected."""
+    """The files of `HEAVY_FIRST` first, in its order; the rest after, as collected. Tests
+    marked `gpu` are skipped where this torch sees no CUDA device."""
     rank = {path: index for index, path in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    if not torch.cuda.is_available():
+        no_gpu = pytest.mark.skip(reason="marked gpu: this torch sees no CUDA device")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(no_gpu)
 
 
 def smollm2_gguf_dir() -> Path | None:
