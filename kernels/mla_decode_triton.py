@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.online_softmax import online_softmax_step
 
 HEAD_BLOCK = 16  # heads per program (the smallest `tl.dot` operand)
 # Keys per step of the walk: a [keys, 512] latent tile, double-buffered, stays within GB10's
@@ -138,10 +139,7 @@ def _mla_decode_kernel(
         else:
             scores = tl.dot(pe, tl.trans(k_pe), tl.dot(q, tl.trans(latent)))
         scores = tl.where(key_ok[None, :], scores * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = online_softmax_step(m_i, l_i, scores)
         if F32_DOT:
             acc = tl.dot(p, latent, acc * alpha[:, None], input_precision="ieee")
         else:

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.online_softmax import online_softmax_step
 from dgpp.kernels.paged_decode_split import PARTITION_KEYS, combine_partitions, decode_split
 from dgpp.kernels.paged_prefill_triton import prefill_attention_triton, prefill_tile_starts
 
@@ -111,10 +112,7 @@ def _paged_attention_kernel(
         key_pos = page * BLOCK_SIZE + s
         visible = (key_pos >= first) & (key_pos <= pos)
         scores = tl.where(visible[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = online_softmax_step(m_i, l_i, scores)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
 

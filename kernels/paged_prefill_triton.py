@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dgpp.kernels.online_softmax import online_softmax_step
+
 TILE_TOKENS = 16  # query tokens per tile
 KEYS = 32  # keys per step of the walk, at most
 # A step's key and value tiles, double-buffered, stay within GB10's 99 KiB of shared memory per
@@ -135,11 +137,7 @@ def _prefill_kernel(
         if HAS_WINDOW:
             visible = visible & (key_pos[None, :] > pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = online_softmax_step(m_i, l_i, scores)
         if F32_DOT:
             acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
         else:

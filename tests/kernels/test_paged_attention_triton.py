@@ -142,7 +142,7 @@ def test_split_k_decode_equals_the_twin(case: tuple[str, str]) -> None:
 
 
 def test_prefill_key_tiles_fit_gb10_shared_memory() -> None:
-    for dim in (64, 128, 256, 512):
+    for dim in (64, 128, 256):  # head dims of the paged families (MLA has its own kernel)
         for element in (2, 4):
             keys = keys_per_step(dim, element)
             assert 16 <= keys <= 32
