@@ -14,8 +14,7 @@ from gpu_check_kernels import sync, timed_ms
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.decode_graphs import DecodeGraphs
-from dgpp.engine.request import Request
-from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+from dgpp.engine.teacher_force import teacher_forced_logits
 
 PROMPT = [0, 17, 42, 7, 99, 3, 150, 28]
 CPU = torch.device("cpu")
@@ -36,31 +35,6 @@ def _hf_greedy(model: Any, prompt: list[int], new: int, device: torch.device) ->
             tokens.append(int(out.logits[0, -1].argmax()))
             ids = torch.tensor([[tokens[-1]]], device=device)
     return tokens
-
-
-def _dgpp_logits(llm: LLM, sequence: list[int], prompt_len: int) -> torch.Tensor:
-    """dgpp's logits at every position after the prompt, teacher-forced one decode row at a
-    time through the paged cache."""
-    engine = llm.engine
-    request = Request(
-        "gpu-check", sequence[:prompt_len], SamplingParams(max_tokens=1), max_tokens=1
-    )
-    rows = []
-    try:
-        with torch.inference_mode():
-            while True:
-                num = request.num_pending_tokens
-                assert engine.block_manager.allocate_slots(request, num)
-                chunk = ScheduledChunk(request, request.num_computed_tokens, num)
-                logits = engine.runner.run(StepPlan((chunk,), num_decodes=int(num == 1)))
-                request.num_computed_tokens += num
-                rows.append(logits[0].float())
-                if request.num_tokens == len(sequence):
-                    break
-                request.token_ids.append(sequence[request.num_tokens])
-    finally:
-        engine.block_manager.free(request)
-    return torch.stack(rows)
 
 
 def parity(device: torch.device, work: Path) -> list[dict[str, Any]]:
@@ -93,7 +67,8 @@ def model_parity(
     llm16 = LLM(
         str(checkpoint), device=device.type, dtype="bfloat16", kv_capacity=512, block_size=16
     )
-    ours = _dgpp_logits(llm16, sequence, len(PROMPT))[: reference.shape[0]]
+    forced = teacher_forced_logits(llm16.engine, PROMPT, continuation)
+    ours = torch.stack([logits for _, logits in forced])[: reference.shape[0]]
     vocab = reference.shape[-1]
     return {
         "model": name,
