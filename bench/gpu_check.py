@@ -18,7 +18,8 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
     kernel's calls timed with CUDA events).
 (e) the hybrid models' Gated DeltaNet kernels (fla-core's on CUDA, unpacked from the wheels in
     bench/wheels/ where the image lacks it) against dgpp's twins, and a tiny random Qwen3-Next's
-    greedy parity with transformers (`gpu_check_hybrid`).
+    greedy parity with transformers and its CUDA-graphed tokens against eager
+    (`gpu_check_hybrid`).
 The fused MoE and MLA decode kernels are in (a), and the MoE parity run of (b) goes through the
 fused MoE on CUDA.
 """
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             failed += [f"kernel {k.name} {k.dtype}" for k in found["kernels"] if not k.ok]
             if not found["parity"]["float32_greedy_equal"]:
                 failed.append(f"greedy {found['parity']['model']}")
+            if found["graphed_equals_eager"] is False:
+                failed.append("graphed Qwen3-Next tokens differ from eager")
             del found["kernels"]
         except Exception:
             log.error("section e failed:\n%s", traceback.format_exc())
@@ -174,6 +177,10 @@ def render(figures: dict) -> str:
             if key.startswith("prefill_tok_s")
         )
         lines.append(f"| prefill, one prompt | | {prefill} | | |")
+    hybrid = figures.get("hybrid") or {}
+    if hybrid.get("graphed_equals_eager") is not None:
+        same = "equal" if hybrid["graphed_equals_eager"] else "FAIL"
+        lines.append(f"| graphed vs eager greedy, tiny Qwen3-Next | float32 | {same} | | |")
     verdict = "all passed" if not figures["failed"] else "FAILED: " + "; ".join(figures["failed"])
     lines += ["", f"{verdict} ({figures['seconds']:.0f} s)"]
     return "\n".join(lines)

@@ -116,10 +116,21 @@ def gated_delta_kernels(device: torch.device, dry_run: bool, repeats: int) -> li
 
 
 def hybrid(device: torch.device, work: Path, dry_run: bool) -> dict[str, Any]:
-    """(e): the kernels above and a tiny Qwen3-Next's greedy parity with transformers."""
+    """(e): the kernels above, a tiny Qwen3-Next's greedy parity with transformers and (on a
+    GPU) its CUDA-graphed greedy tokens against eager."""
     from gpu_check_build import TINY_QWEN3_NEXT
-    from gpu_check_models import model_parity
+    from gpu_check_models import graphed_equals_eager, model_parity
+
+    from dgpp.engine import LLM
 
     kernels = gated_delta_kernels(device, dry_run, 1 if dry_run else 10)
-    parity = model_parity(device, work, "tiny Qwen3-Next", "Qwen3NextForCausalLM", TINY_QWEN3_NEXT)
-    return {"kernels": kernels, "parity": parity}
+    name, architecture = "tiny Qwen3-Next", "Qwen3NextForCausalLM"
+    parity = model_parity(device, work, name, architecture, TINY_QWEN3_NEXT)
+    graphed = None  # the dry run: tests/engine/test_decode_graphs.py covers the buffers on CPU
+    if not dry_run:
+        checkpoint = work / name.replace(" ", "-")  # built by model_parity
+        llm = LLM(str(checkpoint), device=device.type, dtype="float32", kv_capacity=1024)
+        llm.engine.warm_up()  # captures the graphs
+        graphs = llm.engine.runner.graphs
+        graphed = graphs is not None and graphed_equals_eager(llm, graphs)
+    return {"kernels": kernels, "parity": parity, "graphed_equals_eager": graphed}

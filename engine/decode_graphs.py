@@ -9,10 +9,12 @@ position 0, so their attention is well defined and their outputs are dropped) an
 bucket's graph; the logits come back for its B rows.
 
 Only pure decode steps replay (one new token per row, no prefill, no recurrent-state copies);
-anything else, and any model whose forward reads a host value (an attention backend without
-`graph_safe`, a module marked `host_sync`: the MoE layer counts tokens per expert on the host),
-runs eagerly. Every rank captures the same buckets in the same order during warm-up, so the
-collectives inside the graphs (tensor parallelism over NCCL) line up across ranks.
+anything else, and any model whose forward reads a host value (a backend without `graph_safe`,
+a module marked `host_sync`: quantized per-expert MoE layers count tokens per expert on the
+host), runs eagerly. Hybrid models' recurrent layers are captured too: their rows' state slots
+are one more static input, and padded rows update a scratch state slot. Every rank captures the
+same buckets in the same order during warm-up, so the collectives inside the graphs (tensor
+parallelism over NCCL) line up across ranks.
 
 With `capture=False` (CPU, tests) `run` fills the same buffers and calls the forward directly:
 the padding and buffer logic is then exercised anywhere; the capture itself needs CUDA.
@@ -26,6 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from dgpp.engine.backends.base import AttentionBackend, StepMetadata
+from dgpp.engine.state_cache import LinearStateBackend, StateRows
 from dgpp.engine.step_message import BlockTables, StepMessage
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 
@@ -33,7 +36,9 @@ from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, StepMetadata], torch.Tensor]
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-_IDS, _POSITIONS, _LENS, _SLOTS = range(4)  # rows of the static [4, max_batch] step inputs
+# Rows of the static [5, max_batch] step inputs: token ids, positions, sequence lengths, cache
+# slots and recurrent-state slots (hybrid models).
+_IDS, _POSITIONS, _LENS, _SLOTS, _STATES = range(5)
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +50,12 @@ def graph_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 def why_not_graphed(model: torch.nn.Module, backends: Iterable[AttentionBackend]) -> str | None:
-    """Why this model's decode step cannot be captured, or None when it can."""
+    """Why this model's decode step cannot be captured, or None when it can: one paged (or
+    latent) attention backend, and the recurrent layers' state backend if the model has them,
+    every one `graph_safe`, and no module marked `host_sync`."""
     backends = list(backends)
-    if len(backends) != 1:
+    attention = [b for b in backends if not isinstance(b, LinearStateBackend)]
+    if len(attention) != 1 or len(backends) - len(attention) > 1:
         return f"it attends through {len(backends)} backends; graphs serve one paged backend"
     for backend in backends:
         if not getattr(backend, "graph_safe", False):
@@ -63,7 +71,9 @@ class DecodeGraphs:
 
     `backend_name` is the paged-attention backend whose metadata the forward reads; it must be
     `graph_safe` (its kernels read the metadata's tensors only). `scratch_block` is a KV block
-    no request is ever given: padded rows write and read it."""
+    no request is ever given: padded rows write and read it. A hybrid model's recurrent layers
+    read `state_backend` (its name) with the rows' state slots; padded rows' state goes to
+    `scratch_slot`, a state slot no request holds."""
 
     def __init__(
         self,
@@ -75,6 +85,8 @@ class DecodeGraphs:
         block_size: int,
         scratch_block: int,
         capture: bool,
+        state_backend: str | None = None,
+        scratch_slot: int = -1,
     ) -> None:
         self.forward = forward
         self.backend_name = backend_name
@@ -83,8 +95,11 @@ class DecodeGraphs:
         self.block_size = block_size
         self.scratch_block = scratch_block
         self.capture = capture
+        self.state_backend = state_backend
+        assert state_backend is None or scratch_slot >= 0, "padded rows need a scratch state slot"
+        self.scratch_slot = scratch_slot
         index = dict(dtype=torch.int64, device=device)
-        self.inputs = torch.zeros(4, max_batch, **index)
+        self.inputs = torch.zeros(5, max_batch, **index)
         self.tables = torch.full((max_batch, max_blocks), scratch_block, **index)
         self.arange = torch.arange(max_batch + 1, **index)  # query starts; token rows
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -126,7 +141,10 @@ class DecodeGraphs:
             token_rows=self.arange[:bucket],
             token_positions=inputs[_POSITIONS, :bucket],
         )
-        return {self.backend_name: metadata}
+        step: dict[str, object] = {self.backend_name: metadata}
+        if self.state_backend is not None:
+            step[self.state_backend] = StateRows(inputs[_STATES, :bucket], ())
+        return step
 
     def _step(self, bucket: int) -> torch.Tensor:
         inputs = self.inputs
@@ -136,9 +154,8 @@ class DecodeGraphs:
 
     def _pad(self, bucket: int) -> None:
         """Every row of the bucket on the scratch block: one token at position 0."""
-        self.inputs[:, :bucket] = torch.tensor(
-            [[0], [0], [1], [self.scratch_block * self.block_size]], device=self.device
-        )
+        pad = [[0], [0], [1], [self.scratch_block * self.block_size], [self.scratch_slot]]
+        self.inputs[:, :bucket] = torch.tensor(pad, device=self.device)
         self.tables[:bucket, 0] = self.scratch_block
 
     def capture_all(self) -> None:
@@ -174,6 +191,7 @@ class DecodeGraphs:
         held = [tables[row.seq_id] for row in rows]
         width = max(len(table) for table in held)
         step = [[0] * bucket, [0] * bucket, [1] * bucket, [scratch_slot] * bucket]
+        step.append([self.scratch_slot] * bucket)
         grid = [[self.scratch_block] * width for _ in range(bucket)]
         for index, (row, table) in enumerate(zip(rows, held, strict=True)):
             pos = row.start
@@ -181,6 +199,7 @@ class DecodeGraphs:
             step[_POSITIONS][index] = pos
             step[_LENS][index] = pos + 1
             step[_SLOTS][index] = table[pos // block_size] * block_size + pos % block_size
+            step[_STATES][index] = row.state_slot
             grid[index][: len(table)] = table
         self.inputs[:, :bucket].copy_(torch.tensor(step), non_blocking=True)
         self.tables[:bucket, :width].copy_(torch.tensor(grid), non_blocking=True)

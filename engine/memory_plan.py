@@ -23,6 +23,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.weight_count import rank_weight_bytes
 from dgpp.kernels.linear import select_packer
@@ -243,24 +244,26 @@ def decode_graph_bytes(
     shapes: RankShapes,
     specs: Sequence[CacheSpec],
     max_context: int,
+    state_slot_bytes: int = 0,
 ) -> int:
     """CUDA-graph decode (`engine/decode_graphs.py`, CUDA only): the scratch KV block past the
-    pool, the static inputs and block tables, and what the graphs' memory pool keeps of the
-    largest bucket's step (counted as `workspace_bytes` counts a step, for its rows)."""
+    pool (and a hybrid model's scratch state slot, `state_slot_bytes`), the static inputs and
+    block tables, and what the graphs' memory pool keeps of the largest bucket's step (counted
+    as `workspace_bytes` counts a step, for its rows)."""
     if not config.device.startswith("cuda") or config.cuda_graph_max_batch == 0:
         return 0
     b = DTYPE_BYTES[config.resolved_dtype]
     rows = min(config.cuda_graph_max_batch, config.max_concurrency)
     heads, kv_heads, head_dim = shapes.num_heads, shapes.num_kv_heads, model.head_dim
     max_blocks = -(-max_context // config.block_size)
-    static = (4 * rows + rows * max_blocks) * 8
+    static = (5 * rows + rows * max_blocks) * 8
     step = 3 * rows * model.hidden_size * b + max(
         rows * (3 * heads + 3 * kv_heads) * head_dim * b,
         4 * rows * shapes.intermediate_size * b,
         rows * (shapes.vocab_rows + shapes.padded_vocab_size) * b,
     )
     scratch = config.block_size * kv_bytes_per_token(config, specs)
-    return scratch + static + math.ceil(step * WORKSPACE_MARGIN)
+    return scratch + state_slot_bytes + static + math.ceil(step * WORKSPACE_MARGIN)
 
 
 def plan_memory(
@@ -279,7 +282,7 @@ def plan_memory(
     if weights is None:
         weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
     max_context = config.effective_max_model_len(model)
-    states = engine_state_layout(config, model, tp_size, tp_rank).total_bytes
+    states = engine_state_layout(config, model, tp_size, tp_rank)
     return _plan(config, model, shapes, specs, memory, max_context, weights, states)
 
 
@@ -291,13 +294,13 @@ def _plan(
     memory: DeviceMemory | None,
     max_context: int,
     weights: int,
-    states: int,
+    states: StateLayout,
 ) -> MemoryPlan:
     memory = memory if memory is not None else read_device_memory(config.device)
     kv_tokens = config.num_kv_blocks * config.block_size
     kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
-    buffers += decode_graph_bytes(config, model, shapes, specs, max_context)
+    buffers += decode_graph_bytes(config, model, shapes, specs, max_context, states.slot_bytes)
     workspace = workspace_bytes(config, model, shapes, max_context)
     return MemoryPlan(
         weights_bytes=weights,
@@ -305,8 +308,8 @@ def _plan(
         kv_tokens=kv_tokens,
         buffers_bytes=buffers,
         workspace_bytes=workspace,
-        state_bytes=states,
-        total_bytes=weights + kv + buffers + workspace + states,
+        state_bytes=states.total_bytes,
+        total_bytes=weights + kv + buffers + workspace + states.total_bytes,
         budget_bytes=memory.budget(config.memory_fraction),
         available_bytes=memory.free_bytes,
         device=memory.description,
@@ -355,7 +358,7 @@ def size_kv_pool(
     specs = rank_cache_specs(model, tp_size, 0)
     weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype])
     # Recurrent state slots with the whole snapshot budget (not yet capped by the pool's size).
-    states = engine_state_layout(config, model, tp_size, max_snapshots=1 << 62).total_bytes
+    states = engine_state_layout(config, model, tp_size, max_snapshots=1 << 62)
     probe = _plan(
         replace(config, kv_capacity=block_size),
         model,

@@ -26,7 +26,12 @@ from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_st
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.resident_cache import image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
-from dgpp.engine.state_cache import allocate_states, copy_slots, state_layers
+from dgpp.engine.state_cache import (
+    LinearStateBackend,
+    allocate_states,
+    copy_slots,
+    state_layers,
+)
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 from dgpp.kernels.linear import select_packer
@@ -131,7 +136,9 @@ class ModelRunner:
             model_config, parallel
         ), "state specs disagree"
         self.state_layout = engine_state_layout(config, model_config, parallel.tp_size)
-        self.state_pools = allocate_states(recurrent, self.state_layout.num_slots, self.device)
+        # Decode graphs pad their buckets onto one more state slot, past every request's.
+        num_slots = self.state_layout.num_slots + (graphed and bool(recurrent))
+        self.state_pools = allocate_states(recurrent, num_slots, self.device)
         if recurrent:
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
@@ -139,14 +146,20 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.graphs: DecodeGraphs | None = None
         if graphed:
-            self.attach_decode_graphs(config.cuda_graph_max_batch, config.num_kv_blocks, True)
+            scratch_slot = self.state_layout.num_slots
+            self.attach_decode_graphs(
+                config.cuda_graph_max_batch, config.num_kv_blocks, True, scratch_slot
+            )
 
     def attach_decode_graphs(
-        self, max_batch: int, scratch_block: int, capture: bool
+        self, max_batch: int, scratch_block: int, capture: bool, scratch_slot: int = -1
     ) -> DecodeGraphs:
         """Serve pure decode steps of up to `max_batch` rows through `DecodeGraphs` (captured
-        on CUDA at warm-up; `capture=False` runs the same static buffers eagerly)."""
+        on CUDA at warm-up; `capture=False` runs the same static buffers eagerly). Padded rows
+        use KV block `scratch_block` and, in hybrid models, state slot `scratch_slot`."""
         model = self.model
+        states = [b for b in self.backends if isinstance(b, LinearStateBackend)]
+        attention = [b for b in self.backends if not isinstance(b, LinearStateBackend)]
 
         def forward(
             ids: torch.Tensor, positions: torch.Tensor, metadata: StepMetadata
@@ -155,13 +168,15 @@ class ModelRunner:
 
         self.graphs = DecodeGraphs(
             forward,
-            self.backends[0].name,
+            attention[0].name,
             self.device,
             max_batch,
             -(-self.max_model_len // self.block_size),
             self.block_size,
             scratch_block,
             capture,
+            states[0].name if states else None,
+            scratch_slot,
         )
         return self.graphs
 

@@ -80,6 +80,9 @@ class LinearStateBackend:
     """Builds `StateRows` once per step for every recurrent layer."""
 
     name = "linear-state"
+    graph_safe = (
+        True  # a decode-only step reads its slots tensor only (`dgpp.engine.decode_graphs`)
+    )
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -23,7 +23,7 @@ from dgpp.engine.layers.moe import Experts, PackedExperts
 from dgpp.engine.layers.mxfp4_experts import Mxfp4Experts
 from dgpp.engine.step_message import StepMessage, StepRow
 from dgpp.kernels.fused_moe_triton import fused_moe_triton
-from tests.conftest import build_tiny_checkpoint
+from tests.conftest import TINY_QWEN3_NEXT, build_tiny_checkpoint
 from tests.kernels.triton_interpret import needs_interpreter
 
 CPU = torch.device("cpu")
@@ -74,17 +74,19 @@ DEEPSEEK_MOE = dict(
 
 
 @needs_interpreter
-@pytest.mark.parametrize("family", ["llama", "qwen3-moe", "deepseek-v3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3-moe", "deepseek-v3", "qwen3-next"])
 def test_padded_static_buffers_decode_as_the_eager_engine(
     tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, family: str
 ) -> None:
     """The MoE models' experts run the fused Triton MoE kernel here and DeepSeek-V3's latent
     attention the Triton MLA backend, as on CUDA (interpreted), which is what lets their steps
-    be captured; the eager engine runs the PyTorch twins."""
+    be captured; the eager engine runs the PyTorch twins. Qwen3-Next's recurrent layers read
+    their state slots from the graphs' buffers (padded rows on a scratch slot)."""
     architecture, overrides = {
         "llama": ("LlamaForCausalLM", {}),
         "qwen3-moe": ("Qwen3MoeForCausalLM", QWEN3_MOE),
         "deepseek-v3": ("DeepseekV3ForCausalLM", DEEPSEEK_MOE),
+        "qwen3-next": ("Qwen3NextForCausalLM", TINY_QWEN3_NEXT),
     }[family]
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
     prompts = [[11, 12, 13], list(range(40, 75)), [7] * 20]  # rows of 1, 3 and 2 blocks
@@ -103,10 +105,12 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
     monkeypatch.setattr(moe, "uses_triton", lambda _: True)
     graphed = LLM(str(checkpoint), kv_capacity=512, block_size=16)
     runner = graphed.engine.runner
-    assert [backend.name for backend in runner.backends] in (["triton-paged"], ["triton-mla"])
+    names = [backend.name for backend in runner.backends]
+    assert names in (["triton-paged"], ["triton-mla"], ["triton-paged", "linear-state"])
     assert why_not_graphed(runner.model, runner.backends) is None
     scratch = runner.config.num_kv_blocks - 1  # the pool's last block: never reached here
-    graphs = runner.attach_decode_graphs(4, scratch_block=scratch, capture=False)
+    slot = runner.state_layout.num_slots - 1  # a snapshot slot: none is taken by short prompts
+    graphs = runner.attach_decode_graphs(4, scratch, capture=False, scratch_slot=slot)
     got = [out.outputs[0].token_ids for out in graphed.generate(prompts, params)]
     assert got == expected
     assert graphs.replays == 8  # every decode step after the prompts' own

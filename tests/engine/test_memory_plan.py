@@ -193,6 +193,9 @@ def test_cuda_plans_count_the_decode_graphs_scratch_block_and_pool() -> None:
         plan_memory(replace(cuda, cuda_graph_max_batch=n), model, 1, PLENTY) for n in (64, 0)
     )
     assert with_graphs.buffers_bytes - without.buffers_bytes == graphs
+    # A hybrid model's padded rows also take a scratch recurrent-state slot.
+    hybrid = memory_plan.decode_graph_bytes(cuda, model, shapes, specs, 256, state_slot_bytes=999)
+    assert hybrid == graphs + 999
 
 
 def test_plan_that_does_not_fit_names_every_part_and_the_remedies() -> None:

@@ -1,7 +1,7 @@
 """On a CUDA machine (marker `gpu`; skipped elsewhere): the Triton kernels compiled, not
 interpreted, against their twins at the GPU check's small sizes (`bench/gpu_check_kernels`,
-`bench/gpu_check_hybrid`), and CUDA-graph decode against eager on a tiny Llama and a tiny
-Qwen3-MoE: greedy tokens equal, graphs captured and replayed."""
+`bench/gpu_check_hybrid`), and CUDA-graph decode against eager on a tiny Llama, Qwen3-MoE and
+Qwen3-Next: greedy tokens equal, graphs captured and replayed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dgpp.engine import LLM, SamplingParams
-from tests.conftest import build_tiny_checkpoint
+from tests.conftest import TINY_QWEN3_NEXT, build_tiny_checkpoint
 
 pytestmark = pytest.mark.gpu
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -42,6 +42,7 @@ def test_every_kernel_equals_its_twin_compiled() -> None:
             "Qwen3MoeForCausalLM",
             dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16),
         ),
+        ("Qwen3NextForCausalLM", TINY_QWEN3_NEXT),
     ],
 )
 def test_graphed_decode_equals_eager(
