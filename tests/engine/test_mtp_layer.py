@@ -1,0 +1,140 @@
+"""The multi-token-prediction layer (`engine/models/mtp.py`) against a reference written from
+the DeepSeek-V3 paper's equations in this test (transformers does not run MTP layers):
+
+    x_i = M [RMSNorm(Emb(t_{i+1})); RMSNorm(h_i)],   g_i = TRM(x_i),
+    logits_i = OutHead(RMSNorm(g_i)),
+
+with transformers' own DeepSeek-V3 decoder layer as TRM (causal over the prompt's positions)
+and its RMSNorm and rotary embedding. The MTP tensors are random and appended to a tiny
+checkpoint as `model.layers.{N}.*`, the way released checkpoints store them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+from dgpp.engine import LLM
+from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.cache_spec import allocate_caches, cache_layers
+from dgpp.engine.loader import load_weights
+from dgpp.engine.models.mtp import MtpLayer
+from dgpp.engine.parallel import ParallelContext
+from tests.conftest import build_tiny_checkpoint
+
+ARCH = "DeepseekV3ForCausalLM"
+MOE = dict(
+    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    n_shared_experts=1, n_group=2, topk_group=1,
+)  # fmt: skip
+
+
+def _with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
+    """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors."""
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    index = config.num_hidden_layers
+    torch.manual_seed(7)
+    block = hf.DeepseekV3DecoderLayer(config, index).float()
+    hidden = config.hidden_size
+    tensors = {f"model.layers.{index}.{k}": v for k, v in _per_expert(block.state_dict()).items()}
+    own = {
+        "enorm.weight": 1 + 0.1 * torch.randn(hidden),
+        "hnorm.weight": 1 + 0.1 * torch.randn(hidden),
+        "eh_proj.weight": torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5,
+        "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden),
+        "shared_head.head.weight": 0.05 * torch.randn(config.vocab_size, hidden),
+        "embed_tokens.weight": torch.randn(config.vocab_size, hidden),  # a duplicate: skipped
+    }
+    tensors.update({f"model.layers.{index}.{k}": v for k, v in own.items()})
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    save_file(
+        {**weights, **tensors}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"}
+    )
+    return {k.split(f"layers.{index}.", 1)[1]: v for k, v in tensors.items()}, config
+
+
+def _per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' stacked experts ([E, 2I, H] gate then up; [E, H, I]) under the per-expert
+    names released checkpoints use."""
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    gate_up, down = state["mlp.experts.gate_up_proj"], state["mlp.experts.down_proj"]
+    inner = down.shape[-1]
+    for expert in range(gate_up.shape[0]):
+        at = f"mlp.experts.{expert}"
+        out[f"{at}.gate_proj.weight"] = gate_up[expert, :inner].clone()
+        out[f"{at}.up_proj.weight"] = gate_up[expert, inner:].clone()
+        out[f"{at}.down_proj.weight"] = down[expert].clone()
+    return out
+
+
+def _stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_per_expert`, for transformers' layer."""
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    count = len({k.split(".")[2] for k in state if ".experts." in k})
+    gate_up, down = [], []
+    for expert in range(count):
+        at = f"mlp.experts.{expert}"
+        gate_up.append(torch.cat((state[f"{at}.gate_proj.weight"], state[f"{at}.up_proj.weight"])))
+        down.append(state[f"{at}.down_proj.weight"])
+    out["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+    out["mlp.experts.down_proj"] = torch.stack(down)
+    return out
+
+
+def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor, h, next_ids):
+    """The paper's MTP step for one sequence of positions 0 .. T-1, causal."""
+    index = config.num_hidden_layers
+    block = hf.DeepseekV3DecoderLayer(config, index).float().eval()
+    block.load_state_dict(_stacked({k: v for k, v in mtp.items() if not k.startswith(OWN)}))
+
+    def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        norm = hf.DeepseekV3RMSNorm(x.shape[-1], eps=config.rms_norm_eps)
+        norm.weight.data.copy_(weight)
+        return norm(x)
+
+    x = torch.cat((rms(embed[next_ids], mtp["enorm.weight"]), rms(h, mtp["hnorm.weight"])), -1)
+    x = x @ mtp["eh_proj.weight"].T
+    tokens = x.shape[0]
+    positions = torch.arange(tokens)[None]
+    rotary = hf.DeepseekV3RotaryEmbedding(config)
+    cos_sin = rotary(x[None], positions)
+    mask = torch.full((tokens, tokens), float("-inf")).triu(1)[None, None]
+    with torch.inference_mode():
+        g = block(x[None], attention_mask=mask, position_ids=positions, position_embeddings=cos_sin)
+    g = g[0] if isinstance(g, tuple) else g
+    g = g[0]
+    logits = rms(g, mtp["shared_head.norm.weight"]) @ mtp["shared_head.head.weight"].T
+    return g, logits
+
+
+OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")
+
+
+def test_the_mtp_layer_is_the_papers_step(tmp_path: Path, tokenizer_dir: Path) -> None:
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE
+    )
+    mtp_tensors, config = _with_mtp_layer(checkpoint)
+    llm = LLM(str(checkpoint), kv_capacity=256, block_size=16)  # the target skips layer N
+    runner = llm.engine.runner
+    target, backend = runner.model, runner.backends[0]
+    layer = MtpLayer(target, ParallelContext(), backend, config.num_hidden_layers)
+    load_weights(layer, checkpoint)  # every parameter from `model.layers.N.*`, or it raises
+    allocate_caches(cache_layers(layer), 4, 16, torch.float32, torch.device("cpu"))
+
+    tokens = 21
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(tokens, config.hidden_size, generator=gen)
+    next_ids = torch.randint(3, 1000, (tokens,), generator=gen)
+    layout = BatchLayout((BatchRow(0, tokens, [2, 0]),), 0, 16, prefill_softmax_fp32=True)
+    metadata = {backend.name: backend.prepare(layout)}
+    with torch.inference_mode():
+        g = layer(h, next_ids, torch.arange(tokens), metadata)
+        logits = layer.compute_logits(g)[:, : config.vocab_size]
+    embed = target.model.embed_tokens.weight.detach()
+    ref_g, ref_logits = _reference(mtp_tensors, config, embed, h, next_ids)
+    torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
