@@ -33,8 +33,9 @@ SpeculativeSection = section_model(
     "speculative",
     EngineConfig,
     doc="Speculative decoding (docs/speculative.md): `ngram` drafts up to `depth` tokens per step "
-    "by looking the last `ngram_max` .. `ngram_min` tokens up in the request's own history and "
-    "verifies them in one forward; the output is the same as without it.",
+    "by looking the last `ngram_max` .. `ngram_min` tokens up in the request's own history, "
+    "`mtp` one token per step with the checkpoint's multi-token-prediction layer (DeepSeek-V3, "
+    "GLM-4.5); the target verifies them in one forward; the output is the same as without it.",
 )
 ResidentCacheSection = section_model("ResidentCacheSection", "resident_cache", EngineConfig)
 TimeoutsSection = section_model(

@@ -17,6 +17,7 @@ from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
 from dgpp.engine.model_runner import ModelRunner
+from dgpp.engine.mtp_drafter import MtpDrafter
 from dgpp.engine.output_processor import OutputProcessor
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
@@ -26,8 +27,8 @@ from dgpp.engine.resolved import ResolvedConfig
 from dgpp.engine.sampler import Sampler
 from dgpp.engine.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.scheduler import Scheduler
-from dgpp.engine.speculative import NgramProposer
+from dgpp.engine.scheduler import Scheduler, StepPlan
+from dgpp.engine.speculative import NgramProposer, Proposer
 from dgpp.engine.state_snapshots import StateBook, snapshot_points
 from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.engine.step_policy import StepPolicy
@@ -94,7 +95,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             config.num_kv_blocks, config.block_size, cache, salt, states
         )
-        proposer = None
+        proposer: Proposer | None = None
+        self.drafter: MtpDrafter | None = None
         # A recurrent state cannot take back a rejected draft: no drafts for hybrid models.
         if config.speculative == "ngram" and states is not None:
             logging.getLogger(__name__).warning(
@@ -106,6 +108,8 @@ class LLMEngine:
             proposer = NgramProposer(
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )
+        elif config.speculative == "mtp":  # the runner built the MTP layer (or refused)
+            proposer = self.drafter = MtpDrafter()
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_concurrency,
@@ -250,8 +254,21 @@ class LLMEngine:
         started = time.perf_counter()
         logits = self.runner.execute(message)  # [plan.num_sampled, padded_vocab]
         outputs += self.processor.update(plan, logits)
+        if self.drafter is not None:
+            self._draft(plan)
         self.scheduler.observe(plan, time.perf_counter() - started)  # the step-time bound
         return outputs
+
+    def _draft(self, plan: StepPlan) -> None:
+        """The MTP layer's pass over the step just taken in, on every rank: its drafts for the
+        next step."""
+        assert self.drafter is not None
+        message = self.drafter.message(plan)
+        if not message.rows:
+            return
+        if self.control is not None:
+            self.control.send(Command.DRAFT, message)
+        self.drafter.store(plan, message, self.runner.draft(message))
 
     def stats(self) -> EngineStats:
         """A snapshot of the counters and queues, safe to hand to another thread."""
@@ -270,10 +287,16 @@ class LLMEngine:
             prefix_min_tokens=self.config.prefix_min_tokens,
             counters=counters,
             speculative=self.config.speculative if self.scheduler.proposer else "off",
-            spec_depth=self.config.spec_depth if self.scheduler.proposer else 0,
+            spec_depth=self._spec_depth(),
             snapshots=states.snapshots.stats() if states is not None else None,
             snapshot_capacity=states.snapshots.num_slots if states is not None else 0,
         )
+
+    def _spec_depth(self) -> int:
+        """Draft tokens per step at most: the drafter's (MTP: one), the knob's (n-gram)."""
+        if self.drafter is not None:
+            return self.drafter.depth
+        return self.config.spec_depth if self.scheduler.proposer else 0
 
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

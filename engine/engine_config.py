@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 PrefillPrecision = Literal["fp32", "model"]
-Speculative = Literal["off", "ngram"]
+Speculative = Literal["off", "ngram", "mtp"]
 Quantization = Literal[("auto", "none", *METHODS)]  # type: ignore[valid-type]
 DTYPES: tuple[str, ...] = Dtype.__args__  # type: ignore[attr-defined]
 
@@ -130,7 +130,8 @@ class EngineConfig:
     )
     speculative: Speculative = knob(
         "off",
-        "speculative decoding: ngram drafts tokens from the request's own history and verifies "
+        "speculative decoding: ngram drafts tokens from the request's own history, mtp with the "
+        "checkpoint's multi-token-prediction layer (DeepSeek-V3, GLM-4.5); the target verifies "
         "them in one forward; the output is unchanged",
         label="Speculative decoding",
         deployment="speculative.method",

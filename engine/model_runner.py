@@ -23,6 +23,7 @@ from dgpp.engine.loader import load_weights
 from dgpp.engine.memory_lock import lock_memory
 from dgpp.engine.memory_plan import check_fits, plan_memory
 from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_state_specs
+from dgpp.engine.mtp_runner import MtpDrafting
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.resident_cache import image_key, load_resident
 from dgpp.engine.scheduler import StepPlan
@@ -120,6 +121,7 @@ class ModelRunner:
         recurrent = state_layers(self.model)
         backends = [*self.backends, *([recurrent[0].state_backend] if recurrent else [])]
         graphed = self.device.type == "cuda" and config.cuda_graph_max_batch > 0
+        graphed = graphed and config.speculative != "mtp"  # MTP reads every step's hidden states
         if graphed:
             reason = "packing weights in the background" if self.packing else None
             reason = reason or why_not_graphed(self.model, backends)
@@ -144,6 +146,9 @@ class ModelRunner:
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
         self.max_model_len = max_model_len
+        self.mtp: MtpDrafting | None = None
+        if config.speculative == "mtp":
+            self.mtp = MtpDrafting.build(self, parallel, attention, checkpoint)
         self.graphs: DecodeGraphs | None = None
         if graphed:
             scratch_slot = self.state_layout.num_slots
@@ -209,10 +214,19 @@ class ModelRunner:
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
         copy_slots(self.state_pools, message.restores)  # prefix hits: snapshots into slots
         hidden = self.model(input_ids, positions, metadata)
+        if self.mtp is not None:
+            self.mtp.keep(message, hidden)
         copy_slots(self.state_pools, message.saves)  # states at snapshot points, kept
         hidden = hidden[sample_index]
         dtype = torch.float32 if message.has_prefill and fp32 else None
         return self.model.compute_logits(hidden, dtype).float()
+
+    @torch.inference_mode()
+    def draft(self, message: StepMessage) -> list[int]:
+        """Run the MTP layer over a draft message (`dgpp.engine.mtp_drafter`) on every rank;
+        each row's greedy draft token."""
+        assert self.mtp is not None, "drafts need speculative=mtp"
+        return self.mtp.draft(message, self.tables, self.block_size, self.config)
 
     def warm_up(self) -> None:
         """A one-token prefill at position 0 in block 0, sampled: it runs every layer once.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
-from dgpp.engine.speculative import NgramProposer
+from dgpp.engine.speculative import Proposer
 from dgpp.engine.stats import EngineCounters
 from dgpp.engine.step_policy import StepPolicy
 from dgpp.engine.step_times import StepTimes
@@ -88,7 +88,7 @@ class Scheduler:
         max_concurrency: int,
         prefill_chunk_tokens: int,
         counters: EngineCounters | None = None,
-        proposer: NgramProposer | None = None,
+        proposer: Proposer | None = None,
         policy: StepPolicy | None = None,
     ) -> None:
         self.block_manager = block_manager

@@ -18,10 +18,17 @@ p(draft), otherwise a sample from p with the draft removed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from dgpp.engine.request import Request
+
+
+class Proposer(Protocol):
+    """What the scheduler asks for a request's draft (`NgramProposer`, the MTP drafter)."""
+
+    def propose(self, request: Request, limit: int) -> tuple[int, ...]: ...
 
 
 class NgramProposer:

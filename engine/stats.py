@@ -72,7 +72,7 @@ class EngineStats:
     prefix_cache_enabled: bool
     prefix_min_tokens: int
     counters: EngineCounters
-    speculative: str = "off"  # the drafting method ("off" or "ngram")
+    speculative: str = "off"  # the drafting method ("off", "ngram" or "mtp")
     spec_depth: int = 0  # draft tokens proposed per step at most; 0 when off
     snapshots: SnapshotStats | None = None  # recurrent-state snapshots (hybrid models)
     snapshot_capacity: int = 0  # snapshot slots

@@ -22,6 +22,10 @@ class Command(enum.IntEnum):
     WARM_UP = 2  # run the runner's warm-up forward
     HEARTBEAT = 3  # nothing to do; rank 0 is alive (sent while idle)
     SHUTDOWN = 4  # rank 0 is leaving in order: dissolve this world
+    DRAFT = 5  # run the MTP layer over the payload's draft message (speculative=mtp)
+
+
+_WITH_MESSAGE = (Command.STEP, Command.DRAFT)
 
 
 class ControlChannel:
@@ -35,9 +39,9 @@ class ControlChannel:
         self.num_steps_sent = 0
 
     def send(self, command: Command, message: StepMessage | None = None) -> None:
-        """Rank 0 only. A step carries its message; no other command has one."""
+        """Rank 0 only. A step or a draft pass carries its message; no other command has one."""
         assert self.rank == 0, "only rank 0 sends commands"
-        assert (command is Command.STEP) == (message is not None), "a step and only a step"
+        assert (command in _WITH_MESSAGE) == (message is not None), "a step or draft, only"
         payload = message.to_tensor() if message is not None else None
         header = torch.tensor([command, 0 if payload is None else payload.numel()])
         dist.broadcast(header, src=0, group=self.group)
@@ -45,14 +49,14 @@ class ControlChannel:
         if payload is not None:
             dist.broadcast(payload, src=0, group=self.group)
             self.num_bytes_sent += payload.nbytes
-            self.num_steps_sent += 1
+            self.num_steps_sent += command is Command.STEP
 
     def receive(self) -> tuple[Command, StepMessage | None]:
         """Any other rank: block until rank 0's next command."""
         header = torch.zeros(2, dtype=torch.int64)
         dist.broadcast(header, src=0, group=self.group)
         command, length = Command(int(header[0])), int(header[1])
-        if command is not Command.STEP:
+        if command not in _WITH_MESSAGE:
             return command, None
         payload = torch.zeros(length, dtype=torch.int64)
         dist.broadcast(payload, src=0, group=self.group)
@@ -72,3 +76,6 @@ def serve_commands(runner: ModelRunner, channel: ControlChannel) -> None:
             runner.execute(message)
         elif command is Command.WARM_UP:
             runner.warm_up()
+        elif command is Command.DRAFT:
+            assert message is not None
+            runner.draft(message)

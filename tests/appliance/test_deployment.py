@@ -84,7 +84,7 @@ def test_every_section_reaches_its_configuration() -> None:
         ({"model": "m", "http": {"served_model_names": "x"}}, "http.served_model_names:"),
         (
             {"model": "m", "speculative": {"method": "eagle"}},
-            "speculative.method: must be one of 'off' or 'ngram' (got 'eagle')",
+            "speculative.method: must be one of 'off', 'ngram' or 'mtp' (got 'eagle')",
         ),
         ({"model": "m", "speculative": {"depth": 0}}, "speculative.depth: Input should be"),
         ({"model": "m", "speculative": {"draft": 1}}, "speculative.draft: unknown key"),

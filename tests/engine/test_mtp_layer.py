@@ -13,8 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from transformers import AutoConfig
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
 from dgpp.engine import LLM
@@ -24,71 +22,14 @@ from dgpp.engine.loader import load_weights
 from dgpp.engine.models.mtp import MtpLayer
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-
-ARCH = "DeepseekV3ForCausalLM"
-MOE = dict(
-    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-    n_shared_experts=1, n_group=2, topk_group=1,
-)  # fmt: skip
-
-
-def _with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
-    """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors."""
-    config = AutoConfig.from_pretrained(str(checkpoint))
-    index = config.num_hidden_layers
-    torch.manual_seed(7)
-    block = hf.DeepseekV3DecoderLayer(config, index).float()
-    hidden = config.hidden_size
-    tensors = {f"model.layers.{index}.{k}": v for k, v in _per_expert(block.state_dict()).items()}
-    own = {
-        "enorm.weight": 1 + 0.1 * torch.randn(hidden),
-        "hnorm.weight": 1 + 0.1 * torch.randn(hidden),
-        "eh_proj.weight": torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5,
-        "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden),
-        "shared_head.head.weight": 0.05 * torch.randn(config.vocab_size, hidden),
-        "embed_tokens.weight": torch.randn(config.vocab_size, hidden),  # a duplicate: skipped
-    }
-    tensors.update({f"model.layers.{index}.{k}": v for k, v in own.items()})
-    weights = load_file(str(checkpoint / "model.safetensors"))
-    save_file(
-        {**weights, **tensors}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"}
-    )
-    return {k.split(f"layers.{index}.", 1)[1]: v for k, v in tensors.items()}, config
-
-
-def _per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' stacked experts ([E, 2I, H] gate then up; [E, H, I]) under the per-expert
-    names released checkpoints use."""
-    out = {k: v for k, v in state.items() if ".experts." not in k}
-    gate_up, down = state["mlp.experts.gate_up_proj"], state["mlp.experts.down_proj"]
-    inner = down.shape[-1]
-    for expert in range(gate_up.shape[0]):
-        at = f"mlp.experts.{expert}"
-        out[f"{at}.gate_proj.weight"] = gate_up[expert, :inner].clone()
-        out[f"{at}.up_proj.weight"] = gate_up[expert, inner:].clone()
-        out[f"{at}.down_proj.weight"] = down[expert].clone()
-    return out
-
-
-def _stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `_per_expert`, for transformers' layer."""
-    out = {k: v for k, v in state.items() if ".experts." not in k}
-    count = len({k.split(".")[2] for k in state if ".experts." in k})
-    gate_up, down = [], []
-    for expert in range(count):
-        at = f"mlp.experts.{expert}"
-        gate_up.append(torch.cat((state[f"{at}.gate_proj.weight"], state[f"{at}.up_proj.weight"])))
-        down.append(state[f"{at}.down_proj.weight"])
-    out["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
-    out["mlp.experts.down_proj"] = torch.stack(down)
-    return out
+from tests.engine.mtp_checkpoint import ARCH, MOE, stacked, with_mtp_layer
 
 
 def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor, h, next_ids):
     """The paper's MTP step for one sequence of positions 0 .. T-1, causal."""
     index = config.num_hidden_layers
     block = hf.DeepseekV3DecoderLayer(config, index).float().eval()
-    block.load_state_dict(_stacked({k: v for k, v in mtp.items() if not k.startswith(OWN)}))
+    block.load_state_dict(stacked({k: v for k, v in mtp.items() if not k.startswith(OWN)}))
 
     def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         norm = hf.DeepseekV3RMSNorm(x.shape[-1], eps=config.rms_norm_eps)
@@ -117,7 +58,7 @@ def test_the_mtp_layer_is_the_papers_step(tmp_path: Path, tokenizer_dir: Path) -
     checkpoint = build_tiny_checkpoint(
         tmp_path, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE
     )
-    mtp_tensors, config = _with_mtp_layer(checkpoint)
+    mtp_tensors, config = with_mtp_layer(checkpoint)
     llm = LLM(str(checkpoint), kv_capacity=256, block_size=16)  # the target skips layer N
     runner = llm.engine.runner
     target, backend = runner.model, runner.backends[0]

@@ -1,0 +1,108 @@
+"""The rank's side of MTP drafting: the MTP layer, its KV cache, the last step's target hidden
+states, and the draft pass (`dgpp.engine.mtp_drafter` builds the messages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.cache_spec import allocate_caches, cache_layers
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.loader import load_weights
+from dgpp.engine.models.mtp import MtpLayer
+from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import state_layers
+from dgpp.engine.step_message import BlockTables, StepMessage
+
+if TYPE_CHECKING:
+    from dgpp.engine.model_runner import ModelRunner
+
+
+class MtpDrafting:
+    """The MTP layer of a runner's model and what a draft pass reads."""
+
+    def __init__(self, layer: MtpLayer, backend: Any, caches: list[torch.Tensor]) -> None:
+        self.layer = layer
+        self.backend = backend
+        self.caches = caches
+        self.vocab_size = layer.config.vocab_size
+        self._hidden: torch.Tensor | None = None
+        self._rows: dict[int, tuple[int, int]] = {}  # seq id -> (first index, first position)
+
+    @classmethod
+    def build(
+        cls, runner: ModelRunner, parallel: ParallelContext, attention: Any, checkpoint: Path
+    ) -> MtpDrafting:
+        """Layer `num_hidden_layers` of the checkpoint, sharded like the target's layers, its
+        weights read from the checkpoint, its cache as large as the target's pool."""
+        config, model = runner.model_config, runner.model
+        count = int(config.raw.get("num_nextn_predict_layers") or 0)
+        if count < 1 or not hasattr(model, "build_layer") or state_layers(model):
+            raise ConfigError(
+                f"speculative=mtp needs a checkpoint with multi-token-prediction layers "
+                f"(num_nextn_predict_layers) of a DeepSeek-V3 or GLM-4.5 family model; "
+                f"{config.architecture} with {count} has none dgpp runs: use --spec ngram or off"
+            )
+        with torch.device("cpu"):
+            layer = MtpLayer(model, parallel, attention, config.num_layers)
+        layer = layer.to(runner.dtype)
+        try:
+            load_weights(layer, checkpoint)
+        except ModelLoadError as err:
+            raise ConfigError(
+                f"speculative=mtp: the checkpoint declares {count} multi-token-prediction layers "
+                f"(num_nextn_predict_layers) but does not hold layer {config.num_layers}'s "
+                f"weights ({err}); use --spec ngram or off"
+            ) from None
+        layer = layer.to(runner.device).eval()
+        caches = allocate_caches(
+            cache_layers(layer),
+            runner.config.num_kv_blocks,
+            runner.block_size,
+            runner.dtype,
+            runner.device,
+        )
+        return cls(layer, attention, caches)
+
+    def keep(self, message: StepMessage, hidden: torch.Tensor) -> None:
+        """The step's target hidden states [T, H] (final-normed) and where each row's are."""
+        self._hidden = hidden
+        self._rows = {}
+        at = 0
+        for row in message.rows:
+            self._rows[row.seq_id] = (at, row.start)
+            at += row.num_tokens
+
+    def draft(
+        self, message: StepMessage, tables: BlockTables, block_size: int, config: EngineConfig
+    ) -> list[int]:
+        """Each row's positions through the MTP layer (its cache written, as a prefill); the
+        greedy token at each row's last position."""
+        assert self._hidden is not None, "a draft pass follows a step"
+        index: list[int] = []
+        positions: list[int] = []
+        next_ids: list[int] = []
+        rows = []
+        for row in message.rows:
+            first, start = self._rows[row.seq_id]
+            offset = first + row.start - start
+            index.extend(range(offset, offset + row.num_tokens))
+            positions.extend(range(row.start, row.seq_len))
+            next_ids.extend(row.token_ids)
+            rows.append(BatchRow(row.start, row.num_tokens, tables[row.seq_id]))
+        device = self._hidden.device
+        layout = BatchLayout(tuple(rows), 0, block_size, config.prefill_precision == "fp32")
+        metadata = {self.backend.name: self.backend.prepare(layout)}
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        hidden = self._hidden.index_select(0, tensor(index))
+        out = self.layer(hidden, tensor(next_ids), tensor(positions), metadata)
+        ends = torch.tensor([row.num_tokens for row in message.rows]).cumsum(0) - 1
+        logits = self.layer.compute_logits(out.index_select(0, ends.to(device)))
+        return logits[:, : self.vocab_size].argmax(dim=-1).tolist()

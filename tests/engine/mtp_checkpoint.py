@@ -1,0 +1,70 @@
+"""Tiny DeepSeek-V3 checkpoints with a multi-token-prediction layer appended, as released
+checkpoints store it (`model.layers.{num_hidden_layers}.*`, per-expert names): transformers'
+save_pretrained writes none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+ARCH = "DeepseekV3ForCausalLM"
+MOE = dict(
+    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    n_shared_experts=1, n_group=2, topk_group=1,
+)  # fmt: skip
+
+
+def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
+    """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors."""
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    index = config.num_hidden_layers
+    torch.manual_seed(7)
+    block = hf.DeepseekV3DecoderLayer(config, index).float()
+    hidden = config.hidden_size
+    tensors = {f"model.layers.{index}.{k}": v for k, v in per_expert(block.state_dict()).items()}
+    own = {
+        "enorm.weight": 1 + 0.1 * torch.randn(hidden),
+        "hnorm.weight": 1 + 0.1 * torch.randn(hidden),
+        "eh_proj.weight": torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5,
+        "shared_head.norm.weight": 1 + 0.1 * torch.randn(hidden),
+        "shared_head.head.weight": 0.05 * torch.randn(config.vocab_size, hidden),
+        "embed_tokens.weight": torch.randn(config.vocab_size, hidden),  # a duplicate: skipped
+    }
+    tensors.update({f"model.layers.{index}.{k}": v for k, v in own.items()})
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    save_file(
+        {**weights, **tensors}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"}
+    )
+    return {k.split(f"layers.{index}.", 1)[1]: v for k, v in tensors.items()}, config
+
+
+def per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' stacked experts ([E, 2I, H] gate then up; [E, H, I]) under the per-expert
+    names released checkpoints use."""
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    gate_up, down = state["mlp.experts.gate_up_proj"], state["mlp.experts.down_proj"]
+    inner = down.shape[-1]
+    for expert in range(gate_up.shape[0]):
+        at = f"mlp.experts.{expert}"
+        out[f"{at}.gate_proj.weight"] = gate_up[expert, :inner].clone()
+        out[f"{at}.up_proj.weight"] = gate_up[expert, inner:].clone()
+        out[f"{at}.down_proj.weight"] = down[expert].clone()
+    return out
+
+
+def stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `_per_expert`, for transformers' layer."""
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    count = len({k.split(".")[2] for k in state if ".experts." in k})
+    gate_up, down = [], []
+    for expert in range(count):
+        at = f"mlp.experts.{expert}"
+        gate_up.append(torch.cat((state[f"{at}.gate_proj.weight"], state[f"{at}.up_proj.weight"])))
+        down.append(state[f"{at}.down_proj.weight"])
+    out["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+    out["mlp.experts.down_proj"] = torch.stack(down)
+    return out

@@ -1,0 +1,86 @@
+"""`speculative: mtp` on a tiny DeepSeek-V3 whose checkpoint carries an MTP layer: the output is
+plain decoding's (greedy, and seeded sampling with penalties), whether the layer's drafts are
+rejected (random weights) or accepted (an oracle draft pass standing in for a trained layer),
+the KV pool returns to full, and a checkpoint without MTP layers is refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.step_message import StepMessage
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.mtp_checkpoint import ARCH, MOE, with_mtp_layer
+from tests.engine.test_tensor_parallel import KNOBS as TP_KNOBS
+from tests.engine.test_tensor_parallel import _check_world_of_two
+
+PROMPTS = [[5, 17, 99, 3, 42], list(range(100, 137)), [7, 8, 9] * 6]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+SEEDED = SamplingParams(
+    max_tokens=12, temperature=0.9, top_p=0.9, seed=11, repetition_penalty=1.2, ignore_eos=True
+)
+KNOBS = dict(kv_capacity=512, block_size=8, prefill_chunk_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("deepseek-mtp")
+    path = build_tiny_checkpoint(out, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE)
+    with_mtp_layer(path)
+    return path
+
+
+def _tokens(llm: LLM, params: SamplingParams) -> list[tuple[int, ...]]:
+    return [tuple(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_mtp_drafts_change_nothing(checkpoint: Path, params: SamplingParams) -> None:
+    plain = _tokens(LLM(str(checkpoint), **KNOBS), params)
+    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
+    assert _tokens(llm, params) == plain
+    engine = llm.engine
+    stats = engine.stats()
+    assert stats.counters.spec_decode.drafts > 0  # the drafts were verified
+    assert (stats.speculative, stats.spec_depth) == ("mtp", 1)
+    assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks
+
+
+def test_accepted_drafts_change_nothing(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every draft right (the plain run's next token): verify rows accept them, the KV and the
+    MTP cache advance by several positions a step, and the output is still plain decoding's."""
+    plain = _tokens(LLM(str(checkpoint), **KNOBS), GREEDY)
+    full = {tuple(p): [*p, *out] for p, out in zip(PROMPTS, plain, strict=True)}
+    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
+    engine = llm.engine
+    run = engine.runner.draft
+
+    def oracle(message: StepMessage) -> list[int]:
+        run(message)  # the layer's own pass still runs (and fills its cache)
+        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
+        drafts = []
+        for row in message.rows:
+            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
+            drafts.append(sequence[row.seq_len + 1] if row.seq_len + 1 < len(sequence) else 0)
+        return drafts
+
+    monkeypatch.setattr(engine.runner, "draft", oracle)
+    assert _tokens(llm, GREEDY) == plain
+    spec = engine.stats().counters.spec_decode
+    assert spec.accepted_tokens > 0 and spec.accepted_tokens == spec.draft_tokens
+    assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks
+
+
+def test_world_of_two_drafts_with_its_sharded_mtp_layer(checkpoint: Path) -> None:
+    """Both ranks run the MTP layer (its heads and experts split like a decoder layer's) on
+    rank 0's draft messages; the world of two gives world one's plain tokens."""
+    _check_world_of_two(checkpoint, {**TP_KNOBS, "speculative": "mtp"})
+
+
+def test_a_checkpoint_without_mtp_layers_is_refused(tmp_path: Path, tokenizer_dir: Path) -> None:
+    plain = build_tiny_checkpoint(tmp_path, tokenizer_dir, ARCH, **MOE)
+    with pytest.raises(ConfigError, match="multi-token-prediction layers"):
+        LLM(str(plain), speculative="mtp", **KNOBS)
