@@ -1,6 +1,6 @@
-"""Tiny DeepSeek-V3 checkpoints with a multi-token-prediction layer appended, as released
-checkpoints store it (`model.layers.{num_hidden_layers}.*`, per-expert names): transformers'
-save_pretrained writes none."""
+"""Tiny DeepSeek-V3 and GLM-4.5 checkpoints with a multi-token-prediction layer appended, as
+released checkpoints store it (`model.layers.{num_hidden_layers}.*`, per-expert names):
+transformers' save_pretrained writes none."""
 
 from __future__ import annotations
 
@@ -9,13 +9,33 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+from transformers.models.deepseek_v3 import modeling_deepseek_v3
+from transformers.models.glm4_moe import modeling_glm4_moe
 
 ARCH = "DeepseekV3ForCausalLM"
 MOE = dict(
     first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
     n_shared_experts=1, n_group=2, topk_group=1,
 )  # fmt: skip
+# family -> (architecture, tiny config overrides, transformers' module, its class prefix)
+FAMILIES = {
+    "deepseek-v3": (ARCH, MOE, modeling_deepseek_v3, "DeepseekV3"),
+    "glm-4.5": (
+        "Glm4MoeForCausalLM",
+        dict(MOE, head_dim=16, attention_bias=True, use_qk_norm=True, routed_scaling_factor=2.5),
+        modeling_glm4_moe,
+        "Glm4Moe",
+    ),
+}
+
+
+def hf_class(config: object, name: str) -> type:
+    """transformers' `{prefix}{name}` class (DecoderLayer, RMSNorm, RotaryEmbedding) of the
+    family whose config this is."""
+    for _, _, module, prefix in FAMILIES.values():
+        if type(config).__name__ == f"{prefix}Config":
+            return getattr(module, prefix + name)
+    raise KeyError(type(config).__name__)
 
 
 def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
@@ -23,7 +43,7 @@ def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
     config = AutoConfig.from_pretrained(str(checkpoint))
     index = config.num_hidden_layers
     torch.manual_seed(7)
-    block = hf.DeepseekV3DecoderLayer(config, index).float()
+    block = hf_class(config, "DecoderLayer")(config, index).float()
     hidden = config.hidden_size
     tensors = {f"model.layers.{index}.{k}": v for k, v in per_expert(block.state_dict()).items()}
     own = {

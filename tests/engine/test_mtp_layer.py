@@ -1,10 +1,11 @@
-"""The multi-token-prediction layer (`engine/models/mtp.py`) against a reference written from
-the DeepSeek-V3 paper's equations in this test (transformers does not run MTP layers):
+"""The multi-token-prediction layer (`engine/models/mtp.py`) of DeepSeek-V3 and GLM-4.5 against
+a reference written from the DeepSeek-V3 paper's equations in this test (transformers does not
+run MTP layers):
 
     x_i = M [RMSNorm(Emb(t_{i+1})); RMSNorm(h_i)],   g_i = TRM(x_i),
     logits_i = OutHead(RMSNorm(g_i)),
 
-with transformers' own DeepSeek-V3 decoder layer as TRM (causal over the prompt's positions)
+with transformers' own decoder layer of the family as TRM (causal over the prompt's positions)
 and its RMSNorm and rotary embedding. The MTP tensors are random and appended to a tiny
 checkpoint as `model.layers.{N}.*`, the way released checkpoints store them."""
 
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
 
 from dgpp.engine import LLM
 from dgpp.engine.backends.base import BatchLayout, BatchRow
@@ -22,17 +23,17 @@ from dgpp.engine.loader import load_weights
 from dgpp.engine.models.mtp import MtpLayer
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.mtp_checkpoint import ARCH, MOE, stacked, with_mtp_layer
+from tests.engine.mtp_checkpoint import FAMILIES, hf_class, stacked, with_mtp_layer
 
 
 def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor, h, next_ids):
     """The paper's MTP step for one sequence of positions 0 .. T-1, causal."""
     index = config.num_hidden_layers
-    block = hf.DeepseekV3DecoderLayer(config, index).float().eval()
+    block = hf_class(config, "DecoderLayer")(config, index).float().eval()
     block.load_state_dict(stacked({k: v for k, v in mtp.items() if not k.startswith(OWN)}))
 
     def rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        norm = hf.DeepseekV3RMSNorm(x.shape[-1], eps=config.rms_norm_eps)
+        norm = hf_class(config, "RMSNorm")(x.shape[-1], eps=config.rms_norm_eps)
         norm.weight.data.copy_(weight)
         return norm(x)
 
@@ -40,7 +41,7 @@ def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor
     x = x @ mtp["eh_proj.weight"].T
     tokens = x.shape[0]
     positions = torch.arange(tokens)[None]
-    rotary = hf.DeepseekV3RotaryEmbedding(config)
+    rotary = hf_class(config, "RotaryEmbedding")(config)
     cos_sin = rotary(x[None], positions)
     mask = torch.full((tokens, tokens), float("-inf")).triu(1)[None, None]
     with torch.inference_mode():
@@ -54,9 +55,11 @@ def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor
 OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")
 
 
-def test_the_mtp_layer_is_the_papers_step(tmp_path: Path, tokenizer_dir: Path) -> None:
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_mtp_layer_is_the_papers_step(tmp_path: Path, tokenizer_dir: Path, family: str) -> None:
+    architecture, overrides, _, _ = FAMILIES[family]
     checkpoint = build_tiny_checkpoint(
-        tmp_path, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE
+        tmp_path, tokenizer_dir, architecture, num_nextn_predict_layers=1, **overrides
     )
     mtp_tensors, config = with_mtp_layer(checkpoint)
     llm = LLM(str(checkpoint), kv_capacity=256, block_size=16)  # the target skips layer N

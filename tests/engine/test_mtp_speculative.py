@@ -1,7 +1,8 @@
-"""`speculative: mtp` on a tiny DeepSeek-V3 whose checkpoint carries an MTP layer: the output is
-plain decoding's (greedy, and seeded sampling with penalties), whether the layer's drafts are
-rejected (random weights) or accepted (an oracle draft pass standing in for a trained layer),
-the KV pool returns to full, and a checkpoint without MTP layers is refused by name."""
+"""`speculative: mtp` on tiny DeepSeek-V3 and GLM-4.5 whose checkpoints carry an MTP layer:
+the output is plain decoding's (greedy, and seeded sampling with penalties), whether the
+layer's drafts are rejected (random weights) or accepted (an oracle draft pass standing in for a
+trained layer), the KV pool returns to full, a world of two drafts with the sharded layer, and a
+checkpoint without MTP layers is refused by name."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.step_message import StepMessage
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.mtp_checkpoint import ARCH, MOE, with_mtp_layer
+from tests.engine.mtp_checkpoint import ARCH, FAMILIES, MOE, with_mtp_layer
 from tests.engine.test_tensor_parallel import KNOBS as TP_KNOBS
 from tests.engine.test_tensor_parallel import _check_world_of_two
 
@@ -25,10 +26,15 @@ SEEDED = SamplingParams(
 KNOBS = dict(kv_capacity=512, block_size=8, prefill_chunk_tokens=16)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    out = tmp_path_factory.mktemp("deepseek-mtp")
-    path = build_tiny_checkpoint(out, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE)
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path, request: pytest.FixtureRequest
+) -> Path:
+    architecture, overrides, _, _ = FAMILIES[request.param]
+    out = tmp_path_factory.mktemp(f"{request.param}-mtp")
+    path = build_tiny_checkpoint(
+        out, tokenizer_dir, architecture, num_nextn_predict_layers=1, **overrides
+    )
     with_mtp_layer(path)
     return path
 
