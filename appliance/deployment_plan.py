@@ -28,6 +28,7 @@ from dgpp.engine.memory_plan import (
     plan_memory,
     rank_cache_specs,
     rank_weight_bytes,
+    uses_mtp,
 )
 from dgpp.engine.resolved import ResolvedConfig, resolve
 from dgpp.engine.state_cache import StateLayout
@@ -82,7 +83,8 @@ def largest_context(
     recurrent state and the snapshots `prefix_cache_gib` holds (hybrid models)."""
     block = config.block_size
     if weights is None:  # rank `rank`'s `rank_weight_bytes`, when the caller has not counted it
-        weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
+        mtp = uses_mtp(config.speculative, model)
+        weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype], mtp)
 
     def fits(tokens: int) -> bool:
         trial = replace(config, kv_capacity=tokens, max_model_len=tokens, max_concurrency=1)
@@ -119,9 +121,11 @@ def plan_deployment(resolved: ResolvedConfig, memory: DeviceMemory | None = None
     config, model, tp_size = resolved.engine, resolved.model, resolved.tp_size
     plans = []
     for rank in range(tp_size):
-        specs = rank_cache_specs(model, tp_size, rank)
+        mtp = uses_mtp(config.speculative, model)
+        specs = rank_cache_specs(model, tp_size, rank, mtp)
         # Counted once per rank: building a large MoE on the meta device takes seconds.
-        weights = rank_weight_bytes(model, tp_size, rank, DTYPE_BYTES[config.resolved_dtype])
+        dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
+        weights = rank_weight_bytes(model, tp_size, rank, dtype_bytes, mtp)
         plan = plan_memory(config, model, tp_size, memory, rank, weights)
         longest = largest_context(config, model, tp_size, rank, memory, weights)
         states = engine_state_layout(config, model, tp_size, rank)  # plan.state_bytes' slots

@@ -25,7 +25,7 @@ from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_plan import engine_state_layout
-from dgpp.engine.weight_count import rank_weight_bytes
+from dgpp.engine.weight_count import rank_weight_bytes, uses_mtp
 from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -173,9 +173,12 @@ def kv_bytes_per_token(config: EngineConfig, specs: Sequence[CacheSpec]) -> int:
     return sum(spec.bytes_per_token(dtype) for spec in specs)
 
 
-def rank_cache_specs(model: ModelConfig, tp_size: int, tp_rank: int) -> list[CacheSpec]:
-    """The cache specs of rank `tp_rank`'s layers."""
-    return layer_cache_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
+def rank_cache_specs(
+    model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False
+) -> list[CacheSpec]:
+    """The cache specs of rank `tp_rank`'s layers (with `mtp`, the MTP layer's, as the last's)."""
+    specs = layer_cache_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
+    return specs + specs[-1:] if mtp else specs
 
 
 def workspace_bytes(
@@ -278,9 +281,11 @@ def plan_memory(
     `memory` defaults to a reading of the device; `weights`, when known, is this rank's
     `rank_weight_bytes` (planning many pools for one model counts them once)."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
-    specs = rank_cache_specs(model, tp_size, tp_rank)
+    mtp = uses_mtp(config.speculative, model)
+    specs = rank_cache_specs(model, tp_size, tp_rank, mtp)
     if weights is None:
-        weights = rank_weight_bytes(model, tp_size, tp_rank, DTYPE_BYTES[config.resolved_dtype])
+        dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
+        weights = rank_weight_bytes(model, tp_size, tp_rank, dtype_bytes, mtp)
     max_context = config.effective_max_model_len(model)
     states = engine_state_layout(config, model, tp_size, tp_rank)
     return _plan(config, model, shapes, specs, memory, max_context, weights, states)
@@ -355,8 +360,9 @@ def size_kv_pool(
     max_context = config.max_model_len or model.max_position_embeddings
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
-    specs = rank_cache_specs(model, tp_size, 0)
-    weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype])
+    mtp = uses_mtp(config.speculative, model)
+    specs = rank_cache_specs(model, tp_size, 0, mtp)
+    weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype], mtp)
     # Recurrent state slots with the whole snapshot budget (not yet capped by the pool's size).
     states = engine_state_layout(config, model, tp_size, max_snapshots=1 << 62)
     probe = _plan(

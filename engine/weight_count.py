@@ -14,12 +14,20 @@ from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
 
 
-def rank_weight_bytes(model: ModelConfig, tp_size: int, tp_rank: int, dtype_bytes: int) -> int:
+def rank_weight_bytes(
+    model: ModelConfig, tp_size: int, tp_rank: int, dtype_bytes: int, mtp: bool = False
+) -> int:
     """Bytes of the parameters rank `tp_rank` holds, counted on the model itself built on the
     meta device (no memory): every family's layers, packed weights in their packed bytes, float
-    parameters in the run dtype, a tied LM head once."""
-    floats, packed = _weight_counts(model, tp_size, tp_rank)
+    parameters in the run dtype, a tied LM head once; with `mtp`, the MTP layer's too."""
+    floats, packed = _weight_counts(model, tp_size, tp_rank, mtp)
     return floats * dtype_bytes + packed
+
+
+def uses_mtp(speculative: str, model: ModelConfig) -> bool:
+    """Whether the engine builds the checkpoint's MTP layer (`speculative: mtp` on a checkpoint
+    that declares one; the runner refuses the knob on any other)."""
+    return speculative == "mtp" and int(model.raw.get("num_nextn_predict_layers") or 0) > 0
 
 
 _COUNTS: OrderedDict[tuple[str, int, object], tuple[int, int]] = OrderedDict()
@@ -40,17 +48,19 @@ def head_shares(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, ..
     return grouped.num_q, grouped.num_kv, latent.num_q
 
 
-def _weight_counts(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, int]:
+def _weight_counts(
+    model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False
+) -> tuple[int, int]:
     """(float parameters, bytes of the others) of one rank, remembered per configuration and
     head share (ranks with the same share count once): a large MoE takes seconds to build even
     on the meta device (DeepSeek-V3: 9 s a rank, 14,906 expert modules), and a plan, the
     console's previews and `dgpp deploy plan` ask again and again."""
-    key = (repr(model), tp_size, head_shares(model, tp_size, tp_rank))
+    key = (repr(model), tp_size, head_shares(model, tp_size, tp_rank), mtp)
     with _COUNTS_LOCK:
         if key in _COUNTS:
             _COUNTS.move_to_end(key)
             return _COUNTS[key]
-    floats, packed = count_weights(model, tp_size, tp_rank)
+    floats, packed = count_weights(model, tp_size, tp_rank, mtp)
     with _COUNTS_LOCK:
         _COUNTS[key] = (floats, packed)
         while len(_COUNTS) > 32:
@@ -58,14 +68,22 @@ def _weight_counts(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int,
     return floats, packed
 
 
-def count_weights(model: ModelConfig, tp_size: int, tp_rank: int) -> tuple[int, int]:
-    """(float parameters, bytes of the others) of rank `tp_rank`, built on the meta device."""
+def count_weights(
+    model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False
+) -> tuple[int, int]:
+    """(float parameters, bytes of the others) of rank `tp_rank`, built on the meta device
+    (with `mtp`, the MTP layer built beside it)."""
+    from dgpp.engine.models.mtp import MtpLayer
+
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
     meta = torch.device("meta")
     with meta:
         built = build_model(model, parallel, 1, TorchPagedAttention(meta))
+        parts = [built]
+        if mtp:
+            parts.append(MtpLayer(built, parallel, TorchPagedAttention(meta), model.num_layers))
     floats = packed = 0
-    for param in built.parameters():
+    for param in (param for part in parts for param in part.parameters()):
         if param.is_floating_point():
             floats += param.numel()
         else:
