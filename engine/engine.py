@@ -109,7 +109,7 @@ class LLMEngine:
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )
         elif config.speculative == "mtp":  # the runner built the MTP layer (or refused)
-            proposer = self.drafter = MtpDrafter()
+            proposer = self.drafter = MtpDrafter(config.spec_depth)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_concurrency,
@@ -263,7 +263,7 @@ class LLMEngine:
         """The MTP layer's pass over the step just taken in, on every rank: its drafts for the
         next step."""
         assert self.drafter is not None
-        message = self.drafter.message(plan)
+        message = self.drafter.message(plan, self.runner.tables, self.block_manager)
         if not message.rows:
             return
         if self.control is not None:

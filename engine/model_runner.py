@@ -222,10 +222,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden, dtype).float()
 
     @torch.inference_mode()
-    def draft(self, message: StepMessage) -> list[int]:
+    def draft(self, message: StepMessage) -> list[tuple[int, ...]]:
         """Run the MTP layer over a draft message (`dgpp.engine.mtp_drafter`) on every rank;
-        each row's greedy draft token."""
+        each row's greedy draft tokens (`num_sampled` of them)."""
         assert self.mtp is not None, "drafts need speculative=mtp"
+        self.tables.apply(message)  # slots for the chained positions
         return self.mtp.draft(message, self.tables, self.block_size, self.config)
 
     def warm_up(self) -> None:

@@ -7,34 +7,43 @@ the positions of that step whose target hidden states are now final, each with t
 follows it (a prefill chunk's prompt tokens and the first sampled token; a verify row's
 accepted draft tokens and the token after them). Every rank runs the MTP layer over them
 (`ModelRunner.draft`: its own KV cache catches up, as a prefill), and the layer's prediction at
-each request's last position is its draft for the next step (`store`, `propose`).
+each request's last position is its first draft token (`store`, `propose`). Deeper drafts
+chain the layer, as the field does with a checkpoint of one MTP layer: its output hidden state
+and the token it drafted feed the next position, `depth - 1` more times. Every rank computes
+the same greedy tokens from the same logits, so the chain needs no message of its own; the
+chained positions' KV goes into slots rank 0 allocates for the request first (the next step's
+verify row needs them anyway), and is overwritten by the catch-up once the tokens are known.
 """
 
 from __future__ import annotations
 
+from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request
 from dgpp.engine.scheduler import StepPlan
-from dgpp.engine.step_message import StepMessage, StepRow
+from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 
 
 class MtpDrafter:
-    """The MTP layer's drafts, by request; one token per step (`depth` 1)."""
+    """The MTP layer's drafts, by request, up to `depth` tokens a step."""
 
-    depth = 1
-
-    def __init__(self) -> None:
-        self._drafts: dict[int, tuple[int, int]] = {}  # seq id -> (num_tokens then, token)
+    def __init__(self, depth: int = 1) -> None:
+        assert depth >= 1
+        self.depth = depth
+        self._drafts: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq id -> (length, tokens)
 
     def propose(self, request: Request, limit: int) -> tuple[int, ...]:
-        """The request's draft, if one was made for its current length and `limit` allows."""
+        """The request's draft, if one was made for its current length, cut to `limit`."""
         made = self._drafts.pop(request.seq_id, None)
         if made is None or limit < 1 or made[0] != request.num_tokens:
             return ()
-        return (made[1],)
+        return made[1][:limit]
 
-    def message(self, plan: StepPlan) -> StepMessage:
+    def message(self, plan: StepPlan, tables: BlockTables, blocks: BlockManager) -> StepMessage:
         """The catch-up rows of the step `plan` ran (after its outputs were taken in): per
-        running request, positions start .. num_computed - 1 and the token after each."""
+        running request, positions start .. num_computed - 1 and the token after each; its
+        `num_sampled` is the draft tokens wanted (0 while its prompt is still being read),
+        with slots allocated for the chained positions (fewer tokens where the pool is
+        short), and the table changes every rank applies."""
         rows = []
         for chunk in plan.chunks:
             request = chunk.request
@@ -45,13 +54,21 @@ class MtpDrafter:
             following = request.token_ids[chunk.start + 1 : chunk.start + valid + 1]
             if valid < 1 or len(following) != valid:
                 continue  # preempted since, or nothing final
-            rows.append(StepRow(request.seq_id, chunk.start, tuple(following), 1, 0, ()))
+            wanted = 0
+            if request.num_pending_tokens == 1:  # the prompt is done: the next row decodes
+                room = request.max_tokens - request.num_output_tokens - 1
+                wanted = max(0, min(self.depth, room))
+                # The chained positions, T - 1 .. T + wanted - 3, need slots now.
+                if wanted > 1 and not blocks.allocate_slots(request, wanted - 1):
+                    wanted = 1
+            kept, new = tables.change(request.seq_id, request.block_table)
+            row = StepRow(request.seq_id, chunk.start, tuple(following), wanted, kept, new)
+            rows.append(row)
         return StepMessage(tuple(rows), num_decodes=0)
 
-    def store(self, plan: StepPlan, message: StepMessage, tokens: list[int]) -> None:
-        """Keep each row's draft for its request's next step, if that step decodes."""
+    def store(self, plan: StepPlan, message: StepMessage, drafts: list[tuple[int, ...]]) -> None:
+        """Keep each row's draft for its request's next step."""
         requests = {chunk.request.seq_id: chunk.request for chunk in plan.chunks}
-        for row, token in zip(message.rows, tokens, strict=True):
-            request = requests[row.seq_id]
-            if request.num_pending_tokens == 1:  # the prompt is done: the next row decodes
-                self._drafts[row.seq_id] = (request.num_tokens, token)
+        for row, tokens in zip(message.rows, drafts, strict=True):
+            if tokens:
+                self._drafts[row.seq_id] = (requests[row.seq_id].num_tokens, tokens)

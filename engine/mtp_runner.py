@@ -79,9 +79,10 @@ class MtpDrafting:
 
     def draft(
         self, message: StepMessage, tables: BlockTables, block_size: int, config: EngineConfig
-    ) -> list[int]:
-        """Each row's positions through the MTP layer (its cache written, as a prefill); the
-        greedy token at each row's last position."""
+    ) -> list[tuple[int, ...]]:
+        """Each row's positions through the MTP layer (its cache written, as a prefill), then
+        the chain: the greedy token at each row's last position, and `num_sampled - 1` more by
+        feeding the layer its own hidden state and token one position on."""
         assert self._hidden is not None, "a draft pass follows a step"
         index: list[int] = []
         positions: list[int] = []
@@ -95,14 +96,47 @@ class MtpDrafting:
             next_ids.extend(row.token_ids)
             rows.append(BatchRow(row.start, row.num_tokens, tables[row.seq_id]))
         device = self._hidden.device
-        layout = BatchLayout(tuple(rows), 0, block_size, config.prefill_precision == "fp32")
-        metadata = {self.backend.name: self.backend.prepare(layout)}
+        fp32 = config.prefill_precision == "fp32"
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        hidden = self._hidden.index_select(0, tensor(index))
-        out = self.layer(hidden, tensor(next_ids), tensor(positions), metadata)
-        ends = torch.tensor([row.num_tokens for row in message.rows]).cumsum(0) - 1
-        logits = self.layer.compute_logits(out.index_select(0, ends.to(device)))
+        layout = BatchLayout(tuple(rows), 0, block_size, fp32)
+        out = self._pass(self._hidden.index_select(0, tensor(index)), next_ids, positions, layout)
+        ends = tensor([row.num_tokens for row in message.rows]).cumsum(0) - 1
+        hidden = out.index_select(0, ends)  # each row's last position's
+        tokens = self._greedy(hidden)
+        wanted = [row.num_sampled for row in message.rows]
+        drafts = [[token] if count else [] for token, count in zip(tokens, wanted, strict=True)]
+        for step in range(1, max(wanted, default=0)):
+            active = [i for i, count in enumerate(wanted) if count > step]
+            chain = tuple(
+                BatchRow(message.rows[i].seq_len - 1 + step, 1, tables[message.rows[i].seq_id])
+                for i in active
+            )
+            at = [message.rows[i].seq_len - 1 + step for i in active]
+            picked = tensor(active)
+            previous = [drafts[i][-1] for i in active]
+            out = self._pass(
+                hidden.index_select(0, picked),
+                previous,
+                at,
+                BatchLayout(chain, len(chain), block_size, fp32),
+            )
+            hidden = hidden.index_copy(0, picked, out)
+            for i, token in zip(active, self._greedy(out), strict=True):
+                drafts[i].append(token)
+        return [tuple(draft) for draft in drafts]
+
+    def _pass(
+        self, hidden: torch.Tensor, next_ids: list[int], positions: list[int], layout: BatchLayout
+    ) -> torch.Tensor:
+        device = hidden.device
+        metadata = {self.backend.name: self.backend.prepare(layout)}
+        ids = torch.tensor(next_ids, dtype=torch.int64, device=device)
+        at = torch.tensor(positions, dtype=torch.int64, device=device)
+        return self.layer(hidden, ids, at, metadata)
+
+    def _greedy(self, hidden: torch.Tensor) -> list[int]:
+        logits = self.layer.compute_logits(hidden)
         return logits[:, : self.vocab_size].argmax(dim=-1).tolist()

@@ -146,7 +146,7 @@ class BlockTables:
             request = chunk.request
             end = chunk.start + chunk.num_tokens - len(chunk.draft)
             tokens = (*request.token_ids[chunk.start : end], *chunk.draft)
-            kept, new = self._change(request.seq_id, request.block_table)
+            kept, new = self.change(request.seq_id, request.block_table)
             rows.append(
                 StepRow(
                     request.seq_id,
@@ -170,7 +170,8 @@ class BlockTables:
             del table[row.num_kept_blocks :]
             table.extend(row.new_blocks)
 
-    def _change(self, seq_id: int, table: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+    def change(self, seq_id: int, table: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        """(blocks of the held table kept, blocks appended) that make it `table`."""
         held = self._tables.get(seq_id, [])
         shared = min(len(held), len(table))
         # Grown, or trimmed (a rejected draft's blocks) and grown again: one C-level compare.

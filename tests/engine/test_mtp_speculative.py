@@ -53,32 +53,35 @@ def test_mtp_drafts_change_nothing(checkpoint: Path, params: SamplingParams) -> 
     engine = llm.engine
     stats = engine.stats()
     assert stats.counters.spec_decode.drafts > 0  # the drafts were verified
-    assert (stats.speculative, stats.spec_depth) == ("mtp", 1)
+    assert (stats.speculative, stats.spec_depth) == ("mtp", 4)  # the knob's default depth
     assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks
 
 
 def test_accepted_drafts_change_nothing(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every draft right (the plain run's next token): verify rows accept them, the KV and the
-    MTP cache advance by several positions a step, and the output is still plain decoding's."""
+    """Every draft right (the plain run's next tokens, as many as the chained layer drafted):
+    verify rows accept them, the KV and the MTP cache advance by several positions a step, and
+    the output is still plain decoding's."""
     plain = _tokens(LLM(str(checkpoint), **KNOBS), GREEDY)
     full = {tuple(p): [*p, *out] for p, out in zip(PROMPTS, plain, strict=True)}
     llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
     engine = llm.engine
     run = engine.runner.draft
 
-    def oracle(message: StepMessage) -> list[int]:
-        run(message)  # the layer's own pass still runs (and fills its cache)
+    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
+        made = run(message)  # the layer's own pass still runs (its cache, the chain)
         by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
         drafts = []
-        for row in message.rows:
+        for row, own in zip(message.rows, made, strict=True):
+            assert len(own) == row.num_sampled
             sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
-            drafts.append(sequence[row.seq_len + 1] if row.seq_len + 1 < len(sequence) else 0)
+            drafts.append(tuple(sequence[row.seq_len + 1 : row.seq_len + 1 + row.num_sampled]))
         return drafts
 
     monkeypatch.setattr(engine.runner, "draft", oracle)
     assert _tokens(llm, GREEDY) == plain
     spec = engine.stats().counters.spec_decode
     assert spec.accepted_tokens > 0 and spec.accepted_tokens == spec.draft_tokens
+    assert spec.draft_tokens > 2 * spec.drafts  # chained: several tokens a draft (depth 4)
     assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks
 
 
