@@ -38,9 +38,10 @@ DRY_DECODE_LLAMA = dict(TINY_LLAMA, max_position_embeddings=2048)
 
 
 def _config(architecture: str, sizes: dict[str, Any]) -> Any:
-    from transformers import LlamaConfig, Qwen3MoeConfig, Qwen3NextConfig
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen3MoeConfig, Qwen3NextConfig
 
     config_class = {
+        "DeepseekV3ForCausalLM": DeepseekV3Config,
         "LlamaForCausalLM": LlamaConfig,
         "Qwen3MoeForCausalLM": Qwen3MoeConfig,
         "Qwen3NextForCausalLM": Qwen3NextConfig,

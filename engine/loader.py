@@ -88,6 +88,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
     for name, tensor in named_tensors(path):
+        stored = name.rpartition(".")[0]  # the module's name in the checkpoint
         if rename is not None:
             renamed = rename(name)
             if renamed is None:
@@ -98,7 +99,9 @@ def load_weights(model: nn.Module, path: Path) -> None:
         if "rotary_emb.inv_freq" in name or (num_layers and _extra_layer(name, num_layers)):
             continue
         module, _, suffix = name.rpartition(".")
-        scheme = schemes.of(module) if schemes else None
+        # Quantization schemes name modules as the model does, or as the checkpoint stores them
+        # (a renamed layer's: the MTP layer's `model.layers.{N}.*`).
+        scheme = (schemes.of(module) or schemes.of(stored)) if schemes else None
         if schemes and suffix in IGNORED_SUFFIXES:
             continue
         if scheme is not None and suffix in scheme.suffixes:

@@ -12,6 +12,7 @@ from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.cache_spec import allocate_caches, cache_layers
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
 from dgpp.engine.models.mtp import MtpLayer
 from dgpp.engine.parallel import ParallelContext
@@ -59,6 +60,9 @@ class MtpDrafting:
                 f"weights ({err}); use --spec ngram or off"
             ) from None
         layer = layer.to(runner.device).eval()
+        for module in layer.modules():
+            if isinstance(module, PackableLinear):
+                module.select_kernels()  # packed (quantized) weights: their kernel, once
         caches = allocate_caches(
             cache_layers(layer),
             runner.config.num_kv_blocks,

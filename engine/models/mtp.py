@@ -26,6 +26,7 @@ from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.layers.embedding import ParallelLMHead
+from dgpp.engine.layers.linear import ColumnParallelLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.parallel import ParallelContext
 
@@ -67,8 +68,11 @@ class MtpLayer(nn.Module):
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.enorm = RMSNorm(hidden, eps)
         self.hnorm = RMSNorm(hidden, eps)
-        # Replicated on every rank (2H x H): small beside the block's experts.
-        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False).requires_grad_(False)
+        # Replicated on every rank (2H x H): small beside the block's experts. Kept packed where
+        # the checkpoint quantizes it, as any linear.
+        stored = f"model.layers.{index}.eh_proj"
+        packed = config.weight_formats.packed([stored])
+        self.eh_proj = ColumnParallelLinear(2 * hidden, hidden, False, ParallelContext(), packed)
         self.block = target.build_layer(config, parallel, attention, index, f"model.layers.{index}")
         self.shared_head_norm = RMSNorm(hidden, eps)
         self.shared_head = ParallelLMHead(config.vocab_size, hidden, parallel)

@@ -38,12 +38,24 @@ def hf_class(config: object, name: str) -> type:
     raise KeyError(type(config).__name__)
 
 
+def init_layer(layer: torch.nn.Module) -> None:
+    """Draw every parameter (a bare transformers layer leaves some uninitialised): norms near 1,
+    the rest small."""
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.1 * torch.randn_like(param))
+            else:
+                param.copy_(0.05 * torch.randn_like(param))
+
+
 def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
     """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors."""
     config = AutoConfig.from_pretrained(str(checkpoint))
     index = config.num_hidden_layers
     torch.manual_seed(7)
     block = hf_class(config, "DecoderLayer")(config, index).float()
+    init_layer(block)
     hidden = config.hidden_size
     tensors = {f"model.layers.{index}.{k}": v for k, v in per_expert(block.state_dict()).items()}
     own = {
