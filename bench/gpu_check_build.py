@@ -79,6 +79,9 @@ def random_checkpoint(
     model = model.to_empty(device=device).to(dtype)
     gen = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # saved, left unset by to_empty
+                buffer.zero_()
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen, device=device)
             if name.endswith("norm.weight"):

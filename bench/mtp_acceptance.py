@@ -14,7 +14,8 @@ layer is trained here on the target's own greedy outputs (random weights accept 
 4. On 16 of the training prompts (where the layer agrees with its target, as a released
    checkpoint's trained layer does; a random target's greedy text is a hash of its context, so
    on unseen prompts the layer agrees little, and that acceptance is printed too), dgpp decodes
-   plain, with n-gram drafts (depth 4) and with MTP drafts at depths 1, 2 and 4, in one process:
+   plain, with n-gram drafts (depth 4) and with MTP drafts at fixed depths 1, 2 and 4 and at an
+   adaptive depth of at most 4, in one process:
    decode tok/s, the ratio to plain, acceptance (accepted / drafted tokens) and mean tokens per
    verify row. The outputs must equal plain decoding's.
 """
@@ -169,15 +170,18 @@ def main() -> int:
     save_file(
         {**weights, **tensors}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"}
     )
-    unseen = measure(checkpoint, prompts(16, seed=2), args.threads, speculative="mtp")
+    unseen = measure(
+        checkpoint, prompts(16, seed=2), args.threads, speculative="mtp", spec_adaptive=False
+    )
     print(f"MTP d4 acceptance on 16 prompts it was not trained on: {unseen['acceptance']:.1%}")
     batch = train_prompts[:16]  # where the layer agrees with its target, as a trained one does
     runs = {
         "plain": {},
         "ngram d4": dict(speculative="ngram", spec_depth=4),
-        "mtp d1": dict(speculative="mtp", spec_depth=1),
-        "mtp d2": dict(speculative="mtp", spec_depth=2),
-        "mtp d4": dict(speculative="mtp", spec_depth=4),
+        "mtp d1": dict(speculative="mtp", spec_depth=1, spec_adaptive=False),
+        "mtp d2": dict(speculative="mtp", spec_depth=2, spec_adaptive=False),
+        "mtp d4": dict(speculative="mtp", spec_depth=4, spec_adaptive=False),
+        "mtp adaptive (at most 4)": dict(speculative="mtp", spec_depth=4, spec_adaptive=True),
     }
     results = {
         name: measure(checkpoint, batch, args.threads, **knobs) for name, knobs in runs.items()

@@ -109,7 +109,7 @@ class LLMEngine:
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )
         elif config.speculative == "mtp":  # the runner built the MTP layer (or refused)
-            proposer = self.drafter = MtpDrafter(config.spec_depth)
+            proposer = self.drafter = MtpDrafter(config.spec_depth, config.spec_adaptive)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_concurrency,

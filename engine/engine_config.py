@@ -147,6 +147,12 @@ class EngineConfig:
         le=16,
         deployment="speculative.depth",
     )
+    spec_adaptive: bool = knob(
+        True,
+        "mtp: each request drafts as deep as its recent acceptance pays, at most the depth",
+        label="Adaptive depth",
+        deployment="speculative.adaptive",
+    )
     spec_ngram_max: int = knob(
         4,
         "longest suffix of the history looked up",

@@ -20,16 +20,20 @@ from __future__ import annotations
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request
 from dgpp.engine.scheduler import StepPlan
+from dgpp.engine.spec_depth import Acceptance
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 
 
 class MtpDrafter:
-    """The MTP layer's drafts, by request, up to `depth` tokens a step."""
+    """The MTP layer's drafts, by request, up to `depth` tokens a step; with `adaptive`, each
+    request's own depth follows its recent acceptance (`dgpp.engine.spec_depth`)."""
 
-    def __init__(self, depth: int = 1) -> None:
+    def __init__(self, depth: int = 1, adaptive: bool = False) -> None:
         assert depth >= 1
         self.depth = depth
+        self.adaptive = adaptive
         self._drafts: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq id -> (length, tokens)
+        self._acceptance: dict[int, Acceptance] = {}
 
     def propose(self, request: Request, limit: int) -> tuple[int, ...]:
         """The request's draft, if one was made for its current length, cut to `limit`."""
@@ -49,15 +53,20 @@ class MtpDrafter:
             request = chunk.request
             if request.is_finished:
                 self._drafts.pop(request.seq_id, None)
+                self._acceptance.pop(request.seq_id, None)
                 continue
             valid = request.num_computed_tokens - chunk.start
+            acceptance = self._acceptance.setdefault(request.seq_id, Acceptance())
+            if chunk.draft and valid >= 1:
+                acceptance.observe(len(chunk.draft), valid - 1)
             following = request.token_ids[chunk.start + 1 : chunk.start + valid + 1]
             if valid < 1 or len(following) != valid:
                 continue  # preempted since, or nothing final
             wanted = 0
             if request.num_pending_tokens == 1:  # the prompt is done: the next row decodes
                 room = request.max_tokens - request.num_output_tokens - 1
-                wanted = max(0, min(self.depth, room))
+                depth = acceptance.depth(self.depth) if self.adaptive else self.depth
+                wanted = max(0, min(depth, room))
                 # The chained positions, T - 1 .. T + wanted - 3, need slots now.
                 if wanted > 1 and not blocks.allocate_slots(request, wanted - 1):
                     wanted = 1
