@@ -45,6 +45,23 @@ def _tokens(llm: LLM, params: SamplingParams) -> list[tuple[int, ...]]:
     return [tuple(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params)]
 
 
+def _oracle(monkeypatch: pytest.MonkeyPatch, engine: object, full: dict) -> None:
+    """Replace the draft pass's tokens by the plain run's next ones (the layer still runs)."""
+    run = engine.runner.draft
+
+    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
+        made = run(message)  # the layer's own pass still runs (its cache, the chain)
+        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
+        drafts = []
+        for row, own in zip(message.rows, made, strict=True):
+            assert len(own) == row.num_sampled
+            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
+            drafts.append(tuple(sequence[row.seq_len + 1 : row.seq_len + 1 + row.num_sampled]))
+        return drafts
+
+    monkeypatch.setattr(engine.runner, "draft", oracle)
+
+
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_mtp_drafts_change_nothing(checkpoint: Path, params: SamplingParams) -> None:
     plain = _tokens(LLM(str(checkpoint), **KNOBS), params)
@@ -65,24 +82,60 @@ def test_accepted_drafts_change_nothing(checkpoint: Path, monkeypatch: pytest.Mo
     full = {tuple(p): [*p, *out] for p, out in zip(PROMPTS, plain, strict=True)}
     llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
     engine = llm.engine
-    run = engine.runner.draft
-
-    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
-        made = run(message)  # the layer's own pass still runs (its cache, the chain)
-        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
-        drafts = []
-        for row, own in zip(message.rows, made, strict=True):
-            assert len(own) == row.num_sampled
-            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
-            drafts.append(tuple(sequence[row.seq_len + 1 : row.seq_len + 1 + row.num_sampled]))
-        return drafts
-
-    monkeypatch.setattr(engine.runner, "draft", oracle)
+    _oracle(monkeypatch, engine, full)
     assert _tokens(llm, GREEDY) == plain
     spec = engine.stats().counters.spec_decode
     assert spec.accepted_tokens > 0 and spec.accepted_tokens == spec.draft_tokens
     assert spec.draft_tokens > 2 * spec.drafts  # chained: several tokens a draft (depth 4)
     assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks
+
+
+@pytest.mark.parametrize("pool", [100, 1024], ids=["preempting", "prefix-hits"])
+def test_pool_pressure_and_prefix_hits_change_nothing(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, pool: int
+) -> None:
+    """With accepted drafts (the oracle: verify rows advance several positions a step): a pool
+    too small for the batch (requests preempted and recomputed, the MTP cache catching up
+    again), or a second turn that hits blocks written while verifying."""
+    knobs = dict(kv_capacity=pool, block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=0)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = LLM(str(checkpoint), prefix_cache=False, **knobs)
+    expected = [tuple(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    full = {tuple(p): [*p, *out] for p, out in zip(PROMPTS, expected, strict=True)}
+    turn_two = [*full[tuple(PROMPTS[1])], 7, 8, 9]
+    again = plain.generate([turn_two], params)[0].outputs[0].token_ids
+    full[tuple(turn_two)] = [*turn_two, *again]
+    llm = LLM(str(checkpoint), speculative="mtp", **knobs)
+    engine = llm.engine
+    _oracle(monkeypatch, engine, full)
+    assert [tuple(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)] == expected
+    assert engine.counters.spec_decode.accepted_tokens > 0
+    assert (engine.counters.num_preemptions > 0) == (pool == 100)
+    if pool == 1024:
+        assert llm.generate([turn_two], params)[0].outputs[0].token_ids == again
+        assert engine.counters.prefix_cache.hit_tokens >= len(PROMPTS[1]) + 16
+    assert engine.block_manager.num_free_blocks == engine.config.num_kv_blocks  # cached: free
+
+
+def test_stop_strings_max_tokens_and_logprobs_are_unchanged(checkpoint: Path) -> None:
+    plain = LLM(str(checkpoint), **KNOBS)
+    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
+    text = plain.generate(PROMPTS[:1], GREEDY)[0].outputs[0].text
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=12, stop=(text[len(text) // 2 :][:3],)),
+        SamplingParams(temperature=0.0, max_tokens=5),
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=3),
+    ):
+        mine = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+        ref = plain.generate(PROMPTS[:1], params)[0].outputs[0]
+        assert (mine.token_ids, mine.text, mine.finish_reason, mine.stop_reason) == (
+            ref.token_ids, ref.text, ref.finish_reason, ref.stop_reason,
+        )  # fmt: skip
+        if params.logprobs:
+            assert mine.logprobs is not None and ref.logprobs is not None
+            for got, want in zip(mine.logprobs, ref.logprobs, strict=True):
+                assert got.token_id == want.token_id and got.rank == want.rank
+                assert got.logprob == pytest.approx(want.logprob, abs=1e-3)
 
 
 def test_world_of_two_drafts_with_its_sharded_mtp_layer(checkpoint: Path) -> None:

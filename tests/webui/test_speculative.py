@@ -27,7 +27,8 @@ def _errors(html: str) -> dict[str, str]:
 def test_the_speculative_knobs_follow_the_schema() -> None:
     fields = {field.path: field for field in knob_fields()}
     method = fields["speculative.method"]
-    assert (method.kind, method.choices, method.default) == ("choice", ("off", "ngram"), "off")
+    choices = ("off", "ngram", "mtp")
+    assert (method.kind, method.choices, method.default) == ("choice", choices, "off")
     assert method.label == "Speculative decoding"
     depth = fields["speculative.depth"]
     assert (depth.kind, depth.minimum, depth.maximum, depth.default) == ("int", 1, 16, 4)
@@ -35,6 +36,8 @@ def test_the_speculative_knobs_follow_the_schema() -> None:
         4,
         2,
     )
+    adaptive = fields["speculative.adaptive"]
+    assert (adaptive.kind, adaptive.default, adaptive.label) == ("bool", True, "Adaptive depth")
 
 
 def test_the_sections_own_rule_names_its_field() -> None:
@@ -67,7 +70,7 @@ def test_an_ngram_range_upside_down_is_refused_on_its_field(logged_in: Console) 
     )
     assert response.status_code == 400
     assert _errors(response.text) == {  # both at once
-        "speculative.method": "must be one of off, ngram",
+        "speculative.method": "must be one of off, ngram, mtp",
         "speculative.depth": "Input should be less than or equal to 16",
     }
     response = logged_in.preview_knobs({"speculative.depth": "17"})
