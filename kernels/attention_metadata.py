@@ -44,6 +44,13 @@ class PagedAttentionMetadata:
     # The first token of each prefill tile (`paged_prefill_triton`), int32; None: derive them.
     prefill_tile_starts: torch.Tensor | None = None
 
+    def rows_and_positions(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `num_tokens` query tokens' rows and positions: the ones built with the
+        metadata (the Triton backend's), else `token_rows_and_positions`."""
+        if self.token_rows is None or self.token_positions is None:
+            return token_rows_and_positions(self, num_tokens)
+        return self.token_rows[:num_tokens], self.token_positions[:num_tokens]
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_host)
@@ -57,3 +64,18 @@ class PagedAttentionMetadata:
             return self.decode_slots, self.decode_mask
         assert self.decode_windows is not None, "sliding-window decode rows need decode_windows"
         return self.decode_windows.context(window)
+
+
+def token_rows_and_positions(
+    metadata: PagedAttentionMetadata, num_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query token's row and position (its row's last `query_len` positions), computed on
+    the device from the metadata's tensors: no host round trip."""
+    starts = metadata.query_start_loc
+    query_lens = starts[1:] - starts[:-1]
+    rows = torch.repeat_interleave(
+        torch.arange(query_lens.shape[0], device=starts.device), query_lens, output_size=num_tokens
+    )
+    index = torch.arange(num_tokens, device=starts.device)
+    positions = index - starts[rows] + metadata.seq_lens[rows] - query_lens[rows]
+    return rows.to(torch.int32), positions.to(torch.int32)

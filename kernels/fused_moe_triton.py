@@ -14,12 +14,11 @@ within GB10's shared memory).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from dgpp.kernels.dispatch import float32_products
 from dgpp.kernels.moe_align import align_by_expert
 from dgpp.kernels.moe_tiles import moe_tiles
 
@@ -189,8 +188,7 @@ def fused_moe_triton(
     rows, block_expert = align_by_expert(topk_ids, num_experts, bm)
     num_blocks = block_expert.shape[0]
     act = _empty(rows.shape[0], inner, dtype=hidden.dtype, device=hidden.device)
-    # The interpreter's 16-bit dot is wrong (Triton 3.9): it multiplies in float32 instead.
-    f32_dot = hidden.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+    f32_dot = float32_products(hidden.dtype)
     launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     _gate_up_kernel[(num_blocks, triton.cdiv(inner, bn))](
         hidden, w13, w13_bias if w13_bias is not None else w13, act, rows, block_expert,

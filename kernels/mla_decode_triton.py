@@ -15,30 +15,18 @@ PyTorch (float32 or the inputs' dtype).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.dispatch import float32_products
 from dgpp.kernels.online_softmax import online_softmax_step
 
 HEAD_BLOCK = 16  # heads per program (the smallest `tl.dot` operand)
 # Keys per step of the walk: a [keys, 512] latent tile, double-buffered, stays within GB10's
 # 99 KiB of shared memory per block (2 x 32 x 512 x 2 bytes = 64 KiB; float32 takes 16 keys).
 KEYS = {2: 32, 4: 16}
-
-
-def _rows_and_positions(
-    metadata: PagedAttentionMetadata, num_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, positions = metadata.token_rows, metadata.token_positions
-    if rows is None or positions is None:
-        from dgpp.kernels.paged_attention_triton import token_rows_and_positions
-
-        return token_rows_and_positions(metadata, num_tokens)
-    return rows[:num_tokens], positions[:num_tokens]
 
 
 def mla_decode_torch(
@@ -51,7 +39,7 @@ def mla_decode_torch(
     """q_latent [T, H, L], q_pe [T, H, R] of the step's first T tokens (its decode rows), cache
     [blocks, block_size, L + R] -> the latent-space output [T, H, L]."""
     num_tokens, rank = q_latent.shape[0], q_latent.shape[-1]
-    rows, positions = _rows_and_positions(metadata, num_tokens)
+    rows, positions = metadata.rows_and_positions(num_tokens)
     block_size = cache.shape[1]
     keys = torch.arange(metadata.max_seq_len, device=cache.device)
     tables = metadata.block_tables[rows.long()]  # [T, max_blocks]
@@ -167,10 +155,9 @@ def mla_decode_triton(
     out = torch.empty_like(q_latent)
     if num_tokens == 0:
         return out
-    rows, positions = _rows_and_positions(metadata, num_tokens)
+    rows, positions = metadata.rows_and_positions(num_tokens)
     tables = metadata.block_tables
-    # The interpreter's 16-bit `tl.dot` is wrong (Triton 3.9): float32 products there.
-    f32 = q_latent.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1"
+    f32 = float32_products(q_latent.dtype)
     _mla_decode_kernel[(num_tokens, triton.cdiv(num_heads, HEAD_BLOCK))](
         q_latent, q_pe, cache, out, tables, rows, positions, scale, num_heads,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),

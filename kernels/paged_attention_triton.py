@@ -16,13 +16,12 @@ tokens; split-K decode for very long contexts is still to come (issue 36).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.dispatch import float32_products
 from dgpp.kernels.online_softmax import online_softmax_step
 from dgpp.kernels.paged_decode_split import PARTITION_KEYS, combine_partitions, decode_split
 from dgpp.kernels.paged_prefill_triton import prefill_attention_triton, prefill_tile_starts
@@ -134,21 +133,6 @@ def _paged_attention_kernel(
         )
 
 
-def token_rows_and_positions(
-    metadata: PagedAttentionMetadata, num_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query token's row and position (its row's last `query_len` positions), computed on
-    the device from the metadata's tensors: no host round trip."""
-    starts = metadata.query_start_loc
-    query_lens = starts[1:] - starts[:-1]
-    rows = torch.repeat_interleave(
-        torch.arange(query_lens.shape[0], device=starts.device), query_lens, output_size=num_tokens
-    )
-    index = torch.arange(num_tokens, device=starts.device)
-    positions = index - starts[rows] + metadata.seq_lens[rows] - query_lens[rows]
-    return rows.to(torch.int32), positions.to(torch.int32)
-
-
 def paged_attention_triton(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -172,9 +156,7 @@ def paged_attention_triton(
         assert tensor.stride(-1) == 1, "head dimensions are contiguous"
     if num_tokens == 0:
         return out
-    rows, positions = metadata.token_rows, metadata.token_positions
-    if rows is None or positions is None:
-        rows, positions = token_rows_and_positions(metadata, num_tokens)
+    rows, positions = metadata.rows_and_positions(num_tokens)
     tables = metadata.block_tables
     decoded = metadata.query_start_loc_host[metadata.num_decodes]  # decode and verify rows'
     if num_tokens > decoded:
@@ -182,9 +164,7 @@ def paged_attention_triton(
         if tiles is None:
             starts = prefill_tile_starts(metadata.query_start_loc_host, metadata.num_decodes)
             tiles = torch.tensor(starts, dtype=torch.int32, device=query.device)
-        # The interpreter's 16-bit `tl.dot` is wrong (Triton 3.9): float32 products there.
-        interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-        f32 = query.dtype == torch.float32 or metadata.prefill_softmax_fp32 or interpreted
+        f32 = float32_products(query.dtype) or metadata.prefill_softmax_fp32
         prefill_attention_triton(
             query, key_cache, value_cache, out, tables, metadata.query_start_loc, tiles, rows,
             positions, scale, sinks, sliding_window, f32,

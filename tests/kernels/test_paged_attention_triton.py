@@ -21,6 +21,7 @@ import torch
 import dgpp.kernels.paged_attention_triton as pat
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.kernels.attention_metadata import token_rows_and_positions
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 from dgpp.kernels.paged_decode_split import PARTITION_KEYS, decode_split
 from dgpp.kernels.paged_prefill_triton import keys_per_step
@@ -160,7 +161,7 @@ def test_only_few_programs_over_long_contexts_split() -> None:
 @needs_interpreter
 def test_rows_and_positions_follow_the_metadata() -> None:
     _, _, metadata = make_step("mixed", 6, 2, 16, seed=0)
-    rows, positions = pat.token_rows_and_positions(metadata, 26)
+    rows, positions = token_rows_and_positions(metadata, 26)
     assert rows.tolist() == [0, 1, 1, 1, 1, 2, 2, 2] + [3] * 6 + [4] * 12
     assert positions[:8].tolist() == [8, 29, 30, 31, 32, 10, 11, 12]
     assert positions[8:14].tolist() == list(range(15, 21))
@@ -185,7 +186,7 @@ def test_cuda_devices_get_the_triton_backend_which_agrees_with_the_torch_one() -
     own = triton_backend.prepare(make_layout("mixed", seed=3)[0])  # rows, positions on the host
     assert own.decode_slots is None and own.token_rows is not None
     assert own.token_positions is not None
-    rows, positions = pat.token_rows_and_positions(metadata, tokens)
+    rows, positions = token_rows_and_positions(metadata, tokens)
     assert own.token_rows.tolist() == rows.tolist()
     assert own.token_positions.tolist() == positions.tolist()
     assert own.slot_mapping.tolist() == metadata.slot_mapping.tolist()
