@@ -135,12 +135,14 @@ def plan_deployment(resolved: ResolvedConfig, memory: DeviceMemory | None = None
 
 
 def describe_states(states: StateLayout) -> str:
-    """`75.4 MiB x (16 running + 54 snapshots) = 5.15 GiB`; `-` without recurrent layers."""
+    """`75.4 MiB x (16 running + 54 snapshots) = 5.15 GiB` (`+ 48 drafts` with speculative
+    decoding); `-` without recurrent layers."""
     if not states.slot_bytes:
         return "-"
+    drafts = f" + {states.num_draft_slots} drafts" if states.num_draft_slots else ""
     return (
         f"{format_bytes(states.slot_bytes)} x ({states.num_running} running + "
-        f"{states.num_snapshots} snapshots) = {format_bytes(states.total_bytes)}"
+        f"{states.num_snapshots} snapshots{drafts}) = {format_bytes(states.total_bytes)}"
     )
 
 

@@ -157,6 +157,24 @@ class BlockManager:
             self.pool.release(request.block_table[keep:])
             del request.block_table[keep:]
 
+    def keep_accepted_state(self, request: Request, chunk_start: int, num_positions: int) -> None:
+        """After a verify row of `num_positions` positions from `chunk_start`: when a draft was
+        rejected, the request's recurrent state is the one after its last accepted position,
+        kept in a draft slot; its next row copies it back first (`take_accepted_state`)."""
+        if self.states is None or request.state_slot < 0:
+            return
+        position = request.num_computed_tokens - chunk_start - 1
+        if position < num_positions - 1:
+            request.accepted_state = self.states.layout.draft_slot(request.state_slot, position)
+
+    def take_accepted_state(self, request: Request) -> tuple[int, int] | None:
+        """(draft slot, request slot) to copy before the next forward, once."""
+        if request.accepted_state is None:
+            return None
+        pair = (request.accepted_state, request.state_slot)
+        request.accepted_state = None
+        return pair
+
     def free(self, request: Request) -> None:
         self.pool.release(request.block_table)
         request.block_table = []
@@ -166,6 +184,7 @@ class BlockManager:
             self.states.slots.give(request.state_slot)
         request.state_slot = -1
         request.restore_from = None
+        request.accepted_state = None
 
     def _snapshot_branch(self, request: Request, shared: int) -> None:
         """The request shares `shared` tokens of cached KV with an earlier one (a system

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import logging
 import time
 from pathlib import Path
 
@@ -86,6 +85,7 @@ class LLMEngine:
                 layout.num_snapshots,
                 layout.slot_bytes,
                 max(config.prefix_min_tokens, config.block_size),
+                layout.draft_depth,
             )
         cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
         if states is not None and isinstance(cache, HashPrefixCache):
@@ -97,14 +97,8 @@ class LLMEngine:
         )
         proposer: Proposer | None = None
         self.drafter: MtpDrafter | None = None
-        # A recurrent state cannot take back a rejected draft: no drafts for hybrid models.
-        if config.speculative == "ngram" and states is not None:
-            logging.getLogger(__name__).warning(
-                "speculative=ngram is off for %s: its recurrent layers cannot take back a "
-                "rejected draft",
-                self.model_config.architecture,
-            )
-        elif config.speculative == "ngram":
+        # Hybrid models verify with the state after each draft position kept in draft slots.
+        if config.speculative == "ngram":
             proposer = NgramProposer(
                 config.spec_depth, config.spec_ngram_max, config.spec_ngram_min
             )

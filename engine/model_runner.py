@@ -142,6 +142,7 @@ class ModelRunner:
         num_slots = self.state_layout.num_slots + (graphed and bool(recurrent))
         self.state_pools = allocate_states(recurrent, num_slots, self.device)
         if recurrent:
+            recurrent[0].state_backend.layout = self.state_layout  # verify rows' draft slots
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
@@ -212,7 +213,8 @@ class ModelRunner:
         )
         input_ids, positions, sample_index = _token_inputs(message, self.device)
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
-        copy_slots(self.state_pools, message.restores)  # prefix hits: snapshots into slots
+        # Prefix hits' snapshots, and verify rows' states at their last accepted token.
+        copy_slots(self.state_pools, message.restores)
         hidden = self.model(input_ids, positions, metadata)
         if self.mtp is not None:
             self.mtp.keep(message, hidden)

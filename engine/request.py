@@ -85,10 +85,12 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
     spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)
     # Recurrent layers (hybrid models): the request's state slot, a snapshot slot to restore
-    # into it before its next chunk (a prefix hit), and the positions whose state is
-    # snapshotted for the prefix cache (`dgpp.engine.state_snapshots`).
+    # into it before its next chunk (a prefix hit), a draft slot to copy into it before its
+    # next row (the state at a verify row's last accepted token), and the positions whose
+    # state is snapshotted for the prefix cache (`dgpp.engine.state_snapshots`).
     state_slot: int = -1
     restore_from: int | None = None
+    accepted_state: int | None = None
     snapshot_points: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:

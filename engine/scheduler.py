@@ -173,6 +173,9 @@ class Scheduler:
         if chunks:  # an empty plan is not sent: the next one carries these
             finished = tuple(self._finished_seq_ids)
             self._finished_seq_ids.clear()
+            # Verify rows' states at their last accepted token first (hybrid models).
+            accepted = (self.block_manager.take_accepted_state(r) for r in self.running)
+            restores = [pair for pair in accepted if pair is not None] + restores
         saves = [
             save
             for chunk in prefills

@@ -5,7 +5,16 @@ short-convolution history and its recurrent state after the request's last compu
 layer with the same `LinearStateSpec` shares one float32 pool [layers, slots, slot_numel]; a slot
 index names the same request in every layer's pool. Slots come in two kinds, both in the same
 pools: `num_running` slots for the requests being served, then snapshot slots that keep the
-state of a cached prefix (`dgpp.engine.state_snapshots`), copied into a request's slot on a hit.
+state of a cached prefix (`dgpp.engine.state_snapshots`), copied into a request's slot on a hit,
+and with speculative decoding `draft_depth` *draft slots* per running slot.
+
+A verify row (the last known token and d draft tokens) runs the recurrence one position at a
+time and keeps the state after each of its first d positions in the request's draft slots
+(position j in draft slot j); the slot itself ends with the state after every position. When
+only a of the d drafts are accepted, the state after position a is the right one: the next
+step copies draft slot a into the slot before its forward (`StepMessage.restores`), so a
+rejected draft leaves nothing behind. Keeping the states costs d slot copies per verify row and
+layer; recomputing instead would cost a second forward of the accepted tokens (issue 37).
 
 Rank 0 assigns the slots; a step message carries each row's slot and the copies (restore a
 snapshot before the forward, save one after), so every rank moves the same states.
@@ -20,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from dgpp.engine.backends.base import BatchLayout
+from dgpp.engine.backends.base import BatchLayout, BatchRow
 
 STATE_DTYPE = torch.float32  # recurrent state and conv history, whatever the weights' dtype
 
@@ -74,6 +83,19 @@ class StateRows:
 
     decode_slots: torch.Tensor | None  # [num_decodes] int64 on the device
     prefills: tuple[tuple[int, int, int, bool], ...]  # (first token, end token, slot, continues)
+    verify: tuple[VerifyPosition, ...] = ()  # with verify rows: the decode rows by position
+
+
+@dataclass(frozen=True)
+class VerifyPosition:
+    """Position j of a step's decode rows when some verify several tokens: the token index and
+    slot of every decode row at least j + 1 tokens long, and which of them (`keep`, indices into
+    those) save their state after position j into their draft slot `draft_slots`."""
+
+    tokens: torch.Tensor  # [n] int64
+    slots: torch.Tensor  # [n] int64
+    keep: torch.Tensor  # [m] int64, indices into tokens / slots
+    draft_slots: torch.Tensor  # [m] int64
 
 
 class LinearStateBackend:
@@ -86,21 +108,49 @@ class LinearStateBackend:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.layout: StateLayout | None = None  # the runner's, for the draft slots
 
     def prepare(self, layout: BatchLayout) -> StateRows:
         decodes = layout.rows[: layout.num_decodes]
-        assert all(row.num_tokens == 1 for row in decodes), "recurrent layers verify no drafts"
         assert all(row.state_slot >= 0 for row in layout.rows), "a row without a state slot"
         decode_slots = None
-        if decodes:
+        verify: tuple[VerifyPosition, ...] = ()
+        if any(row.num_tokens > 1 for row in decodes):
+            verify = self._verify_positions(decodes)
+        elif decodes:
             slots = [row.state_slot for row in decodes]
             decode_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
         prefills = []
-        at = len(decodes)
+        at = sum(row.num_tokens for row in decodes)
         for row in layout.rows[layout.num_decodes :]:
             prefills.append((at, at + row.num_tokens, row.state_slot, row.start > 0))
             at += row.num_tokens
-        return StateRows(decode_slots, tuple(prefills))
+        return StateRows(decode_slots, tuple(prefills), verify)
+
+    def _verify_positions(self, decodes: Sequence[BatchRow]) -> tuple[VerifyPosition, ...]:
+        layout = self.layout
+        longest = max(row.num_tokens for row in decodes)
+        assert layout is not None and longest - 1 <= layout.draft_depth, "no draft slots"
+        firsts = [0]
+        for row in decodes:
+            firsts.append(firsts[-1] + row.num_tokens)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        positions = []
+        for j in range(longest):
+            active = [i for i, row in enumerate(decodes) if row.num_tokens > j]
+            keep = [n for n, i in enumerate(active) if decodes[i].num_tokens > j + 1]
+            positions.append(
+                VerifyPosition(
+                    tensor([firsts[i] + j for i in active]),
+                    tensor([decodes[i].state_slot for i in active]),
+                    tensor(keep),
+                    tensor([layout.draft_slot(decodes[active[n]].state_slot, j) for n in keep]),
+                )
+            )
+        return tuple(positions)
 
 
 @runtime_checkable
@@ -149,15 +199,27 @@ def copy_slots(pools: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) 
 
 @dataclass(frozen=True)
 class StateLayout:
-    """How many slots the pools have, and what one slot costs on this rank (every layer)."""
+    """How many slots the pools have, and what one slot costs on this rank (every layer):
+    running slots, then snapshot slots, then `draft_depth` draft slots per running slot."""
 
     slot_bytes: int  # one request's state in every recurrent layer of this rank
     num_running: int  # slots for requests being served (max_concurrency)
     num_snapshots: int  # slots for prefix-cache snapshots
+    draft_depth: int = 0  # draft slots per running slot (speculative decoding's depth)
 
     @property
     def num_slots(self) -> int:
-        return self.num_running + self.num_snapshots
+        return self.num_running * (1 + self.draft_depth) + self.num_snapshots
+
+    @property
+    def num_draft_slots(self) -> int:
+        return self.num_running * self.draft_depth
+
+    def draft_slot(self, slot: int, position: int) -> int:
+        """Where running slot `slot` keeps its state after position `position` of a verify
+        row (0: the last known token only)."""
+        assert 0 <= slot < self.num_running and 0 <= position < self.draft_depth
+        return self.num_running + self.num_snapshots + slot * self.draft_depth + position
 
     @property
     def total_bytes(self) -> int:
@@ -169,12 +231,14 @@ def state_layout(
     max_concurrency: int,
     snapshot_bytes: int,
     max_snapshots: int,
+    draft_depth: int = 0,
 ) -> StateLayout:
     """Slots for `max_concurrency` requests, plus as many snapshots as `snapshot_bytes` holds,
     at most `max_snapshots` (a snapshot needs a cached KV block to be found, so more than the KV
-    pool has blocks are never useful). No recurrent layers: no slots at all."""
+    pool has blocks are never useful), plus `draft_depth` draft slots per request (speculative
+    decoding). No recurrent layers: no slots at all."""
     slot_bytes = sum(spec.bytes_per_slot() for spec in specs)
     if not slot_bytes:
         return StateLayout(0, 0, 0)
     snapshots = min(max_snapshots, math.floor(snapshot_bytes / slot_bytes))
-    return StateLayout(slot_bytes, max_concurrency, max(0, snapshots))
+    return StateLayout(slot_bytes, max_concurrency, max(0, snapshots), draft_depth)

@@ -1,7 +1,8 @@
 """How many recurrent-state slots an engine allocates, and what they cost: one per request it
 may serve at once (`max_concurrency`) plus the prefix cache's snapshots, as many as
 `prefix_cache_gib` holds (none with the prefix cache off), never more than the KV pool has
-blocks (a snapshot is found only through a cached block)."""
+blocks (a snapshot is found only through a cached block), and with speculative decoding
+`spec_depth` draft slots per request (the states of a verify row's positions)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,5 @@ def engine_state_layout(
     """Rank `tp_rank`'s slots; `max_snapshots` defaults to the KV pool's block count."""
     specs = layer_state_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
     cap = config.num_kv_blocks if max_snapshots is None else max_snapshots
-    return state_layout(specs, config.max_concurrency, snapshot_budget_bytes(config), cap)
+    depth = config.spec_depth if config.speculative != "off" else 0
+    return state_layout(specs, config.max_concurrency, snapshot_budget_bytes(config), cap, depth)

@@ -21,6 +21,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dgpp.engine.state_cache import StateLayout
+
 
 class SlotPool:
     """Slot ids for running requests: every request being served holds exactly one."""
@@ -137,11 +139,18 @@ def snapshot_points(
 
 class StateBook:
     """The running slots and the snapshots of one state layout (`StateLayout`); no snapshot
-    is placed below `min_snapshot_tokens` (the prefix cache's floor, at least one block)."""
+    is placed below `min_snapshot_tokens` (the prefix cache's floor, at least one block).
+    With speculative decoding each running slot has `draft_depth` draft slots after those."""
 
     def __init__(
-        self, num_running: int, num_snapshots: int, slot_bytes: int, min_snapshot_tokens: int = 1
+        self,
+        num_running: int,
+        num_snapshots: int,
+        slot_bytes: int,
+        min_snapshot_tokens: int = 1,
+        draft_depth: int = 0,
     ) -> None:
         self.slots = SlotPool(num_running)
         self.snapshots = SnapshotCache(num_running, num_snapshots, slot_bytes)
         self.min_snapshot_tokens = max(1, min_snapshot_tokens)
+        self.layout = StateLayout(slot_bytes, num_running, num_snapshots, draft_depth)

@@ -159,13 +159,6 @@ def test_abort_frees_the_state_slot(checkpoint: Path) -> None:
     assert request.state_slot == -1
 
 
-def test_speculative_decoding_is_off_for_recurrent_layers(checkpoint: Path) -> None:
-    llm = LLM(str(checkpoint), speculative="ngram")
-    assert llm.engine.scheduler.proposer is None
-    stats = llm.engine.stats()
-    assert stats.speculative == "off" and stats.spec_depth == 0
-
-
 def test_memory_plan_counts_states_and_snapshots(checkpoint: Path) -> None:
     model = ModelConfig.from_checkpoint(checkpoint)
     config = EngineConfig(model=str(checkpoint), max_concurrency=8, prefix_cache_gib=0.001)

@@ -156,16 +156,21 @@ def test_world_of_two_equals_world_of_one_on_group_quantized_weights(
     _check_world_of_two(checkpoint, KNOBS)
 
 
-def _check_world_of_two(checkpoint: Path, knobs: dict[str, Any], waves: Waves = (PROMPTS,)) -> int:
+def _check_world_of_two(
+    checkpoint: Path, knobs: dict[str, Any], waves: Waves = (PROMPTS,), target: Any = None
+) -> int:
     """World 2 with `knobs` gives world 1's tokens (with KNOBS); returns world 2's prefix-cache
-    hit tokens."""
+    hit tokens. `target` replaces `_rank` as each rank's process (a picklable callable with its
+    arguments)."""
     reference = LLMEngine(resolve(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     expected = _generate(reference, waves)
     context = mp.get_context("spawn")
     results = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=_rank, args=(rank, port, str(checkpoint), results, knobs, waves))
+        context.Process(
+            target=target or _rank, args=(rank, port, str(checkpoint), results, knobs, waves)
+        )
         for rank in range(2)
     ]
     for process in ranks:
