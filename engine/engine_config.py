@@ -131,8 +131,8 @@ class EngineConfig:
     speculative: Speculative = knob(
         "off",
         "speculative decoding: ngram drafts tokens from the request's own history, mtp with the "
-        "checkpoint's multi-token-prediction layer (DeepSeek-V3, GLM-4.5); the target verifies "
-        "them in one forward; the output is unchanged",
+        "checkpoint's multi-token-prediction layer (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5); "
+        "the target verifies them in one forward; the output is unchanged",
         label="Speculative decoding",
         deployment="speculative.method",
         flag="--spec",

@@ -14,9 +14,8 @@ from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
-from dgpp.engine.models.mtp import MtpLayer
+from dgpp.engine.models.mtp import MtpLayer, mtp_layer_count
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import state_layers
 from dgpp.engine.step_message import BlockTables, StepMessage
 
 if TYPE_CHECKING:
@@ -41,12 +40,13 @@ class MtpDrafting:
         """Layer `num_hidden_layers` of the checkpoint, sharded like the target's layers, its
         weights read from the checkpoint, its cache as large as the target's pool."""
         config, model = runner.model_config, runner.model
-        count = int(config.raw.get("num_nextn_predict_layers") or 0)
-        if count < 1 or not hasattr(model, "build_layer") or state_layers(model):
+        count = mtp_layer_count(config.raw)
+        if count < 1 or not hasattr(model, "build_layer"):
             raise ConfigError(
                 f"speculative=mtp needs a checkpoint with multi-token-prediction layers "
-                f"(num_nextn_predict_layers) of a DeepSeek-V3 or GLM-4.5 family model; "
-                f"{config.architecture} with {count} has none dgpp runs: use --spec ngram or off"
+                f"(num_nextn_predict_layers or mtp_num_hidden_layers) of a DeepSeek-V3, "
+                f"GLM-4.5, Qwen3-Next or Qwen3.5 family model; {config.architecture} declares "
+                f"{count}: use --spec ngram or off"
             )
         with torch.device("cpu"):
             layer = MtpLayer(model, parallel, attention, config.num_layers)
@@ -56,8 +56,7 @@ class MtpDrafting:
         except ModelLoadError as err:
             raise ConfigError(
                 f"speculative=mtp: the checkpoint declares {count} multi-token-prediction layers "
-                f"(num_nextn_predict_layers) but does not hold layer {config.num_layers}'s "
-                f"weights ({err}); use --spec ngram or off"
+                f"but does not hold the weights of the first ({err}); use --spec ngram or off"
             ) from None
         layer = layer.to(runner.device).eval()
         for module in layer.modules():

@@ -10,6 +10,7 @@ import torch
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.engine.models.mtp import mtp_layer_count
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
 
@@ -27,7 +28,7 @@ def rank_weight_bytes(
 def uses_mtp(speculative: str, model: ModelConfig) -> bool:
     """Whether the engine builds the checkpoint's MTP layer (`speculative: mtp` on a checkpoint
     that declares one; the runner refuses the knob on any other)."""
-    return speculative == "mtp" and int(model.raw.get("num_nextn_predict_layers") or 0) > 0
+    return speculative == "mtp" and mtp_layer_count(model.raw) > 0
 
 
 _COUNTS: OrderedDict[tuple[str, int, object], tuple[int, int]] = OrderedDict()

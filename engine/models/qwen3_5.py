@@ -13,9 +13,10 @@ layer types, norms and gated attention, and these differences:
   `Qwen3_5MoeForConditionalGeneration`): served text-only, the config's `text_config` read as
   the model's (`ModelConfig`), the language model's weights renamed from
   `model.language_model.*`, the vision tower (`model.visual.*`) and the multi-token-prediction
-  layers (`mtp.*`) skipped; their routed experts are stored stacked, `experts.gate_up_proj`
-  [E, 2I, H] (gate rows, then up) and `experts.down_proj` [E, H, I], beside the per-expert
-  tensors transformers' `save_pretrained` writes.
+  layers (`mtp.*`, built apart with `speculative: mtp`) skipped; their routed experts are
+  stored stacked, `experts.gate_up_proj` [E, 2I, H] (gate rows, then up) and
+  `experts.down_proj` [E, H, I], beside the per-expert tensors transformers' `save_pretrained`
+  writes.
 """
 
 from __future__ import annotations
@@ -107,7 +108,11 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
         super().__init__(config, parallel, max_position, attention)
         for module in self.modules():
             if isinstance(module, Experts):
-                take_stacked_experts(module)
+                self.adapt_experts(module)
+
+    @staticmethod
+    def adapt_experts(experts: Experts) -> None:
+        take_stacked_experts(experts)
 
 
 def take_stacked_experts(experts: Experts) -> None:

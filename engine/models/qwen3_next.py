@@ -7,7 +7,8 @@ Every RMSNorm but the linear layers' output norm is zero-centred: x * (1 + weigh
 
 Only the full-attention layers have a paged KV cache; the linear ones declare state specs
 (`state_specs`), which the memory plan and the runner's state pools follow. The checkpoints'
-multi-token-prediction weights (`mtp.*`) are not run and skipped at load.
+multi-token-prediction layer (`mtp.*`) is skipped at load and built apart with `speculative:
+mtp` (`models.mtp`: `mtp_names`, `mtp_norm`, `build_mtp_block`, a full-attention layer).
 
 Qwen3.5 (`models.qwen3_5`) subclasses this model: `split_projections` for its Gated DeltaNet
 input projections, `build_mlp` for its MLPs, `checkpoint_name` for its checkpoint names.
@@ -26,12 +27,13 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.gated_deltanet import GatedDeltaNet, linear_state_spec
 from dgpp.engine.layers.linear import QKVParallelLinear, RowParallelLinear
-from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
+from dgpp.engine.layers.moe import Experts, SparseMoeBlock, expert_target
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, apply_rotary
 from dgpp.engine.models.llama import DecoderLayer, DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
+from dgpp.engine.models.mtp import qwen_mtp_names
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec
 
@@ -144,6 +146,8 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
     checkpoint_name = staticmethod(skip_mtp)
     build_mlp = staticmethod(qwen3_next_mlp)
     split_projections = False  # Qwen3.5: separate in_proj_qkv / z / b / a
+    mtp_names = staticmethod(qwen_mtp_names)
+    mtp_norm = ZeroCentredRMSNorm
 
     def __init__(
         self,
@@ -176,6 +180,23 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
             return DecoderLayer(config, mixer, mlp, "linear_attn", ZeroCentredRMSNorm)
         attn = GatedAttention(config, parallel, attention, f"{prefix}.self_attn")
         return DecoderLayer(config, attn, mlp, norm=ZeroCentredRMSNorm)
+
+    def build_mtp_block(
+        self, config: ModelConfig, parallel: ParallelContext, attention: Any, prefix: str
+    ) -> nn.Module:
+        """The MTP layer's decoder block: gated full attention and the family's MLP (sparse,
+        as a layer past the last is)."""
+        mlp = self.build_mlp(config, parallel, config.num_layers, f"{prefix}.mlp")
+        attn = GatedAttention(config, parallel, attention, f"{prefix}.self_attn")
+        block = DecoderLayer(config, attn, mlp, norm=ZeroCentredRMSNorm)
+        for module in block.modules():
+            if isinstance(module, Experts):
+                self.adapt_experts(module)
+        return block
+
+    @staticmethod
+    def adapt_experts(experts: Experts) -> None:
+        """What a family changes in how its experts load (Qwen3.5-MoE: stacked tensors)."""
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

@@ -1,6 +1,7 @@
 """Tiny DeepSeek-V3 and GLM-4.5 checkpoints with a multi-token-prediction layer appended, as
-released checkpoints store it (`model.layers.{num_hidden_layers}.*`, per-expert names):
-transformers' save_pretrained writes none."""
+released checkpoints store it (`model.layers.{num_hidden_layers}.*`, per-expert names), and
+tiny Qwen3-Next and Qwen3.5-MoE ones with their `mtp.*` layer: transformers' save_pretrained
+writes none."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
 from transformers.models.glm4_moe import modeling_glm4_moe
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+from transformers.models.qwen3_next import modeling_qwen3_next
 
 ARCH = "DeepseekV3ForCausalLM"
 MOE = dict(
@@ -100,3 +103,57 @@ def stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
     out["mlp.experts.down_proj"] = torch.stack(down)
     return out
+
+
+# Qwen3-Next and Qwen3.5-MoE store their MTP layer as `mtp.*` (models.mtp.qwen_mtp_names):
+# family -> (architecture, tiny config overrides, transformers' module, class prefix, stacked)
+QWEN_FAMILIES = {
+    "qwen3-next": (
+        "Qwen3NextForCausalLM", {"mlp_only_layers": [1]}, modeling_qwen3_next, "Qwen3Next", False
+    ),
+    "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", {}, modeling_qwen3_5_moe, "Qwen3_5Moe", True),
+}  # fmt: skip
+
+
+def qwen_class(family: str, name: str) -> type:
+    _, _, module, prefix, _ = QWEN_FAMILIES[family]
+    if name == "RotaryEmbedding" and prefix == "Qwen3_5Moe":
+        name = "TextRotaryEmbedding"
+    return getattr(module, prefix + name)
+
+
+def qwen_mtp_block(family: str, config: object) -> torch.nn.Module:
+    """transformers' decoder layer of the family as a full-attention MoE layer (the MTP
+    block's kind): built at the index of the config's first full-attention layer."""
+    index = list(config.layer_types).index("full_attention")
+    return qwen_class(family, "DecoderLayer")(config, index).float()
+
+
+def with_qwen_mtp_layer(checkpoint: Path, family: str) -> tuple[dict[str, torch.Tensor], object]:
+    """Append a random `mtp.*` layer to the checkpoint; its tensors (names after `mtp.`). The
+    block's experts stay stacked where the family's released checkpoints stack them."""
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    torch.manual_seed(11)
+    block = qwen_mtp_block(family, config)
+    init_layer(block)
+    for name, param in block.named_parameters():  # zero-centred norms: weights near 0
+        if name.endswith("norm.weight"):
+            param.data.sub_(1.0)
+    state = block.state_dict()
+    state = state if QWEN_FAMILIES[family][4] else per_expert(state)
+    hidden = config.hidden_size
+    tensors = {f"layers.0.{k}": v for k, v in state.items()}
+    tensors.update(
+        {
+            "pre_fc_norm_embedding.weight": 0.1 * torch.randn(hidden),
+            "pre_fc_norm_hidden.weight": 0.1 * torch.randn(hidden),
+            "fc.weight": torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5,
+            "norm.weight": 0.1 * torch.randn(hidden),
+        }
+    )
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    stored = {f"mtp.{k}": v.contiguous() for k, v in tensors.items()}
+    save_file(
+        {**weights, **stored}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"}
+    )
+    return tensors, config
