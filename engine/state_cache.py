@@ -9,12 +9,12 @@ state of a cached prefix (`dgpp.engine.state_snapshots`), copied into a request'
 and with speculative decoding `draft_depth` *draft slots* per running slot.
 
 A verify row (the last known token and d draft tokens) runs the recurrence one position at a
-time and keeps the state after each of its first d positions in the request's draft slots
-(position j in draft slot j); the slot itself ends with the state after every position. When
-only a of the d drafts are accepted, the state after position a is the right one: the next
-step copies draft slot a into the slot before its forward (`StepMessage.restores`), so a
-rejected draft leaves nothing behind. Keeping the states costs d slot copies per verify row and
-layer; recomputing instead would cost a second forward of the accepted tokens (issue 37).
+time, each position reading the state the one before wrote: the state after position j < d
+goes to the request's draft slot j, the state after the last position to the slot itself, so
+keeping every position's state moves no more bytes than the recurrence does anyway. When only a
+of the d drafts are accepted, the state after position a is the right one: the next step copies
+draft slot a into the slot before its forward (`StepMessage.restores`), so a rejected draft
+leaves nothing behind (issue 37; docs/models.md weighs it against checkpoint-and-recompute).
 
 Rank 0 assigns the slots; a step message carries each row's slot and the copies (restore a
 snapshot before the forward, save one after), so every rank moves the same states.
@@ -88,14 +88,14 @@ class StateRows:
 
 @dataclass(frozen=True)
 class VerifyPosition:
-    """Position j of a step's decode rows when some verify several tokens: the token index and
-    slot of every decode row at least j + 1 tokens long, and which of them (`keep`, indices into
-    those) save their state after position j into their draft slot `draft_slots`."""
+    """Position j of a step's decode rows when some verify several tokens: the token index of
+    every decode row at least j + 1 tokens long, the slot its state is read from (its own at
+    j = 0, else its draft slot j - 1) and the slot the state after j is written to (draft slot
+    j, or its own slot at the row's last position)."""
 
     tokens: torch.Tensor  # [n] int64
-    slots: torch.Tensor  # [n] int64
-    keep: torch.Tensor  # [m] int64, indices into tokens / slots
-    draft_slots: torch.Tensor  # [m] int64
+    reads: torch.Tensor  # [n] int64
+    writes: torch.Tensor  # [n] int64
 
 
 class LinearStateBackend:
@@ -140,16 +140,16 @@ class LinearStateBackend:
 
         positions = []
         for j in range(longest):
-            active = [i for i, row in enumerate(decodes) if row.num_tokens > j]
-            keep = [n for n, i in enumerate(active) if decodes[i].num_tokens > j + 1]
-            positions.append(
-                VerifyPosition(
-                    tensor([firsts[i] + j for i in active]),
-                    tensor([decodes[i].state_slot for i in active]),
-                    tensor(keep),
-                    tensor([layout.draft_slot(decodes[active[n]].state_slot, j) for n in keep]),
-                )
-            )
+            active = [row for row in decodes if row.num_tokens > j]
+            at = [firsts[i] + j for i, row in enumerate(decodes) if row.num_tokens > j]
+            reads = [
+                layout.draft_slot(row.state_slot, j - 1) if j else row.state_slot for row in active
+            ]
+            writes = [
+                layout.draft_slot(row.state_slot, j) if row.num_tokens > j + 1 else row.state_slot
+                for row in active
+            ]
+            positions.append(VerifyPosition(tensor(at), tensor(reads), tensor(writes)))
         return tuple(positions)
 
 

@@ -233,13 +233,11 @@ class GatedDeltaNet(nn.Module):
         out = hidden.new_empty(tokens, hv, dv)
         conv_pool, recurrent_pool = spec.views(self.state)
         if rows.decode_slots is not None:
-            count = rows.decode_slots.shape[0]
-            out[:count] = self._step(rows.decode_slots, mixed[:count], g[:count], beta[:count])
-        for position in rows.verify:  # verify rows: one position at a time, states kept
+            count, slots = rows.decode_slots.shape[0], rows.decode_slots
+            out[:count] = self._step(slots, slots, mixed[:count], g[:count], beta[:count])
+        for position in rows.verify:  # verify rows: one position at a time, each state kept
             at = position.tokens
-            out[at] = self._step(position.slots, mixed[at], g[at], beta[at])
-            if position.keep.numel():
-                self.state[position.draft_slots] = self.state[position.slots[position.keep]]
+            out[at] = self._step(position.reads, position.writes, mixed[at], g[at], beta[at])
         for first, end, slot, continues in rows.prefills:
             held = slice(slot, slot + 1)
             x, new_conv = causal_conv1d(
@@ -264,20 +262,26 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(gated.reshape(tokens, hv * dv))
 
     def _step(
-        self, slots: torch.Tensor, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+        self,
+        reads: torch.Tensor,
+        writes: torch.Tensor,
+        mixed: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
     ) -> torch.Tensor:
-        """One token for each of `slots` (rows of mixed [n, conv_dim], g and beta [n, Hv]):
-        their states advance in place; the output [n, Hv, dv]."""
+        """One token for each row of mixed [n, conv_dim], g and beta [n, Hv], its state read
+        from slot `reads[i]` and the state after it written to `writes[i]` (the same slot for
+        a plain decode row); the output [n, Hv, dv]."""
         assert self.state is not None and self._kernels is not None
         conv_pool, recurrent_pool = self.spec.views(self.state)
         x, new_conv = causal_conv1d(
-            mixed[:, None], self.conv1d.weight, None, conv_pool[slots], "silu"
+            mixed[:, None], self.conv1d.weight, None, conv_pool[reads], "silu"
         )
-        conv_pool[slots] = new_conv.to(conv_pool.dtype)
+        conv_pool[writes] = new_conv.to(conv_pool.dtype)
         o, state = self._kernels.recurrent(
-            *self._heads(x), g[:, None], beta[:, None], recurrent_pool[slots], None, True
+            *self._heads(x), g[:, None], beta[:, None], recurrent_pool[reads], None, True
         )
-        recurrent_pool[slots] = state.to(recurrent_pool.dtype)
+        recurrent_pool[writes] = state.to(recurrent_pool.dtype)
         return o[:, 0]
 
     def _project(

@@ -37,8 +37,12 @@ from dgpp.engine.parallel import ParallelContext
 
 
 def mtp_layer_count(raw: dict[str, Any]) -> int:
-    """The MTP layers a checkpoint's config declares (either family's key)."""
-    return int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0)
+    """The MTP layers a checkpoint's config declares (either family's key). Qwen3-Next's
+    released configs declare none but every release carries one (`mtp.*`), as vLLM assumes."""
+    declared = raw.get("num_nextn_predict_layers", raw.get("mtp_num_hidden_layers"))
+    if declared is None and raw.get("model_type") == "qwen3_next":
+        return 1
+    return int(declared or 0)
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,11 @@ def stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 QWEN_FAMILIES = {
     "qwen3-next": (
         "Qwen3NextForCausalLM", {"mlp_only_layers": [1]}, modeling_qwen3_next, "Qwen3Next", False
+    ),  # its config declares no MTP layer, as the releases'
+    "qwen3.5-moe": (
+        "Qwen3_5MoeForCausalLM", {"mtp_num_hidden_layers": 1}, modeling_qwen3_5_moe, "Qwen3_5Moe",
+        True,
     ),
-    "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", {}, modeling_qwen3_5_moe, "Qwen3_5Moe", True),
 }  # fmt: skip
 
 

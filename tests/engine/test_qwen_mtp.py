@@ -46,9 +46,7 @@ def built(
 ) -> tuple[Path, dict[str, torch.Tensor], object]:
     architecture, overrides, _, _, _ = QWEN_FAMILIES[family]
     out = tmp_path_factory.mktemp(f"{family}-mtp")
-    path = build_tiny_checkpoint(
-        out, tokenizer_dir, architecture, mtp_num_hidden_layers=1, **overrides
-    )
+    path = build_tiny_checkpoint(out, tokenizer_dir, architecture, **overrides)
     tensors, config = with_qwen_mtp_layer(path, family)
     return path, tensors, config
 
