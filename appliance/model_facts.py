@@ -33,7 +33,9 @@ _ROUTERS = (".mlp.gate", ".mlp.router")
 
 @dataclass(frozen=True)
 class UniformSchemes(QuantSchemes):
-    """One `LayerScheme` for every decoder-layer linear but the routers and `unquantized`."""
+    """One `LayerScheme` for every decoder-layer linear but the routers and `unquantized`
+    (the MTP layer's decoder block too: `model.layers.{N}` or `mtp.layers.0`, quantized like
+    the others in the FP8 releases)."""
 
     scheme: LayerScheme | None = None
     unquantized: frozenset[str] = frozenset()  # module names the config keeps dense
@@ -42,7 +44,9 @@ class UniformSchemes(QuantSchemes):
         return self.scheme is not None
 
     def of(self, module: str) -> LayerScheme | None:
-        covered = module.startswith("model.layers.") and not module.endswith(_ROUTERS)
+        covered = module.startswith(("model.layers.", "mtp.layers.")) and not module.endswith(
+            _ROUTERS
+        )
         return self.scheme if covered and module not in self.unquantized else None
 
     def group_format(

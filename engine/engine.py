@@ -112,6 +112,8 @@ class LLMEngine:
             proposer,
             _step_policy(config),
         )
+        if self.drafter is not None:  # a batch-aware depth prices draft tokens by step times
+            self.drafter.times = self.scheduler.times
         self.processor = OutputProcessor(
             self.scheduler,
             self.sampler,

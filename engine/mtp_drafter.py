@@ -20,8 +20,9 @@ from __future__ import annotations
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request
 from dgpp.engine.scheduler import StepPlan
-from dgpp.engine.spec_depth import Acceptance
+from dgpp.engine.spec_depth import Acceptance, pay_threshold
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
+from dgpp.engine.step_times import StepTimes
 
 
 class MtpDrafter:
@@ -34,6 +35,7 @@ class MtpDrafter:
         self.adaptive = adaptive
         self._drafts: dict[int, tuple[int, tuple[int, ...]]] = {}  # seq id -> (length, tokens)
         self._acceptance: dict[int, Acceptance] = {}
+        self.times: StepTimes | None = None  # the scheduler's step-time model (batch-aware depth)
 
     def propose(self, request: Request, limit: int) -> tuple[int, ...]:
         """The request's draft, if one was made for its current length, cut to `limit`."""
@@ -49,6 +51,9 @@ class MtpDrafter:
         with slots allocated for the chained positions (fewer tokens where the pool is
         short), and the table changes every rank applies."""
         rows = []
+        decoding = sum(
+            not c.request.is_finished and c.request.num_pending_tokens == 1 for c in plan.chunks
+        )
         for chunk in plan.chunks:
             request = chunk.request
             if request.is_finished:
@@ -65,7 +70,8 @@ class MtpDrafter:
             wanted = 0
             if request.num_pending_tokens == 1:  # the prompt is done: the next row decodes
                 room = request.max_tokens - request.num_output_tokens - 1
-                depth = acceptance.depth(self.depth) if self.adaptive else self.depth
+                bar = pay_threshold(self.times, decoding, request.num_tokens)
+                depth = acceptance.depth(self.depth, bar) if self.adaptive else self.depth
                 wanted = max(0, min(depth, room))
                 # The chained positions, T - 1 .. T + wanted - 3, need slots now.
                 if wanted > 1 and not blocks.allocate_slots(request, wanted - 1):

@@ -101,26 +101,32 @@ def test_hybrid_templates_fit_a_spark_world_with_their_states(name: str) -> None
     assert len(plans) == deployment.world_size
     refuse_unfit(plans)
     engine = deployment.engine
+    mtp = deployment.speculative.method == "mtp"  # two Sparks: one Spark has no room for it
+    assert mtp == (deployment.world_size == 2)
+    depth = deployment.speculative.depth if mtp else 0
     slot_bytes = HYBRID_TEMPLATES[name]
     for entry in plans:
         states = entry.states
         assert states.slot_bytes == slot_bytes
         assert states.num_running == engine.max_concurrency
         assert states.num_snapshots == int(engine.prefix_cache_gib * SNAPSHOT_GIB) // slot_bytes
+        assert states.num_draft_slots == engine.max_concurrency * depth
         assert entry.plan.state_bytes == states.total_bytes > 0
         assert entry.largest_context >= engine.max_model_len == model.max_position_embeddings
         assert entry.plan.kv_tokens >= engine.max_model_len
-        assert entry.kv_bytes_per_token == 12 * 2 * 256 * 2 * 2 // deployment.world_size
+        layers = 12 + mtp  # the MTP layer's full attention has a KV cache of its own
+        assert entry.kv_bytes_per_token == layers * 2 * 256 * 2 * 2 // deployment.world_size
         assert entry.plan.total_bytes <= entry.plan.budget_bytes
-    # The FP8 release's tensors: 76.40 GiB, 1.55 GiB of it the MTP layer; dgpp holds the
-    # 128x128 block scales per row (one float32 per 128 columns of each FP8 weight, +3.1%).
+    # The FP8 release's tensors: 76.40 GiB, 1.55 GiB of it the MTP layer (loaded with mtp);
+    # dgpp holds the 128x128 block scales per row (one float32 per 128 columns, +3.1%).
     weights = sum(entry.plan.weights_bytes for entry in plans)
-    assert weights / GIB == pytest.approx((76.40 - 1.55) * (1 + 4 / 128), rel=0.01)
+    expected = 76.40 if mtp else 76.40 - 1.55
+    assert weights / GIB == pytest.approx(expected * (1 + 4 / 128), rel=0.01)
     table = describe_plans(plans)
     assert "| states + snapshots |" in table
-    assert f"x ({engine.max_concurrency} running + {plans[0].states.num_snapshots} snapshots)" in (
-        table
-    )
+    drafts = f" + {plans[0].states.num_draft_slots} drafts" if mtp else ""
+    snapshots = plans[0].states.num_snapshots
+    assert f"x ({engine.max_concurrency} running + {snapshots} snapshots{drafts})" in table
 
 
 def test_qwen3_next_fp8_facts_keep_dense_what_the_release_keeps_dense() -> None:

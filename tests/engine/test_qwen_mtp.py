@@ -195,3 +195,26 @@ def test_the_memory_plan_counts_the_mtp_layer(checkpoint: Path) -> None:
     layout = runner.state_layout
     drafts = layout.slot_bytes * engine.config.max_concurrency * engine.config.spec_depth
     assert plan.state_bytes - plain.state_bytes == drafts
+
+
+def test_structured_outputs_are_unchanged(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a JSON-schema grammar (the masks apply to every verified position), partly right
+    drafts leave the constrained output plain decoding's."""
+    from dgpp.engine.grammar import json_schema_grammar
+    from tests.engine.test_grammar import LIST
+
+    params = SamplingParams(max_tokens=40, temperature=0, grammar=json_schema_grammar(LIST, "s"))
+    plain = LLM(str(checkpoint), prefix_cache=False, **KNOBS)
+    expected = [tuple(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    assert all(plain.tokenizer.decode(list(t)).startswith("{") for t in expected)
+    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
+    _oracle(
+        monkeypatch,
+        llm.engine,
+        {tuple(p): [*p, *t] for p, t in zip(PROMPTS, expected, strict=True)},
+    )
+    assert [tuple(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)] == expected
+    spec = llm.engine.counters.spec_decode
+    assert 0 < spec.accepted_tokens < spec.draft_tokens

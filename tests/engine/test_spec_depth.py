@@ -1,9 +1,26 @@
 """The adaptive draft depth (`engine/spec_depth.py`): deeper while drafts are accepted, back to
-one token when they are not, never past the knob's depth."""
+one token when they are not, never past the knob's depth, and shallower (or none) where the
+step-time model says a batch is compute-bound."""
 
 from __future__ import annotations
 
-from dgpp.engine.spec_depth import THRESHOLD, Acceptance
+from pathlib import Path
+
+import pytest
+
+from dgpp.engine import LLM
+from dgpp.engine.spec_depth import THRESHOLD, Acceptance, pay_threshold
+from dgpp.engine.step_times import StepTimes
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.mtp_checkpoint import ARCH, MOE, with_mtp_layer
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("mtp")
+    path = build_tiny_checkpoint(out, tokenizer_dir, ARCH, num_nextn_predict_layers=1, **MOE)
+    with_mtp_layer(path)
+    return path
 
 
 def test_new_requests_start_at_the_depth_the_priors_pay() -> None:
@@ -33,3 +50,33 @@ def test_first_tokens_accepted_chained_ones_not_stay_at_one() -> None:
     assert mixed.depth(4) == 1
     mixed.observe(0, 0)  # a row without a draft changes nothing
     assert mixed.depth(4) == 1
+
+
+def _times(decode_step_s: float, token_s: float) -> StepTimes:
+    times = StepTimes()
+    times.observe(decode_step_s, 4, [])  # a decode-only step
+    for start in (0, 256, 512):  # prompt steps: `token_s` a token, at every position
+        times.observe(decode_step_s + 64 * token_s, 0, [(start, 64)])
+    return times
+
+
+def test_a_compute_bound_batch_drafts_less() -> None:
+    """A draft token costs a prompt token's share of the verify forward; in a batch of R
+    rows a token the plain way costs decode_step_s / R. 10 ms steps, 0.5 ms tokens: one row
+    keeps the bar at THRESHOLD, 16 rows raise it to 0.8, 40 rows (2.0) stop drafting."""
+    times = _times(0.010, 0.0005)
+    assert times.token_cost()[0] == pytest.approx(0.0005) and times.token_cost()[1] < 1e-9
+    assert pay_threshold(times, 1, 300) == THRESHOLD
+    assert pay_threshold(times, 16, 300) == pytest.approx(0.8)
+    assert pay_threshold(times, 40, 300) == pytest.approx(2.0)
+    assert pay_threshold(None, 40, 300) == pay_threshold(StepTimes(), 40, 300) == THRESHOLD
+    good = Acceptance(first=0.95, further=0.85)
+    assert good.depth(4) == 4  # 0.95 * 0.85^3 = 0.58 >= 0.5
+    assert good.depth(4, pay_threshold(times, 16, 300)) == 2  # 0.81 >= 0.8 > 0.69
+    assert good.depth(4, pay_threshold(times, 40, 300)) == 0  # not even the first token
+
+
+def test_the_drafter_prices_drafts_by_the_schedulers_step_times(tiny_mtp: Path) -> None:
+    llm = LLM(str(tiny_mtp), speculative="mtp", kv_capacity=256, block_size=8)
+    assert llm.engine.drafter is not None
+    assert llm.engine.drafter.times is llm.engine.scheduler.times
