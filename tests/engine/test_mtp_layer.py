@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dgpp.engine import LLM
-from dgpp.engine.backends.base import BatchLayout, BatchRow
-from dgpp.engine.cache_spec import allocate_caches, cache_layers
-from dgpp.engine.loader import load_weights
-from dgpp.engine.models.mtp import MtpLayer
-from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import FAMILIES, hf_class, stacked, with_mtp_layer
+from tests.engine.mtp_checks import mtp_step
 
 
 def _reference(mtp: dict[str, torch.Tensor], config: object, embed: torch.Tensor, h, next_ids):
@@ -62,23 +57,8 @@ def test_the_mtp_layer_is_the_papers_step(tmp_path: Path, tokenizer_dir: Path, f
         tmp_path, tokenizer_dir, architecture, num_nextn_predict_layers=1, **overrides
     )
     mtp_tensors, config = with_mtp_layer(checkpoint)
-    llm = LLM(str(checkpoint), kv_capacity=256, block_size=16)  # the target skips layer N
-    runner = llm.engine.runner
-    target, backend = runner.model, runner.backends[0]
-    layer = MtpLayer(target, ParallelContext(), backend, config.num_hidden_layers)
-    load_weights(layer, checkpoint)  # every parameter from `model.layers.N.*`, or it raises
-    allocate_caches(cache_layers(layer), 4, 16, torch.float32, torch.device("cpu"))
-
-    tokens = 21
-    gen = torch.Generator().manual_seed(3)
-    h = torch.randn(tokens, config.hidden_size, generator=gen)
-    next_ids = torch.randint(3, 1000, (tokens,), generator=gen)
-    layout = BatchLayout((BatchRow(0, tokens, [2, 0]),), 0, 16, prefill_softmax_fp32=True)
-    metadata = {backend.name: backend.prepare(layout)}
-    with torch.inference_mode():
-        g = layer(h, next_ids, torch.arange(tokens), metadata)
-        logits = layer.compute_logits(g)[:, : config.vocab_size]
-    embed = target.model.embed_tokens.weight.detach()
-    ref_g, ref_logits = _reference(mtp_tensors, config, embed, h, next_ids)
-    torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    step = mtp_step(checkpoint, config)  # every parameter from `model.layers.N.*`
+    embed = step.target.model.embed_tokens.weight.detach()
+    ref_g, ref_logits = _reference(mtp_tensors, config, embed, step.h, step.next_ids)
+    torch.testing.assert_close(step.g, ref_g, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(step.logits, ref_logits, rtol=1e-4, atol=1e-4)

@@ -6,7 +6,6 @@ output plain decoding's, and the memory plan counts its packed bytes."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layers.linear import PackableLinear
-from dgpp.engine.memory_plan import DeviceMemory, plan_memory
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import (
     ARCH,
@@ -24,6 +22,7 @@ from tests.engine.mtp_checkpoint import (
     with_mtp_layer,
     with_qwen_mtp_layer,
 )
+from tests.engine.mtp_checks import check_mtp_memory_plan
 from tests.engine.quant.quant_build import fp8_block
 
 BLOCK = (16, 32)
@@ -85,8 +84,4 @@ def test_fp8_mtp_layer_is_packed_and_changes_nothing(checkpoint: Path) -> None:
     linears = [m for m in runner.mtp.layer.modules() if isinstance(m, PackableLinear)]
     packed = [m for m in linears if m.weight.dtype in (torch.uint8, torch.float8_e4m3fn)]
     assert len(packed) >= 3, "the MTP layer's FP8 projections should stay packed"
-    plenty = DeviceMemory(64 << 30, 48 << 30, "test host", is_accelerator=False)
-    plan = plan_memory(engine.config, engine.model_config, 1, plenty)
-    off = plan_memory(replace(engine.config, speculative="off"), engine.model_config, 1, plenty)
-    mtp_bytes = sum(p.numel() * p.element_size() for p in runner.mtp.layer.parameters())
-    assert plan.weights_bytes - off.weights_bytes == mtp_bytes
+    check_mtp_memory_plan(checkpoint, **KNOBS)  # packed bytes, byte for byte

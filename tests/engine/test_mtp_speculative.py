@@ -6,17 +6,16 @@ checkpoint without MTP layers is refused by name."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.memory_plan import DeviceMemory, plan_memory
 from dgpp.engine.step_message import StepMessage
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import ARCH, FAMILIES, MOE, with_mtp_layer
+from tests.engine.mtp_checks import check_mtp_memory_plan
 from tests.engine.test_tensor_parallel import KNOBS as TP_KNOBS
 from tests.engine.test_tensor_parallel import _check_world_of_two
 
@@ -146,16 +145,7 @@ def test_world_of_two_drafts_with_its_sharded_mtp_layer(checkpoint: Path) -> Non
 
 def test_the_memory_plan_counts_the_mtp_layer(checkpoint: Path) -> None:
     """Its KV pool (one more layer's) and its weights are in the plan, byte for byte."""
-    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
-    engine, runner = llm.engine, llm.engine.runner
-    assert runner.mtp is not None
-    plenty = DeviceMemory(64 << 30, 48 << 30, "test host", is_accelerator=False)
-    plan = plan_memory(engine.config, engine.model_config, 1, plenty)
-    assert plan.kv_bytes == sum(pool.nbytes for pool in [*runner.kv_caches, *runner.mtp.caches])
-    plain = plan_memory(replace(engine.config, speculative="off"), engine.model_config, 1, plenty)
-    mtp_bytes = sum(p.numel() * p.element_size() for p in runner.mtp.layer.parameters())
-    assert plan.weights_bytes - plain.weights_bytes == mtp_bytes
-    assert plan.kv_bytes - plain.kv_bytes == runner.mtp.caches[0].nbytes
+    check_mtp_memory_plan(checkpoint, **KNOBS)
 
 
 def test_a_checkpoint_without_mtp_layers_is_refused(tmp_path: Path, tokenizer_dir: Path) -> None:

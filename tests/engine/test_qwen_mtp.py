@@ -7,19 +7,12 @@ a world of two drafts with the sharded layer; the memory plan counts it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.backends.base import BatchLayout, BatchRow
-from dgpp.engine.cache_spec import allocate_caches, cache_layers
-from dgpp.engine.loader import load_weights
-from dgpp.engine.memory_plan import DeviceMemory, plan_memory
-from dgpp.engine.models.mtp import MtpLayer
-from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.step_message import StepMessage
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import (
@@ -29,6 +22,7 @@ from tests.engine.mtp_checkpoint import (
     stacked,
     with_qwen_mtp_layer,
 )
+from tests.engine.mtp_checks import check_mtp_memory_plan, mtp_step
 
 PROMPTS = [[5, 17, 99, 3, 42], list(range(100, 137)), [7, 8, 9] * 6]
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -84,26 +78,13 @@ def _reference(family: str, mtp: dict, config: object, embed, head, h, next_ids)
 
 def test_the_mtp_layer_is_the_reference_step(built: tuple, family: str) -> None:
     checkpoint, mtp_tensors, config = built
-    llm = LLM(str(checkpoint), kv_capacity=256, block_size=16)  # the target skips mtp.*
-    runner = llm.engine.runner
-    target, backend = runner.model, runner.backends[0]
-    layer = MtpLayer(target, ParallelContext(), backend, config.num_hidden_layers)
-    load_weights(layer, checkpoint)  # every parameter from `mtp.*`, or it raises
-    assert not hasattr(layer, "shared_head")  # the target's LM head serves
-    allocate_caches(cache_layers(layer), 4, 16, torch.float32, torch.device("cpu"))
-    tokens = 21
-    gen = torch.Generator().manual_seed(3)
-    h = torch.randn(tokens, config.hidden_size, generator=gen)
-    next_ids = torch.randint(3, 1000, (tokens,), generator=gen)
-    layout = BatchLayout((BatchRow(0, tokens, [2, 0]),), 0, 16, prefill_softmax_fp32=True)
-    with torch.inference_mode():
-        g = layer(h, next_ids, torch.arange(tokens), {backend.name: backend.prepare(layout)})
-        logits = layer.compute_logits(g)[:, : config.vocab_size]
-    embed = target.model.embed_tokens.weight.detach()
-    head = target.lm_head.weight.detach()[: config.vocab_size]
-    ref_g, ref_logits = _reference(family, mtp_tensors, config, embed, head, h, next_ids)
-    torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    step = mtp_step(checkpoint, config)  # every parameter from `mtp.*`
+    assert not hasattr(step.layer, "shared_head")  # the target's LM head serves
+    embed = step.target.model.embed_tokens.weight.detach()
+    head = step.target.lm_head.weight.detach()[: config.vocab_size]
+    ref_g, ref_logits = _reference(family, mtp_tensors, config, embed, head, step.h, step.next_ids)
+    torch.testing.assert_close(step.g, ref_g, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(step.logits, ref_logits, rtol=1e-4, atol=1e-4)
 
 
 def _tokens(llm: LLM, prompts: list[list[int]] = PROMPTS) -> list[tuple[int, ...]]:
@@ -182,16 +163,9 @@ def test_world_of_two_drafts_with_its_sharded_mtp_layer(checkpoint: Path) -> Non
 def test_the_memory_plan_counts_the_mtp_layer(checkpoint: Path) -> None:
     """Its KV pool (one more full-attention layer's), its weights (the LM head not twice) and
     the draft slots of the recurrent states."""
-    llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
+    llm, plan, plain = check_mtp_memory_plan(checkpoint, **KNOBS)
     engine, runner = llm.engine, llm.engine.runner
-    assert runner.mtp is not None
-    plenty = DeviceMemory(64 << 30, 48 << 30, "test host", is_accelerator=False)
-    plan = plan_memory(engine.config, engine.model_config, 1, plenty)
-    assert plan.kv_bytes == sum(pool.nbytes for pool in [*runner.kv_caches, *runner.mtp.caches])
     assert plan.state_bytes == sum(pool.nbytes for pool in runner.state_pools)
-    plain = plan_memory(replace(engine.config, speculative="off"), engine.model_config, 1, plenty)
-    mtp_bytes = sum(p.numel() * p.element_size() for p in runner.mtp.layer.parameters())
-    assert plan.weights_bytes - plain.weights_bytes == mtp_bytes
     layout = runner.state_layout
     drafts = layout.slot_bytes * engine.config.max_concurrency * engine.config.spec_depth
     assert plan.state_bytes - plain.state_bytes == drafts
