@@ -110,6 +110,7 @@ def metrics_body(
             "accepted": spec.accepted_tokens,
             "acceptance_rate": _average(spec.accepted_tokens, spec.draft_tokens),
             "mean_accepted_length": _average(spec.accepted_tokens, spec.drafts),
+            "drafts_per_step": _average(spec.drafts, counters.num_decode_steps),
             "per_position": list(spec.accepted_per_position),
         },
     }

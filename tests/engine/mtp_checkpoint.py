@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
 from transformers.models.glm4_moe import modeling_glm4_moe
+from transformers.models.qwen3_5 import modeling_qwen3_5
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 from transformers.models.qwen3_next import modeling_qwen3_next
 
@@ -79,8 +80,10 @@ def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
 
 def per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' stacked experts ([E, 2I, H] gate then up; [E, H, I]) under the per-expert
-    names released checkpoints use."""
+    names released checkpoints use (a dense layer's: unchanged)."""
     out = {k: v for k, v in state.items() if ".experts." not in k}
+    if len(out) == len(state):
+        return out
     gate_up, down = state["mlp.experts.gate_up_proj"], state["mlp.experts.down_proj"]
     inner = down.shape[-1]
     for expert in range(gate_up.shape[0]):
@@ -92,8 +95,10 @@ def per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def stacked(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `_per_expert`, for transformers' layer."""
+    """The inverse of `_per_expert`, for transformers' layer (a dense one: unchanged)."""
     out = {k: v for k, v in state.items() if ".experts." not in k}
+    if len(out) == len(state):
+        return out
     count = len({k.split(".")[2] for k in state if ".experts." in k})
     gate_up, down = [], []
     for expert in range(count):
@@ -111,6 +116,9 @@ QWEN_FAMILIES = {
     "qwen3-next": (
         "Qwen3NextForCausalLM", {"mlp_only_layers": [1]}, modeling_qwen3_next, "Qwen3Next", False
     ),  # its config declares no MTP layer, as the releases'
+    "qwen3.5": (
+        "Qwen3_5ForCausalLM", {"mtp_num_hidden_layers": 1}, modeling_qwen3_5, "Qwen3_5", False
+    ),
     "qwen3.5-moe": (
         "Qwen3_5MoeForCausalLM", {"mtp_num_hidden_layers": 1}, modeling_qwen3_5_moe, "Qwen3_5Moe",
         True,
@@ -120,7 +128,7 @@ QWEN_FAMILIES = {
 
 def qwen_class(family: str, name: str) -> type:
     _, _, module, prefix, _ = QWEN_FAMILIES[family]
-    if name == "RotaryEmbedding" and prefix == "Qwen3_5Moe":
+    if name == "RotaryEmbedding" and prefix.startswith("Qwen3_5"):
         name = "TextRotaryEmbedding"
     return getattr(module, prefix + name)
 

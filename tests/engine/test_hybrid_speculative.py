@@ -104,6 +104,21 @@ def test_the_ngram_knob_is_taken_on_hybrid_models(checkpoint: Path) -> None:
     assert engine.runner.state_layout.draft_depth == 3
 
 
+def test_seeded_sampling_with_penalties_is_unchanged(checkpoint: Path) -> None:
+    """The oracle drafts the plain seeded run's tokens (one wrong at a varying depth): each
+    position is drawn with the request's own generator and penalties, as plain decoding draws."""
+    params = SamplingParams(
+        max_tokens=16, temperature=0.9, top_p=0.9, seed=11, repetition_penalty=1.2,
+        ignore_eos=True,
+    )  # fmt: skip
+    plain = LLM(str(checkpoint), **{**KNOBS, "prefix_cache": False})
+    expected = [tuple(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
+    llm, _ = _speculative(checkpoint, _full(PROMPTS, expected))
+    assert [tuple(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)] == expected
+    spec = llm.engine.counters.spec_decode
+    assert 0 < spec.accepted_tokens < spec.draft_tokens
+
+
 @pytest.mark.parametrize("pool", [64, 1024], ids=["preempting", "prefix-hits"])
 def test_pool_pressure_and_snapshot_hits_change_nothing(checkpoint: Path, pool: int) -> None:
     """Verify rows beside preemption (a preempted request's pending rollback is dropped with

@@ -1,5 +1,5 @@
-"""`speculative: mtp` on the hybrid families, tiny Qwen3-Next and Qwen3.5-MoE with their `mtp.*`
-layer: the layer's step equals a reference written from the equations in this test, with
+"""`speculative: mtp` on the hybrid families, tiny Qwen3-Next, Qwen3.5 and Qwen3.5-MoE with their
+`mtp.*` layer: the layer's step equals a reference written from the equations in this test, with
 transformers' own full-attention decoder layer, zero-centred RMSNorm and rotary embedding; its
 drafts (random, so mostly rejected; or an oracle's, right up to a varying depth) leave the output
 plain decoding's, cold, under preemption and through prefix hits that restore a state snapshot;

@@ -45,6 +45,7 @@ METRICS = {
         "accepted": 0,
         "acceptance_rate": None,
         "mean_accepted_length": None,
+        "drafts_per_step": None,
         "per_position": [],
     },
 }

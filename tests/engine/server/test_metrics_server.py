@@ -73,6 +73,7 @@ JSON_KEYS = {
         "accepted",
         "acceptance_rate",
         "mean_accepted_length",
+        "drafts_per_step",
         "per_position",
     },
 }
