@@ -80,13 +80,7 @@ class LLMEngine:
         layout = self.runner.state_layout
         states = None
         if layout.num_running:  # recurrent layers: state slots and prefix snapshots
-            states = StateBook(
-                layout.num_running,
-                layout.num_snapshots,
-                layout.slot_bytes,
-                max(config.prefix_min_tokens, config.block_size),
-                layout.draft_depth,
-            )
+            states = StateBook(layout, max(config.prefix_min_tokens, config.block_size))
         cache = HashPrefixCache() if config.prefix_cache else NullPrefixCache()
         if states is not None and isinstance(cache, HashPrefixCache):
             cache.on_evict = states.snapshots.drop  # a snapshot is found through its block

@@ -67,9 +67,9 @@ class OutputProcessor:
                 counters.spec_decode.record(len(row.chunk.draft), row.num_accepted(num_new))
             if not request.is_finished:
                 self.block_manager.trim(request)  # a rejected draft's blocks
-            if not request.is_finished and row.chunk.draft:  # and its recurrent state
-                chunk = row.chunk
-                self.block_manager.keep_accepted_state(request, chunk.start, chunk.num_tokens)
+                if row.chunk.draft:  # and its recurrent state
+                    chunk = row.chunk
+                    self.block_manager.keep_accepted_state(request, chunk.start, chunk.num_tokens)
             outputs.append(self.output(request, num_new_tokens=num_new))
         return outputs
 

@@ -131,24 +131,21 @@ class LinearStateBackend:
         layout = self.layout
         longest = max(row.num_tokens for row in decodes)
         assert layout is not None and longest - 1 <= layout.draft_depth, "no draft slots"
-        firsts = [0]
-        for row in decodes:
-            firsts.append(firsts[-1] + row.num_tokens)
 
         def tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
         positions = []
         for j in range(longest):
-            active = [row for row in decodes if row.num_tokens > j]
-            at = [firsts[i] + j for i, row in enumerate(decodes) if row.num_tokens > j]
-            reads = [
-                layout.draft_slot(row.state_slot, j - 1) if j else row.state_slot for row in active
-            ]
-            writes = [
-                layout.draft_slot(row.state_slot, j) if row.num_tokens > j + 1 else row.state_slot
-                for row in active
-            ]
+            at, reads, writes, first = [], [], [], 0
+            for row in decodes:
+                slot = row.state_slot
+                if row.num_tokens > j:
+                    at.append(first + j)
+                    reads.append(layout.draft_slot(slot, j - 1) if j else slot)
+                    last = row.num_tokens == j + 1
+                    writes.append(slot if last else layout.draft_slot(slot, j))
+                first += row.num_tokens
             positions.append(VerifyPosition(tensor(at), tensor(reads), tensor(writes)))
         return tuple(positions)
 

@@ -142,15 +142,8 @@ class StateBook:
     is placed below `min_snapshot_tokens` (the prefix cache's floor, at least one block).
     With speculative decoding each running slot has `draft_depth` draft slots after those."""
 
-    def __init__(
-        self,
-        num_running: int,
-        num_snapshots: int,
-        slot_bytes: int,
-        min_snapshot_tokens: int = 1,
-        draft_depth: int = 0,
-    ) -> None:
-        self.slots = SlotPool(num_running)
-        self.snapshots = SnapshotCache(num_running, num_snapshots, slot_bytes)
+    def __init__(self, layout: StateLayout, min_snapshot_tokens: int = 1) -> None:
+        self.layout = layout
+        self.slots = SlotPool(layout.num_running)
+        self.snapshots = SnapshotCache(layout.num_running, layout.num_snapshots, layout.slot_bytes)
         self.min_snapshot_tokens = max(1, min_snapshot_tokens)
-        self.layout = StateLayout(slot_bytes, num_running, num_snapshots, draft_depth)

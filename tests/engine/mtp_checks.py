@@ -1,5 +1,6 @@
-"""Checks the MTP tests of every family share: one step of a checkpoint's MTP layer, built and
-loaded beside its target, and the memory plan's account of the layer."""
+"""Checks the speculative tests of every family share: one step of a checkpoint's MTP layer,
+built and loaded beside its target; the memory plan's account of the layer; and oracle drafts
+(the plain run's next tokens, all right or one wrong at a varying depth)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dgpp.engine.loader import load_weights
 from dgpp.engine.memory_plan import DeviceMemory, MemoryPlan, plan_memory
 from dgpp.engine.models.mtp import MtpLayer
 from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.step_message import StepMessage
 
 
 @dataclass(frozen=True)
@@ -64,3 +66,34 @@ def check_mtp_memory_plan(checkpoint: Path, **knobs: Any) -> tuple[LLM, MemoryPl
     assert plan.weights_bytes - plain.weights_bytes == mtp_bytes
     assert plan.kv_bytes - plain.kv_bytes == runner.mtp.caches[0].nbytes
     return llm, plan, plain
+
+
+def partly_right(sequence: list[int], start: int, count: int, wrong: int) -> tuple[int, ...]:
+    """`count` tokens of `sequence` from `start`, the one at depth `wrong` (if there is one)
+    made wrong: drawn with a depth that varies with the position, every accepted count occurs."""
+    draft = list(sequence[start : start + count])
+    if wrong < len(draft):
+        draft[wrong] += 1
+    return tuple(draft)
+
+
+def oracle_draft_pass(
+    monkeypatch: Any, engine: Any, full: dict[tuple[int, ...], list[int]], wrong: bool = False
+) -> None:
+    """Replace the MTP draft pass's tokens by the plain run's next ones (`full`: each prompt's
+    whole plain sequence), all right or, with `wrong`, one wrong at depth `seq_len % 5`; the
+    layer's own pass still runs (its cache, the chain)."""
+    run = engine.runner.draft
+
+    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
+        made = run(message)
+        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
+        drafts = []
+        for row, own in zip(message.rows, made, strict=True):
+            assert len(own) == row.num_sampled
+            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
+            depth = row.seq_len % 5 if wrong else row.num_sampled
+            drafts.append(partly_right(sequence, row.seq_len + 1, row.num_sampled, depth))
+        return drafts
+
+    monkeypatch.setattr(engine.runner, "draft", oracle)

@@ -19,6 +19,7 @@ from dgpp.engine.request import Request
 from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.state_plan import engine_state_layout
 from tests.conftest import build_tiny_checkpoint
+from tests.engine.mtp_checks import partly_right
 
 PROMPTS = [
     [5, 17, 99, 3, 42],
@@ -52,12 +53,10 @@ class OracleProposer:
     def propose(self, request: Request, limit: int) -> tuple[int, ...]:
         sequence = self.full[tuple(request.prompt_token_ids)]
         known = request.num_tokens
-        draft = list(sequence[known : known + min(self.depth, limit)])
         wrong = known % (self.depth + 1)
-        if wrong < len(draft):
-            draft[wrong] = draft[wrong] + 1
+        draft = partly_right(sequence, known, min(self.depth, limit), wrong)
         self.proposed += bool(draft)
-        return tuple(draft)
+        return draft
 
 
 def _plain(checkpoint: Path, prompts: list[list[int]], **knobs: object) -> list[tuple[int, ...]]:

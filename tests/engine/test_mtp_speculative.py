@@ -12,10 +12,9 @@ import pytest
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.step_message import StepMessage
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import ARCH, FAMILIES, MOE, with_mtp_layer
-from tests.engine.mtp_checks import check_mtp_memory_plan
+from tests.engine.mtp_checks import check_mtp_memory_plan, oracle_draft_pass
 from tests.engine.test_tensor_parallel import KNOBS as TP_KNOBS
 from tests.engine.test_tensor_parallel import _check_world_of_two
 
@@ -44,23 +43,6 @@ def _tokens(llm: LLM, params: SamplingParams) -> list[tuple[int, ...]]:
     return [tuple(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params)]
 
 
-def _oracle(monkeypatch: pytest.MonkeyPatch, engine: object, full: dict) -> None:
-    """Replace the draft pass's tokens by the plain run's next ones (the layer still runs)."""
-    run = engine.runner.draft
-
-    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
-        made = run(message)  # the layer's own pass still runs (its cache, the chain)
-        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
-        drafts = []
-        for row, own in zip(message.rows, made, strict=True):
-            assert len(own) == row.num_sampled
-            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
-            drafts.append(tuple(sequence[row.seq_len + 1 : row.seq_len + 1 + row.num_sampled]))
-        return drafts
-
-    monkeypatch.setattr(engine.runner, "draft", oracle)
-
-
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_mtp_drafts_change_nothing(checkpoint: Path, params: SamplingParams) -> None:
     plain = _tokens(LLM(str(checkpoint), **KNOBS), params)
@@ -81,7 +63,7 @@ def test_accepted_drafts_change_nothing(checkpoint: Path, monkeypatch: pytest.Mo
     full = {tuple(p): [*p, *out] for p, out in zip(PROMPTS, plain, strict=True)}
     llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
     engine = llm.engine
-    _oracle(monkeypatch, engine, full)
+    oracle_draft_pass(monkeypatch, engine, full)
     assert _tokens(llm, GREEDY) == plain
     spec = engine.stats().counters.spec_decode
     assert spec.accepted_tokens > 0 and spec.accepted_tokens == spec.draft_tokens
@@ -106,7 +88,7 @@ def test_pool_pressure_and_prefix_hits_change_nothing(
     full[tuple(turn_two)] = [*turn_two, *again]
     llm = LLM(str(checkpoint), speculative="mtp", **knobs)
     engine = llm.engine
-    _oracle(monkeypatch, engine, full)
+    oracle_draft_pass(monkeypatch, engine, full)
     assert [tuple(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)] == expected
     assert engine.counters.spec_decode.accepted_tokens > 0
     assert (engine.counters.num_preemptions > 0) == (pool == 100)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.step_message import StepMessage
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checkpoint import (
     QWEN_FAMILIES,
@@ -22,7 +21,7 @@ from tests.engine.mtp_checkpoint import (
     stacked,
     with_qwen_mtp_layer,
 )
-from tests.engine.mtp_checks import check_mtp_memory_plan, mtp_step
+from tests.engine.mtp_checks import check_mtp_memory_plan, mtp_step, oracle_draft_pass
 
 PROMPTS = [[5, 17, 99, 3, 42], list(range(100, 137)), [7, 8, 9] * 6]
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -91,28 +90,6 @@ def _tokens(llm: LLM, prompts: list[list[int]] = PROMPTS) -> list[tuple[int, ...
     return [tuple(out.outputs[0].token_ids) for out in llm.generate(prompts, GREEDY)]
 
 
-def _oracle(monkeypatch: pytest.MonkeyPatch, engine: object, full: dict) -> None:
-    """The draft pass still runs (the layer's cache, the chain); its tokens are replaced by the
-    plain run's next ones, one made wrong at a depth that varies with the position."""
-    run = engine.runner.draft
-
-    def oracle(message: StepMessage) -> list[tuple[int, ...]]:
-        made = run(message)
-        by_seq = {r.seq_id: r for r in engine.scheduler.requests.values()}
-        drafts = []
-        for row, own in zip(message.rows, made, strict=True):
-            assert len(own) == row.num_sampled
-            sequence = full[tuple(by_seq[row.seq_id].prompt_token_ids)]
-            draft = list(sequence[row.seq_len + 1 : row.seq_len + 1 + row.num_sampled])
-            wrong = row.seq_len % 5
-            if wrong < len(draft):
-                draft[wrong] += 1
-            drafts.append(tuple(draft))
-        return drafts
-
-    monkeypatch.setattr(engine.runner, "draft", oracle)
-
-
 def test_random_mtp_drafts_change_nothing(checkpoint: Path) -> None:
     plain = _tokens(LLM(str(checkpoint), prefix_cache=False, **KNOBS))
     llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
@@ -141,7 +118,7 @@ def test_partly_right_drafts_change_nothing(
         full[tuple(turn_two)] = [*turn_two, *again]
     llm = LLM(str(checkpoint), speculative="mtp", **knobs)
     engine = llm.engine
-    _oracle(monkeypatch, engine, full)
+    oracle_draft_pass(monkeypatch, engine, full, wrong=True)
     assert _tokens(llm) == plain
     spec = engine.counters.spec_decode
     assert 0 < spec.accepted_tokens < spec.draft_tokens
@@ -184,11 +161,8 @@ def test_structured_outputs_are_unchanged(
     expected = [tuple(o.outputs[0].token_ids) for o in plain.generate(PROMPTS, params)]
     assert all(plain.tokenizer.decode(list(t)).startswith("{") for t in expected)
     llm = LLM(str(checkpoint), speculative="mtp", **KNOBS)
-    _oracle(
-        monkeypatch,
-        llm.engine,
-        {tuple(p): [*p, *t] for p, t in zip(PROMPTS, expected, strict=True)},
-    )
+    full = {tuple(p): [*p, *t] for p, t in zip(PROMPTS, expected, strict=True)}
+    oracle_draft_pass(monkeypatch, llm.engine, full, wrong=True)
     assert [tuple(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)] == expected
     spec = llm.engine.counters.spec_decode
     assert 0 < spec.accepted_tokens < spec.draft_tokens

@@ -8,6 +8,7 @@ from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.prefix_cache import HashPrefixCache
 from dgpp.engine.request import PromptIds, Request
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_snapshots import SlotPool, SnapshotCache, StateBook, snapshot_points
 
 
@@ -44,7 +45,7 @@ def test_points_are_block_aligned_and_above_the_floor() -> None:
 
 
 def _manager() -> tuple[BlockManager, StateBook, HashPrefixCache]:
-    book = StateBook(num_running=2, num_snapshots=4, slot_bytes=100, min_snapshot_tokens=8)
+    book = StateBook(StateLayout(100, num_running=2, num_snapshots=4), min_snapshot_tokens=8)
     cache = HashPrefixCache(on_evict=book.snapshots.drop)
     return BlockManager(4, 4, cache, salt=0, states=book), book, cache
 
