@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 
@@ -31,7 +32,7 @@ def uses_mtp(speculative: str, model: ModelConfig) -> bool:
     return speculative == "mtp" and mtp_layer_count(model.raw) > 0
 
 
-_COUNTS: OrderedDict[tuple[str, int, object], tuple[int, int]] = OrderedDict()
+_COUNTS: OrderedDict[tuple[str, str, int, object, bool], tuple[int, int]] = OrderedDict()
 _COUNTS_LOCK = threading.Lock()
 
 
@@ -56,7 +57,10 @@ def _weight_counts(
     head share (ranks with the same share count once): a large MoE takes seconds to build even
     on the meta device (DeepSeek-V3: 9 s a rank, 14,906 expert modules), and a plan, the
     console's previews and `dgpp deploy plan` ask again and again."""
-    key = (repr(model), tp_size, head_shares(model, tp_size, tp_rank), mtp)
+    # The raw config too: layer kinds and widths some families read from it are not typed
+    # fields (Qwen3-Next's `mlp_only_layers`, its linear-attention heads), so not in the repr.
+    raw = json.dumps(model.raw, sort_keys=True, default=str)
+    key = (repr(model), raw, tp_size, head_shares(model, tp_size, tp_rank), mtp)
     with _COUNTS_LOCK:
         if key in _COUNTS:
             _COUNTS.move_to_end(key)

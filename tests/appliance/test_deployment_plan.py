@@ -221,3 +221,20 @@ def test_ranks_with_the_same_head_share_are_counted_once_and_rightly(architectur
             assert weight_count._weight_counts(model, tp_size, rank) == expected, (tp_size, rank)
             shares.add((tp_size, weight_count.head_shares(model, tp_size, rank)))
     assert len(shares) > 2  # the uneven world of 4 has ranks of two shares
+
+
+def test_configs_differing_only_beyond_the_typed_fields_are_counted_apart() -> None:
+    """Two Qwen3-Next configs alike in every typed field but `mlp_only_layers` (read from the
+    raw config: a dense layer 1 or a sparse one) hold different weights; the remembered counts
+    must not mix them up (they once did: the key left the raw config out)."""
+    from dgpp.engine import weight_count
+    from tests.conftest import tiny_model
+
+    raw = tiny_model("Qwen3NextForCausalLM").config.to_dict()
+    sparse = ModelConfig.from_dict({**raw, "mlp_only_layers": []})
+    dense = ModelConfig.from_dict({**raw, "mlp_only_layers": [1]})
+    assert repr(sparse) == repr(dense)
+    weight_count._COUNTS.clear()
+    for model in (sparse, dense):
+        assert weight_count._weight_counts(model, 1, 0) == weight_count.count_weights(model, 1, 0)
+    assert weight_count._weight_counts(sparse, 1, 0) != weight_count._weight_counts(dense, 1, 0)
