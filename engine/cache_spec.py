@@ -87,6 +87,30 @@ class MLALatentSpec:
         return torch.zeros(shape, dtype=dtype, device=device)
 
 
+@dataclass(frozen=True)
+class IndexerKeySpec:
+    """DeepSeek Sparse Attention's indexer keys (`dgpp.engine.layers.dsa`): one key of
+    `head_dim` per token, shared by every indexer head and replicated on every rank, paged by
+    the same block ids as the layer's latent cache (a prefix-cache hit reuses both). Per layer
+    [blocks, block_size, head_dim]."""
+
+    head_dim: int
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.head_dim * dtype.itemsize
+
+    def allocate(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor:
+        shape = (num_layers, num_blocks, block_size, self.head_dim)
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+
 @runtime_checkable
 class CacheLayer(Protocol):
     """A module that owns a cache: the runner finds these, allocates by `cache_spec` and binds

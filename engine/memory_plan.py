@@ -21,7 +21,7 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
-from dgpp.engine.models.registry import layer_cache_specs
+from dgpp.engine.models.registry import layer_cache_specs, layer_mtp_cache_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_plan import engine_state_layout
@@ -177,8 +177,9 @@ def rank_cache_specs(
     model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False
 ) -> list[CacheSpec]:
     """The cache specs of rank `tp_rank`'s layers (with `mtp`, the MTP layer's, as the last's)."""
-    specs = layer_cache_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
-    return specs + specs[-1:] if mtp else specs
+    parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
+    specs = layer_cache_specs(model, parallel)
+    return specs + layer_mtp_cache_specs(model, parallel) if mtp else specs
 
 
 def workspace_bytes(

@@ -150,6 +150,12 @@ TINY_DEEPSEEK_V3 = dict(
     qk_nope_head_dim=16,
     v_head_dim=16,
 )
+# DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5), on top of TINY_DEEPSEEK_V3: a
+# budget of 24 tokens, so most test prompts overflow it and the selection drops tokens. 32
+# heads keep the scores free of ties: with 8, random weights often leave fewer than 24 keys
+# above zero, and the keys tied at zero are picked as torch.topk pleases.
+TINY_DSA = dict(index_topk=24, index_n_heads=32, index_head_dim=16)
+DEEPSEEK_FAMILY = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 
 
 # Qwen3-Next: Gated DeltaNet layers (2 key heads serving 4 value heads) with one gated
@@ -237,6 +243,8 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Glm4MoeForCausalLM": transformers.Glm4MoeConfig,
         "GptOssForCausalLM": transformers.GptOssConfig,
         "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
+        "DeepseekV32ForCausalLM": transformers.DeepseekV32Config,
+        "GlmMoeDsaForCausalLM": transformers.GlmMoeDsaConfig,
         "Qwen3NextForCausalLM": transformers.Qwen3NextConfig,
         "Qwen3_5ForCausalLM": transformers.Qwen3_5TextConfig,
         "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig,
@@ -248,12 +256,13 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         settings.setdefault("head_dim", 32)
     if architecture == "Qwen3NextForCausalLM":
         settings = {**TINY_COMMON, **TINY_QWEN3_NEXT, **overrides}
-    if architecture == "DeepseekV3ForCausalLM":
+    if architecture in DEEPSEEK_FAMILY:
         # MLA has no key/value groups (transformers would repeat its expanded keys by heads /
         # kv heads); every layer is dense unless the test asks for experts.
         settings = {
             **TINY_COMMON,
             **TINY_DEEPSEEK_V3,
+            **(TINY_DSA if architecture != "DeepseekV3ForCausalLM" else {}),
             "num_key_value_heads": settings["num_attention_heads"],
             "first_k_dense_replace": settings["num_hidden_layers"],
             **overrides,

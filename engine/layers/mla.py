@@ -195,14 +195,25 @@ class MultiHeadLatentAttention(nn.Module):
         metadata: StepMetadata,
     ) -> torch.Tensor:
         """hidden [T, hidden] -> [T, hidden]; `angles` are the rope dims' (cos, signed sin)."""
+        q_nope, q_pe, latent, _ = self.project(angles, hidden)
+        out = self.attn(q_nope, q_pe, latent, self.kv_b_proj.per_head(), metadata)  # [T, H, V]
+        return self.output(out)
+
+    def project(
+        self, angles: RopeAngles, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(q_nope [T, H, N], rotated q_pe [T, H, R], latent [T, L + R], the normed query
+        latent [T, q_lora_rank] or None without a query rank) of hidden [T, hidden]."""
         dims = self.dims
         num_tokens = hidden.shape[0]
+        q_resid = None
         if self.q_proj is not None:
             q = self.q_proj(hidden)
         else:
             q_a, q_norm, q_b = self.q_a_proj, self.q_a_layernorm, self.q_b_proj
             assert q_a is not None and q_norm is not None and q_b is not None
-            q = q_b(q_norm(q_a(hidden)))  # [T, H * (N + R)]
+            q_resid = q_norm(q_a(hidden))
+            q = q_b(q_resid)  # [T, H * (N + R)]
         q = q.view(num_tokens, self.num_heads, dims.qk_head_dim)
         q_nope, q_pe = q.split([dims.qk_nope_head_dim, dims.qk_rope_head_dim], dim=-1)
         compressed = self.kv_a_proj_with_mqa(hidden)  # [T, L + R]
@@ -213,5 +224,8 @@ class MultiHeadLatentAttention(nn.Module):
         q_pe = apply_rotary(q_pe, angles)  # [T, H, R]
         k_pe = apply_rotary(k_pe, angles)
         latent = torch.cat((self.kv_a_layernorm(kv), k_pe.squeeze(1)), dim=-1)  # [T, L + R]
-        out = self.attn(q_nope, q_pe, latent, self.kv_b_proj.per_head(), metadata)  # [T, H, V]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * dims.v_head_dim))
+        return q_nope, q_pe, latent, q_resid
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention's output [T, H, V] through `o_proj`: [T, hidden]."""
+        return self.o_proj(out.reshape(out.shape[0], self.num_heads * self.dims.v_head_dim))

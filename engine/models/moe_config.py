@@ -33,8 +33,9 @@ def qwen3_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
 
 
 def grouped_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
-    """GLM-4.5/4.6 and DeepSeek-V3: sigmoid router with correction bias, group-limited top-k,
-    shared experts, the first `first_k_dense_replace` layers dense."""
+    """GLM-4.5/4.6, DeepSeek-V3/V3.2 and GLM-5: sigmoid router with correction bias,
+    group-limited top-k, shared experts, the first `first_k_dense_replace` layers (and those
+    `mlp_layer_types` calls "dense") dense."""
     num_experts = int(_require(raw, "n_routed_experts", "num_local_experts"))
     num_groups = int(raw.get("n_group") or 1)
     if num_experts % num_groups:
@@ -55,6 +56,10 @@ def grouped_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
         intermediate_size=intermediate,
         shared_intermediate_size=intermediate * int(raw.get("n_shared_experts") or 0),
         first_dense=int(raw.get("first_k_dense_replace") or 0),
+        # DeepSeek-V3.2 and GLM-5 may spell the dense layers out (transformers 5)
+        dense_layers=frozenset(
+            index for index, kind in enumerate(raw.get("mlp_layer_types") or ()) if kind == "dense"
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import UnsupportedModelError
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from dgpp.engine.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
@@ -47,6 +48,8 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "DeepseekV32ForCausalLM": DeepseekV32ForCausalLM,
+    "GlmMoeDsaForCausalLM": GlmMoeDsaForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
@@ -84,6 +87,16 @@ def layer_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[Ca
     """The cache spec of every cache layer of this rank's model, in layer order, without
     building it (see `cache_specs` on each model class)."""
     return list(model_class(config).cache_specs(config, parallel))
+
+
+def layer_mtp_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+    """The cache specs of the MTP layer: the family's `mtp_cache_specs` where it declares them
+    (a layer of several caches), else the last layer's one."""
+    found = model_class(config)
+    own = getattr(found, "mtp_cache_specs", None)
+    if own is not None:
+        return list(own(config, parallel))
+    return list(found.cache_specs(config, parallel))[-1:]
 
 
 def layer_state_specs(config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:

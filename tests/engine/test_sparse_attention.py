@@ -1,0 +1,203 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) against transformers on tiny random
+configs whose budget (`index_topk` 24) most contexts overflow, so the indexer's selection
+really drops tokens: greedy tokens and logits equal transformers' for prompts of mixed lengths
+in one batch with chunked prefill over block boundaries; GLM-5's shared-indexer layers and
+interleaved indexer rope; prefix-cache hits (the indexer keys cached with their blocks),
+preemption, speculative verify rows and a world of two ranks. The selection is shown to
+matter (an unlimited budget moves the logits) and, below the budget, DSA is dense MLA
+exactly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dgpp.engine import LLM
+from dgpp.engine.backends.sparse_mla import SparseMLAAttention
+from dgpp.engine.layers.dsa import Indexer
+from dgpp.engine.teacher_force import teacher_forced_logits
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.test_deepseek_v3 import MOE, _engine, _generate, _hf, _params, _prompts
+from tests.engine.test_tensor_parallel import KNOBS, PRESSURE, _check_world_of_two
+
+DEEPSEEK, GLM = "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"
+NEW_TOKENS = 16
+# GLM-5's layers 0 and 2 run the indexer, 1 and 3 reuse its selection.
+SHARED = dict(num_hidden_layers=4, index_topk_freq=2, index_skip_topk_offset=1)
+CASES = [
+    pytest.param(DEEPSEEK, {}, id="deepseek-v3.2"),
+    pytest.param(DEEPSEEK, MOE, id="deepseek-v3.2-moe"),
+    pytest.param(GLM, SHARED, id="glm-5-shared"),
+    pytest.param(GLM, {**MOE, **SHARED}, id="glm-5-shared-moe"),
+]
+
+
+def _indexers(llm: LLM) -> list[Indexer]:
+    return [m for m in llm.engine.runner.model.modules() if isinstance(m, Indexer)]
+
+
+@pytest.mark.parametrize(("arch", "overrides"), CASES)
+def test_greedy_tokens_match_transformers(
+    tmp_path: Path, tokenizer_dir: Path, arch: str, overrides: dict[str, Any]
+) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, arch, **overrides)
+    hf_model = _hf(checkpoint)
+    llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
+    runner = llm.engine.runner
+    layers = 4 if arch == GLM else 3
+    full = 2 if arch == GLM else 3
+    # The latents of every layer; the indexer keys of the layers that run an indexer.
+    shapes = [tuple(pool.shape) for pool in runner.kv_caches]
+    assert shapes == [(layers, 512, 4, 16 + 8), (full, 512, 4, 16)]
+    assert [backend.name for backend in runner.backends] == ["sparse-torch-mla"]
+    assert len(_indexers(llm)) == full
+    prompts = _prompts()  # 1 to 70 tokens, one batch; with 16 new ones most pass the budget
+    outputs = llm.generate(prompts, _params())
+    for prompt, output in zip(prompts, outputs, strict=True):
+        expected = hf_greedy(hf_model, prompt, NEW_TOKENS)
+        assert list(output.outputs[0].token_ids) == expected, f"prompt of {len(prompt)} tokens"
+    worst = max(
+        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 8))
+        for prompt in prompts[3:]
+    )
+    print(f"{arch} {overrides}: max |logit difference| = {worst:.2e}")
+    assert worst < 1e-3
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
+def test_the_selection_drops_tokens_that_matter(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """Guards the parity above: with an unlimited budget (dense attention over the same
+    weights) the logits of a 70-token prompt move far past the tolerance."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, DEEPSEEK)
+    hf_model = _hf(checkpoint)
+    llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=512, seed=0)
+    prompt = _prompts()[4]
+    continuation = hf_greedy(hf_model, prompt, 4)
+    assert max_logit_difference(llm, hf_model, prompt, continuation) < 1e-3
+    for indexer in _indexers(llm):
+        indexer.dims = indexer.dims.__class__(10_000, *list(vars(indexer.dims).values())[1:])
+    assert max_logit_difference(llm, hf_model, prompt, continuation) > 1e-2
+
+
+def _as_dense_deepseek_v3(dsa: Path, out: Path) -> Path:
+    """The DSA checkpoint without its indexers: a DeepSeek-V3 on the same weights."""
+    shutil.copytree(dsa, out)
+    config = json.loads((out / "config.json").read_text())
+    config["architectures"] = ["DeepseekV3ForCausalLM"]
+    config["model_type"] = "deepseek_v3"
+    for key in ("index_topk", "index_n_heads", "index_head_dim", "indexer_types"):
+        config.pop(key, None)
+    (out / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(out / "model.safetensors"))
+    kept = {name: value for name, value in weights.items() if ".indexer." not in name}
+    save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_below_the_budget_it_is_dense_attention_exactly(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Contexts within `index_topk` select every token: the logits are bit for bit those of
+    DeepSeek-V3's dense MLA on the same weights."""
+    dsa = build_tiny_checkpoint(tmp_path / "dsa", tokenizer_dir, DEEPSEEK)
+    dense = _as_dense_deepseek_v3(dsa, tmp_path / "dense")
+    knobs = dict(block_size=4, prefill_chunk_tokens=11, kv_capacity=512, seed=0)
+    prompt, continuation = _prompts()[2], [5, 6, 7, 8, 9, 10]  # 13 + 6 tokens < 24
+    sparse_llm, dense_llm = LLM(str(dsa), **knobs), LLM(str(dense), **knobs)
+    got = list(teacher_forced_logits(sparse_llm.engine, prompt, continuation))
+    want = list(teacher_forced_logits(dense_llm.engine, prompt, continuation))
+    assert len(got) == len(want) == 7
+    for (position, logits), (_, reference) in zip(got, want, strict=True):
+        assert torch.equal(logits, reference), f"position {position}"
+
+
+@pytest.mark.parametrize("arch", [DEEPSEEK, GLM])
+def test_selected_indices_equal_transformers(
+    tmp_path: Path, tokenizer_dir: Path, arch: str
+) -> None:
+    """The indexer of layer 0 on random hidden states of 60 tokens (one prefill row): every
+    query's selected positions are transformers' indexer's, as sets."""
+    from dgpp.engine.backends.base import BatchLayout, BatchRow
+
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, arch)
+    hf_attn = _hf(checkpoint).model.layers[0].self_attn
+    llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=64, kv_capacity=256, seed=0)
+    model = llm.engine.runner.model
+    attn = model.model.layers[0].self_attn
+    seq = 60
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(seq, 64, generator=generator)
+    positions = torch.arange(seq)
+    with torch.inference_mode():
+        q_resid = hf_attn.q_a_layernorm(hf_attn.q_a_proj(hidden))
+        cos, sin = _hf(checkpoint).model.rotary_emb(hidden[None], positions[None])
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()[None]
+        expected = hf_attn.indexer(hidden[None], q_resid[None], (cos, sin), causal, positions[None])
+        backend = attn.attn.backend
+        assert isinstance(backend, SparseMLAAttention)
+        layout = BatchLayout((BatchRow(0, seq, tuple(range(1, 16))),), 0, 4, False)
+        metadata = {backend.name: backend.prepare(layout)}
+        angles = model.model.rotary.lookup(positions, hidden.dtype)
+        selection = attn.indexer(q_resid, hidden, angles, metadata)
+    assert selection is not None
+    topk = attn.indexer.dims.topk
+    for query in range(topk, seq):  # earlier queries select every position before them
+        got = set(selection.positions[query].tolist())
+        assert got == set(expected[0, query].tolist()), f"query {query}"
+    assert selection.valid[:topk].sum(dim=1).tolist() == list(range(1, topk + 1))
+
+
+def test_prefix_cache_hits_reuse_the_indexer_keys(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """A 45-token prefix (past the budget) run twice: the second request's prefill starts on
+    cached blocks, whose latents and indexer keys it reads, and generates a cold run's tokens."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, GLM, **SHARED)
+    prefix = _prompts()[4][:45]
+    first, second = prefix + [11, 12, 13], prefix + [21, 22]
+    cold = _generate(_engine(checkpoint, prefix_cache=False), [first, second])
+    engine = _engine(checkpoint, prefix_min_tokens=0)
+    warm = _generate(engine, [first]) + _generate(engine, [second])
+    assert engine.counters.prefix_cache.hit_tokens >= 44
+    assert warm == cold
+    assert warm == [hf_greedy(_hf(checkpoint), prompt, NEW_TOKENS) for prompt in (first, second)]
+
+
+def test_preemption_and_verify_rows(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """A pool too small for every request (preempted ones recomputed into other blocks), and
+    n-gram drafts making multi-query decode rows: the tokens stay transformers'."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, DEEPSEEK)
+    hf_model = _hf(checkpoint)
+    prompts = [list(range(300, 340)), [5, 6, 7], list(range(1000, 1013)), [9, 4, 9, 4, 9, 4, 9]]
+    engine = _engine(checkpoint, kv_capacity=104, max_model_len=100)
+    assert _generate(engine, prompts) == [hf_greedy(hf_model, p, NEW_TOKENS) for p in prompts]
+    assert engine.counters.num_preemptions > 0
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 4, 9, 4, 9, 4, 9]]
+    engine = _engine(checkpoint, speculative="ngram", spec_ngram_min=1)
+    got = _generate(engine, prompts, max_tokens=48)
+    assert engine.counters.spec_decode.accepted_tokens > 0
+    assert got == [hf_greedy(hf_model, prompt, 48) for prompt in prompts]
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "knobs"),
+    [
+        pytest.param(DEEPSEEK, {"num_attention_heads": 3}, KNOBS, id="deepseek-v3.2-uneven"),
+        pytest.param(GLM, {**MOE, **SHARED}, PRESSURE, id="glm-5-moe-preempting"),
+    ],
+)
+def test_world_of_two_equals_world_of_one(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    arch: str,
+    overrides: dict[str, Any],
+    knobs: dict[str, Any],
+) -> None:
+    """MLA heads split across the ranks; latents, indexers and their keys replicated."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, arch, **overrides)
+    _check_world_of_two(checkpoint, knobs)
