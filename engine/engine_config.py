@@ -193,6 +193,12 @@ class EngineConfig:
         False,
         "pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",
     )
+    ngram_tables_in_memory: bool = knob(
+        False,
+        "read Qwen4-Exp's PLE n-gram tables into host RAM at start (counted by the memory "
+        "plan) instead of mapping them from the checkpoint and reading rows from disk",
+        label="N-gram tables in RAM",
+    )
     seed: int | None = knob(
         None, "seed of the sampler for requests without their own", when_unset="random"
     )

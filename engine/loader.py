@@ -51,9 +51,12 @@ def gguf_weights(path: Path) -> Path | None:
     return weights if weights.exists() and not any(path.glob("*.safetensors")) else None
 
 
-def named_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | GgufTensor]]:
+def named_tensors(
+    path: Path, wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor | GgufTensor]]:
     """Every checkpoint tensor by its Hugging Face name; a GGUF tensor comes as its raw blocks,
-    for the parameter to take packed or dequantized (`_value_for`)."""
+    for the parameter to take packed or dequantized (`_value_for`). A safetensors tensor
+    `wanted` refuses is never read (Qwen4-Exp's n-gram tables: tens of GiB, mapped apart)."""
     gguf = gguf_weights(path)
     if gguf is not None:
         for tensor in GgufFile(gguf).tensors():
@@ -66,7 +69,8 @@ def named_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | GgufTensor]]
             raise ModelLoadError(f"cannot read {file}: {err}") from None
         with handle:
             for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, handle.get_tensor(name)
+                if wanted is None or wanted(name):
+                    yield name, handle.get_tensor(name)
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
@@ -87,7 +91,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
     schemes: QuantSchemes = getattr(config, "quant_schemes", None) or QuantSchemes()
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
-    for name, tensor in named_tensors(path):
+    wanted = None if rename is None else (lambda name: rename(name) is not None)
+    for name, tensor in named_tensors(path, wanted):
         stored = name.rpartition(".")[0]  # the module's name in the checkpoint
         if rename is not None:
             renamed = rename(name)

@@ -32,6 +32,7 @@ from dgpp.engine.state_cache import (
     allocate_states,
     copy_slots,
     state_layers,
+    zero_slots,
 )
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
@@ -94,6 +95,9 @@ class ModelRunner:
             warm = load_resident(model, checkpoint, key, image_dir)
         else:
             load_weights(model, checkpoint)
+        attach_tables = getattr(model, "attach_tables", None)  # Qwen4-Exp's disk-backed tables
+        if attach_tables is not None:
+            attach_tables(checkpoint, config.ngram_tables_in_memory)
         self.model = model.to(self.device).eval()
         # Rotary tables stay float32 whatever the weights' dtype.
         self.model.model.rotary.float()
@@ -199,6 +203,10 @@ class ModelRunner:
         """The forward every rank runs for the same message (collectives inside must match):
         float32 logits [message.num_sampled, padded_vocab], in row order."""
         self.tables.apply(message)
+        # A one-token prompt is a decode row from position 0: its slot may hold an earlier
+        # request's state, and a decode row reads its state (a prefill chunk from 0 does not).
+        fresh = [row.state_slot for row in message.rows[: message.num_decodes] if row.start == 0]
+        zero_slots(self.state_pools, [slot for slot in fresh if slot >= 0])
         if self.graphs is not None and self.graphs.fits(message):
             return self.graphs.run(message, self.tables)
         fp32 = self.config.prefill_precision == "fp32"

@@ -48,6 +48,11 @@ class MtpDrafting:
                 f"GLM-4.5, Qwen3-Next or Qwen3.5 family model; {config.architecture} declares "
                 f"{count}: use --spec ngram or off"
             )
+        if not getattr(model, "mtp_supported", True):
+            raise ConfigError(
+                f"speculative=mtp: dgpp does not build {config.architecture}'s MTP layers "
+                f"(hyper-connection streams); use --spec ngram or off"
+            )
         with torch.device("cpu"):
             layer = MtpLayer(model, parallel, attention, config.num_layers)
         layer = layer.to(runner.dtype)

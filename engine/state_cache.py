@@ -194,6 +194,14 @@ def copy_slots(pools: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) 
         pool[:, dst] = pool[:, src]
 
 
+def zero_slots(pools: Sequence[torch.Tensor], slots: Sequence[int]) -> None:
+    """Clear `slots` in every layer of every pool (a fresh sequence's state)."""
+    if not slots:
+        return
+    for pool in pools:
+        pool[:, torch.tensor(slots, dtype=torch.int64, device=pool.device)] = 0
+
+
 @dataclass(frozen=True)
 class StateLayout:
     """How many slots the pools have, and what one slot costs on this rank (every layer):

@@ -85,13 +85,14 @@ def select_topk(
             query_pos = torch.arange(at - begin + first, upto - begin + first, device=device)
             scores.masked_fill_(context.unsqueeze(0) > query_pos.unsqueeze(1), float("-inf"))
             positions[at:upto] = scores.topk(topk, dim=-1).indices
-    return _selection(positions, metadata, block_size)
+    return token_selection(positions, metadata, block_size)
 
 
-def _selection(
+def token_selection(
     positions: torch.Tensor, metadata: PagedAttentionMetadata, block_size: int
 ) -> TokenSelection:
-    """Slots and validity of each token's selected positions (its row's block table)."""
+    """Slots and validity of each token's selected positions [T, K] (its row's block table):
+    a position past the query's own is padding."""
     rows, query_pos = metadata.rows_and_positions(positions.shape[0])
     valid = positions <= query_pos.unsqueeze(1).to(torch.int64)
     clipped = torch.minimum(positions, query_pos.unsqueeze(1).to(torch.int64))

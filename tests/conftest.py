@@ -207,6 +207,14 @@ TINY_QWEN3_5_VISION = dict(
     patch_size=4,
     num_position_embeddings=16,
 )
+# Qwen4-Exp on Qwen3.5-MoE's widths: two hyper-connection streams, PLE on the first two linear
+# layers (8-wide rows of 4 heads, tables of ~1,000 rows a head in 4 shards), and a block indexer
+# keeping 4 blocks of 4 tokens (8 heads: no ties among block scores).
+TINY_QWEN4_EXP = dict(
+    hc_count=2, hc_lowrank=16, ple_layer_ids=[1, 2], ple_embed_dim=32, ngram_size=3,
+    heads_per_ngram=2, ngram_vocab_size_base=1000, split_ngram_parts=4, indexer_n_heads=8,
+    indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4,
+)  # fmt: skip
 QWEN3_5_VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
 
@@ -250,6 +258,7 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Qwen3_5MoeForCausalLM": transformers.Qwen3_5MoeTextConfig,
         "Qwen3_5ForConditionalGeneration": transformers.Qwen3_5Config,
         "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig,
+        "Qwen4ExpForCausalLM": transformers.Qwen4ExpTextConfig,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
@@ -269,6 +278,9 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         }
     if architecture.startswith("Qwen3_5"):
         config = _qwen3_5_config(config_class, architecture, overrides)
+    elif architecture == "Qwen4ExpForCausalLM":
+        text = {**TINY_COMMON, **TINY_QWEN3_5, **TINY_QWEN3_5_MOE, **TINY_QWEN4_EXP, **overrides}
+        config = config_class(**{key: v for key, v in text.items() if key != "intermediate_size"})
     else:
         config = config_class(**settings)
     config.architectures = [architecture]

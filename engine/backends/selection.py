@@ -10,6 +10,7 @@ import torch
 from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
 from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.engine.backends.sparse_mla import SparseMLAAttention
+from dgpp.engine.backends.sparse_paged import SparsePagedAttention
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
@@ -43,9 +44,12 @@ def select_backend_for(
 ) -> AttentionBackend:
     """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
     compressed key/value latent (DeepSeek-V3), sparse MLA over it where an indexer picks each
-    query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise."""
+    query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise, sparse where an indexer
+    picks each query's blocks (Qwen4-Exp)."""
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
         return SparseMLAAttention(select_mla_backend(device, dtype))
     if model.is_latent_attention:
         return select_mla_backend(device, dtype)
+    if model.raw.get("indexer_budget") is not None:
+        return SparsePagedAttention(select_attention_backend(device, dtype))
     return select_attention_backend(device, dtype)

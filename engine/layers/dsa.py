@@ -28,6 +28,7 @@ from dgpp.engine.backends.sparse_mla import SparseMLAAttention
 from dgpp.engine.cache_spec import IndexerKeySpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.layers.indexer_keys import IndexerKeys
 from dgpp.engine.layers.mla import LatentAttention, MultiHeadLatentAttention, RowSliceLinear
 from dgpp.engine.layers.rotary import RopeAngles, apply_rotary, deinterleave
 from dgpp.engine.parallel import ParallelContext
@@ -96,27 +97,6 @@ class SelectionCarrier:
         self.value: TokenSelection | None = None
 
 
-class IndexerKeys(nn.Module):
-    """The indexer key cache of one layer (`cache_spec.CacheLayer`): [blocks, block_size, D]."""
-
-    def __init__(self, dims: DsaDims, backend: SparseMLAAttention) -> None:
-        super().__init__()
-        self.dims = dims
-        self._backend = backend
-        self.cache: torch.Tensor | None = None
-
-    @property
-    def cache_spec(self) -> IndexerKeySpec:
-        return self.dims.cache_spec
-
-    @property
-    def backend(self) -> SparseMLAAttention:
-        return self._backend
-
-    def bind_cache(self, cache: torch.Tensor) -> None:
-        self.cache = cache
-
-
 class Indexer(nn.Module):
     """The lightning indexer of one layer, replicated on every rank (see the module doc)."""
 
@@ -130,7 +110,7 @@ class Indexer(nn.Module):
         self.wk = RowSliceLinear(config.hidden_size, (0, dims.head_dim), bias=False)
         self.k_norm = nn.LayerNorm(dims.head_dim, eps=INDEXER_NORM_EPS).requires_grad_(False)
         self.weights_proj = RowSliceLinear(config.hidden_size, (0, dims.num_heads), bias=False)
-        self.keys = IndexerKeys(dims, backend)
+        self.keys = IndexerKeys(dims.head_dim, backend)
 
     def forward(
         self,

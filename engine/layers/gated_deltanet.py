@@ -180,7 +180,8 @@ class GatedDeltaNet(nn.Module):
         first = parallel.tp_rank * self.v_heads
         self.dt_bias = self._head_param(first)
         self.A_log = self._head_param(first)
-        self.norm = GatedRMSNorm(head_v, config.rms_norm_eps)
+        gate = str(config.raw.get("output_gate_type") or "silu")  # Qwen4-Exp may say sigmoid
+        self.norm = GatedRMSNorm(head_v, config.rms_norm_eps, gate)
         value_local = self.v_heads * head_v
         self.out_proj = RowParallelLinear(
             num_v * head_v,

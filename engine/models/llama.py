@@ -253,6 +253,8 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
+    decoder_model: type[DecoderModel] = DecoderModel  # Qwen4-Exp: hyper-connection streams
+
     def __init__(
         self,
         config: ModelConfig,
@@ -267,7 +269,9 @@ class LlamaForCausalLM(nn.Module):
             layers.append(
                 self.build_layer(config, parallel, attention, index, f"model.layers.{index}")
             )
-        self.model = DecoderModel(config, parallel, max_position, self.rotary_dim(config), layers)
+        self.model = self.decoder_model(
+            config, parallel, max_position, self.rotary_dim(config), layers
+        )
         head = "model.embed_tokens" if config.tie_word_embeddings else "lm_head"
         self.lm_head = ParallelLMHead(
             config.vocab_size,

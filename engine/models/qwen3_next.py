@@ -105,6 +105,16 @@ class GatedAttention(nn.Module):
     def forward(
         self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
     ) -> torch.Tensor:
+        return self.gated(angles, hidden, metadata)
+
+    def gated(
+        self,
+        angles: RopeAngles,
+        hidden: torch.Tensor,
+        metadata: StepMetadata,
+        selection: Any = None,
+    ) -> torch.Tensor:
+        """The attention; with a `selection` (Qwen4-Exp's indexer), over the selected tokens."""
         tokens = hidden.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)
@@ -113,7 +123,10 @@ class GatedAttention(nn.Module):
         kv = qkv[:, 2 * heads * dim :].view(tokens, 2 * kv_heads, dim)
         q = self._rotate(self.q_norm(query), angles)
         k = self._rotate(self.k_norm(kv[:, :kv_heads]), angles)
-        out = self.attn(q, k, kv[:, kv_heads:], metadata)  # [T, H, D]
+        if selection is None:
+            out = self.attn(q, k, kv[:, kv_heads:], metadata)  # [T, H, D]
+        else:
+            out = self.attn(q, k, kv[:, kv_heads:], metadata, selection=selection)
         out = out * torch.sigmoid(gate)
         return self.o_proj(out.reshape(tokens, heads * dim))
 

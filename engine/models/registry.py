@@ -18,6 +18,7 @@ from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
+from dgpp.engine.models.qwen4_exp import Qwen4ExpForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateSpec
 
@@ -53,9 +54,11 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
+    "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
     # the vision-language checkpoints, served text-only (`models.qwen3_5`)
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
+    "Qwen4ExpForConditionalGeneration": Qwen4ExpForCausalLM,
 }
 
 
