@@ -40,6 +40,11 @@ class MtpDrafting:
         """Layer `num_hidden_layers` of the checkpoint, sharded like the target's layers, its
         weights read from the checkpoint, its cache as large as the target's pool."""
         config, model = runner.model_config, runner.model
+        if not getattr(model, "mtp_supported", True):
+            raise ConfigError(
+                f"speculative=mtp: dgpp does not build {config.architecture}'s MTP layers "
+                f"(hyper-connection streams); use --spec ngram or off"
+            )
         count = mtp_layer_count(config.raw)
         if count < 1 or not hasattr(model, "build_layer"):
             raise ConfigError(
@@ -47,11 +52,6 @@ class MtpDrafting:
                 f"(num_nextn_predict_layers or mtp_num_hidden_layers) of a DeepSeek-V3, "
                 f"GLM-4.5, Qwen3-Next or Qwen3.5 family model; {config.architecture} declares "
                 f"{count}: use --spec ngram or off"
-            )
-        if not getattr(model, "mtp_supported", True):
-            raise ConfigError(
-                f"speculative=mtp: dgpp does not build {config.architecture}'s MTP layers "
-                f"(hyper-connection streams); use --spec ngram or off"
             )
         with torch.device("cpu"):
             layer = MtpLayer(model, parallel, attention, config.num_layers)
