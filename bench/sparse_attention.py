@@ -3,7 +3,7 @@ attention (MLA, `DeepseekV3ForCausalLM`) on the same weights: prefill and decode
 context grows, and where sparse attention starts to pay.
 
     .venv/bin/python bench/sparse_attention.py [--contexts 4096,16384,65536]
-        [--decode-tokens 32] [--threads 2] [--chunk 2048] [--json out.json]
+        [--decode-tokens 32] [--threads 2] [--chunk 2048] [--quiet-wait 600] [--json out.json]
 
 1. A random DeepSeek-V3.2 is built and saved by transformers with a word-level tokenizer: the
    real model's per-head shapes (16 heads of 128 + 64 rope dims, latent rank 512, query rank
@@ -17,6 +17,9 @@ context grows, and where sparse attention starts to pay.
    time to its first token, decode tok/s the further tokens over the time after it. The
    attention kernels are timed as they run (dense MLA; the sparse model's indexer selection,
    `select_topk`, and its sparse attention), so each prefill's attention share is printed too.
+   Each request waits (at most `--quiet-wait` s) until other processes leave the CPUs idle,
+   and the cores they kept busy during it are printed: on 2 cores one busy neighbour stalls
+   every 2-thread OpenMP region for a scheduler time slice, decode steps worst.
 
 A context whose dense prefill would need more memory than the machine has free is skipped and
 said so (the dense chunk expands every context latent to per-head keys and values).
@@ -28,6 +31,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -141,15 +145,47 @@ def dense_chunk_bytes(context: int) -> int:
     return context * FLOAT * (2 * per_token + SIZES["kv_lora_rank"] + rope)
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """Busy CPU time of the whole machine and of this process, in clock ticks."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(ticks) - ticks[3] - ticks[4], int(own[11]) + int(own[12])
+
+
+def others_cores(since: tuple[int, int], seconds: float) -> float:
+    """Cores other processes kept busy on average since `since` (over `seconds`)."""
+    busy, own = cpu_jiffies()
+    return (busy - since[0] - (own - since[1])) / os.sysconf("SC_CLK_TCK") / seconds
+
+
+def wait_for_quiet(limit_s: float, threshold: float = 0.2) -> float:
+    """Wait (at most `limit_s`) until other processes use under `threshold` cores over 2 s: on
+    2 cores, one busy neighbour stalls every 2-thread OpenMP region for a time slice. Returns
+    the last sample."""
+    waited = 0.0
+    while True:
+        since = cpu_jiffies()
+        time.sleep(2.0)
+        load = others_cores(since, 2.0)
+        if load < threshold or waited >= limit_s:
+            return load
+        if waited == 0:
+            print(f"  waiting for other processes to go quiet ({load:.1f} cores busy)", flush=True)
+        time.sleep(8.0)
+        waited += 10.0
+
+
 def one_request(llm: LLM, prompt: list[int], new_tokens: int) -> dict[str, Any]:
-    """Prefill and decode of one greedy request, from its own timings, and the attention
-    kernels' seconds in each phase."""
+    """Prefill and decode of one greedy request, from its own timings, the attention kernels'
+    seconds in each phase and the cores other processes kept busy meanwhile."""
     SPENT.clear()
+    started, since = time.perf_counter(), cpu_jiffies()
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens + 1, ignore_eos=True)
     (output,) = llm.generate([prompt], params)
     times = output.timings
     assert times is not None and times.first_token is not None and times.finished is not None
     assert len(output.outputs[0].token_ids) == new_tokens + 1
+    others = others_cores(since, time.perf_counter() - started)
     prefill_s = times.first_token - times.arrival
     decode_s = times.finished - times.first_token
     return {
@@ -158,6 +194,7 @@ def one_request(llm: LLM, prompt: list[int], new_tokens: int) -> dict[str, Any]:
         "decode_s": decode_s,
         "decode_tok_s": new_tokens / decode_s,
         "kernels_s": {f"{name} {phase}": round(s, 3) for (name, phase), s in SPENT.items()},
+        "others_cores": round(others, 2),
         "tokens": list(output.outputs[0].token_ids),
     }
 
@@ -186,6 +223,7 @@ def main() -> int:
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=2048, help="prefill_chunk_tokens")
+    parser.add_argument("--quiet-wait", type=float, default=600, help="seconds, per request")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
@@ -224,12 +262,14 @@ def main() -> int:
         prompt = torch.randint(2, SIZES["vocab_size"], (context,), generator=gen).tolist()
         row: dict[str, Any] = {"context": context}
         for name, llm in engines.items():
+            wait_for_quiet(args.quiet_wait)
             found = one_request(llm, prompt, args.decode_tokens)
             row[name] = found
             print(
                 f"context {context:,} {name}: prefill {found['prefill_s']:.1f} s "
                 f"({found['prefill_tok_s']:.0f} tok/s), decode {found['decode_tok_s']:.2f} "
-                f"tok/s; attention kernels {found['kernels_s']}",
+                f"tok/s; attention kernels {found['kernels_s']}; other processes "
+                f"{found['others_cores']:.2f} cores",
                 flush=True,
             )
         same = row["dense"]["tokens"] == row["sparse"]["tokens"]
@@ -259,14 +299,15 @@ def main() -> int:
     print("\nshare of prefill time in attention kernels (timed as they ran):")
     print(
         "| context | dense: MLA | sparse: indexer select_topk | sparse: sparse MLA "
-        "| sparse: dense MLA (first chunk) |"
+        "| sparse: dense MLA (first chunk) | other processes (cores), dense / sparse |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for row in measured:
         dense, sparse = row["dense"], row["sparse"]
         print(
             f"| {row['context']:,} | {share(dense, 'dense')} | {share(sparse, 'select')}"
-            f" | {share(sparse, 'sparse')} | {share(sparse, 'dense')} |"
+            f" | {share(sparse, 'sparse')} | {share(sparse, 'dense')}"
+            f" | {dense['others_cores']:.2f} / {sparse['others_cores']:.2f} |"
         )
     for metric in ("prefill", "decode"):
         points = [(row["context"], row[f"{metric}_ratio"]) for row in measured]

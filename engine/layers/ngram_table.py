@@ -1,8 +1,15 @@
 """Qwen4-Exp's PLE n-gram tables, kept on disk: each layer's table (tens of millions of rows,
-up to ~90 GiB in the release) is memory-mapped from the checkpoint's safetensors shards and
-read by row per token, never loaded whole into device (or host) memory; pages the lookups
-touch stay in the OS page cache. `in_memory` reads it whole into host RAM instead (the
-`ngram_tables_in_memory` knob), for machines whose disk is too slow for per-token reads.
+up to ~90 GiB in the release) stays in the checkpoint's safetensors shards and is read by row
+per token (`os.preadv`, the file advised random), never loaded whole into device or host
+memory. Rows the lookups read stay in the OS page cache, which the kernel may drop.
+
+Why reads rather than a memory map: on kernels that keep the page cache in large folios
+(Linux 6.x on ext4/xfs), a fault on a mapped row maps its whole folio, up to 2 MiB, so 200
+random rows of a 128 MiB mapped table put ~130 MiB in the resident set here (measured, 6.18),
+and a cold cache would read megabytes per row; a read of one row reads its pages only.
+
+`in_memory` reads each table whole into host RAM instead (the `ngram_tables_in_memory` knob),
+for machines whose disk is too slow for per-token reads; the memory plan counts it then.
 
 The checkpoint stores a table as `...ngram_embedding.shard_{i}.weight`, `split_ngram_parts`
 slices of its rows in order (transformers concatenates them at load).
@@ -11,12 +18,13 @@ slices of its rows in order (transformers concatenates them at load).
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dgpp.engine.errors import ModelLoadError
@@ -70,33 +78,67 @@ def table_shards(checkpoint: Path) -> dict[str, list[TensorExtent]]:
 
 
 def open_tables(checkpoint: Path, in_memory: bool = False) -> dict[str, NgramTable]:
-    """Every n-gram table of the checkpoint by module name, each file mapped once."""
-    maps: dict[Path, mmap.mmap] = {}
-    shards = table_shards(checkpoint)
-    return {name: NgramTable(parts, in_memory, maps) for name, parts in shards.items()}
+    """Every n-gram table of the checkpoint by module name."""
+    return {
+        name: NgramTable(parts, in_memory) for name, parts in table_shards(checkpoint).items()
+    }
+
+
+class _Part:
+    """One shard: its rows in a file (read by row) or in memory."""
+
+    def __init__(self, extent: TensorExtent, in_memory: bool) -> None:
+        self.rows, self.dim = extent.shape
+        self.dtype = extent.dtype
+        self.row_bytes = self.dim * extent.dtype.itemsize
+        self.offset = extent.offset
+        self.data: torch.Tensor | None = None
+        self.fd = -1
+        if in_memory:
+            with extent.file.open("rb") as handle:
+                handle.seek(extent.offset)
+                raw = bytearray(handle.read(extent.length))
+            self.data = torch.frombuffer(raw, dtype=extent.dtype).view(self.rows, self.dim)
+        else:
+            self.fd = os.open(extent.file, os.O_RDONLY)
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def read(self, rows: list[int]) -> torch.Tensor:
+        """Rows [n, dim] of this shard (local row ids)."""
+        if self.data is not None:
+            return self.data[torch.tensor(rows, dtype=torch.int64)]
+        buffer = np.empty(len(rows) * self.row_bytes, dtype=np.uint8)
+        view, size = memoryview(buffer), self.row_bytes
+        for index, row in enumerate(rows):
+            target = view[index * size : (index + 1) * size]
+            if os.preadv(self.fd, [target], self.offset + row * size) != size:
+                raise ModelLoadError(f"short read of n-gram table row {row}")
+        return torch.from_numpy(buffer).view(self.dtype).view(len(rows), self.dim)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class NgramTable:
-    """One layer's table [rows, dim] over its shards, mapped (or read into RAM)."""
+    """One layer's table [rows, dim] over its shards, read by row (or held in RAM)."""
 
-    def __init__(
-        self,
-        shards: list[TensorExtent],
-        in_memory: bool = False,
-        maps: dict[Path, mmap.mmap] | None = None,
-    ) -> None:
+    def __init__(self, shards: list[TensorExtent], in_memory: bool = False) -> None:
         if not shards:
             raise ModelLoadError("an n-gram table without shards")
-        dims = {extent.shape[1] for extent in shards if len(extent.shape) == 2}
-        if len(dims) != 1 or any(len(extent.shape) != 2 for extent in shards):
+        if any(len(extent.shape) != 2 for extent in shards):
+            raise ModelLoadError("n-gram table shards must be [rows, dim]")
+        dims = {extent.shape[1] for extent in shards}
+        if len(dims) != 1:
             raise ModelLoadError("n-gram table shards of different widths")
         self.dim = dims.pop()
-        maps = {} if maps is None else maps
-        self.parts = [self._open(extent, in_memory, maps) for extent in shards]
+        self.dtype = shards[0].dtype
+        self.parts = [_Part(extent, in_memory) for extent in shards]
         self.starts = [0]
         for part in self.parts:
-            self.starts.append(self.starts[-1] + part.shape[0])
-        self._starts = torch.tensor(self.starts[1:-1], dtype=torch.int64)
+            self.starts.append(self.starts[-1] + part.rows)
+        self._bounds = torch.tensor(self.starts[1:-1], dtype=torch.int64)
 
     @property
     def num_rows(self) -> int:
@@ -104,36 +146,24 @@ class NgramTable:
 
     @property
     def nbytes(self) -> int:
-        return sum(part.numel() * part.element_size() for part in self.parts)
-
-    @staticmethod
-    def _open(extent: TensorExtent, in_memory: bool, maps: dict[Path, mmap.mmap]) -> torch.Tensor:
-        data: bytearray | mmap.mmap
-        if in_memory:
-            with extent.file.open("rb") as handle:
-                handle.seek(extent.offset)
-                data = bytearray(handle.read(extent.length))
-        else:
-            data = maps.get(extent.file)  # type: ignore[assignment]
-            if data is None:
-                with extent.file.open("rb") as handle:
-                    # Private, copy-on-write: nothing is written, so no page is ever copied;
-                    # only the pages the lookups touch are read (and count as resident).
-                    data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
-                maps[extent.file] = data
-        offset = 0 if in_memory else extent.offset
-        count = extent.length // extent.dtype.itemsize
-        flat = torch.frombuffer(data, dtype=extent.dtype, count=count, offset=offset)
-        return flat.view(extent.shape)
+        return self.num_rows * self.dim * self.dtype.itemsize
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows [*ids.shape, dim] for table row ids (any shape, any device), on the host."""
+        """Rows [*ids.shape, dim] for table row ids (any shape, any device), on the host;
+        each distinct row read once."""
         flat = ids.reshape(-1).to("cpu", torch.int64)
-        if len(self.parts) == 1:
-            return self.parts[0][flat].view(*ids.shape, self.dim)
-        part = torch.bucketize(flat, self._starts, right=True)
-        out = torch.empty(flat.shape[0], self.dim, dtype=self.parts[0].dtype)
-        for index in part.unique().tolist():
-            chosen = (part == index).nonzero().squeeze(1)
-            out[chosen] = self.parts[index][flat[chosen] - self.starts[index]]
-        return out.view(*ids.shape, self.dim)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        part_of = torch.bucketize(unique, self._bounds, right=True).tolist()
+        found = torch.empty(unique.shape[0], self.dim, dtype=self.dtype)
+        wanted: dict[int, list[int]] = {}
+        for index, part in enumerate(part_of):
+            wanted.setdefault(part, []).append(index)
+        values = unique.tolist()
+        for part, indices in wanted.items():
+            local = [values[i] - self.starts[part] for i in indices]
+            found[torch.tensor(indices)] = self.parts[part].read(local)
+        return found[inverse].view(*ids.shape, self.dim)
+
+    def __del__(self) -> None:
+        for part in getattr(self, "parts", ()):
+            part.close()
