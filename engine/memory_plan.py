@@ -9,18 +9,18 @@ pure function of its inputs and tests need not depend on the machine they run on
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.device_memory import DeviceMemory, read_device_memory
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.engine.layers.ple import ple_table_bytes
 from dgpp.engine.models.registry import layer_cache_specs, layer_mtp_cache_specs
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import StateLayout
@@ -30,69 +30,12 @@ from dgpp.kernels.linear import select_packer
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32_BYTES = 4
-# Without `memory_fraction`, a CUDA rank leaves a tenth of the device for the CUDA context, cuBLAS
-# and NCCL buffers and allocator fragmentation, none of which the plan counts.
-DEFAULT_CUDA_FRACTION = 0.9
 WORKSPACE_MARGIN = 1.25  # on top of the counted activations: temporaries the sum misses
 SAMPLER_COPIES = 4  # fp32 [rows, vocab] copies alive while sampling: logits, probs, sort, indices
 # `size_kv_pool` leaves this share of the budget unused, so the same plan still fits when it is
 # checked again, slightly later, after small allocations (the tokenizer) moved the free memory.
 SIZING_SLACK = 0.02
 MIB, GIB = 1 << 20, 1 << 30
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """One reading of the memory a rank draws from: a CUDA device, or host RAM for CPU ranks."""
-
-    total_bytes: int
-    free_bytes: int
-    description: str
-    is_accelerator: bool
-
-    def budget(self, fraction: float | None) -> int:
-        """Bytes this rank may plan to use.
-
-        CUDA: `total * (fraction or 0.9)` minus what others already hold (`total - free`).
-        CPU: the available memory, capped at `total * fraction` when a fraction is set."""
-        if self.is_accelerator:
-            share = DEFAULT_CUDA_FRACTION if fraction is None else fraction
-            budget = int(self.total_bytes * share) - (self.total_bytes - self.free_bytes)
-        elif fraction is None:
-            budget = self.free_bytes
-        else:
-            budget = min(self.free_bytes, int(self.total_bytes * fraction))
-        return max(0, budget)
-
-
-def read_host_memory(meminfo: Path = Path("/proc/meminfo")) -> DeviceMemory:
-    """Host RAM from `/proc/meminfo` (MemTotal, MemAvailable); sysconf where there is none."""
-    if meminfo.is_file():
-        fields = {}
-        for line in meminfo.read_text().splitlines():
-            name, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                fields[name] = int(parts[0]) * (1024 if parts[-1] == "kB" else 1)
-        total = fields["MemTotal"]
-        free = fields.get("MemAvailable", fields.get("MemFree", total))
-    else:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total = os.sysconf("SC_PHYS_PAGES") * page
-        free = (
-            os.sysconf("SC_AVPHYS_PAGES") * page if "SC_AVPHYS_PAGES" in os.sysconf_names else total
-        )
-    return DeviceMemory(total, free, "cpu (host RAM)", is_accelerator=False)
-
-
-def read_device_memory(device: str) -> DeviceMemory:
-    """The current reading for `device` ('cpu', 'cuda' or 'cuda:N')."""
-    if not device.startswith("cuda"):
-        return read_host_memory()
-    index = torch.device(device)
-    free, total = torch.cuda.mem_get_info(index)
-    name = torch.cuda.get_device_name(index)
-    return DeviceMemory(total, free, f"{device} ({name})", is_accelerator=True)
 
 
 @dataclass(frozen=True)
@@ -113,6 +56,10 @@ class MemoryPlan:
     available_bytes: int
     device: str
     state_bytes: int = 0  # recurrent layers: running requests' states and prefix snapshots
+    # Qwen4-Exp's PLE n-gram tables: read by row from the checkpoint (not counted), or held in
+    # host RAM with `ngram_tables_in_memory` (counted in the total)
+    table_bytes: int = 0
+    tables_in_memory: bool = False
 
     @property
     def fits(self) -> bool:
@@ -120,12 +67,17 @@ class MemoryPlan:
 
     def describe(self) -> str:
         state = f"states {format_bytes(self.state_bytes)} + " if self.state_bytes else ""
+        tables, on_disk = "", ""
+        if self.table_bytes and self.tables_in_memory:
+            tables = f"n-gram tables {format_bytes(self.table_bytes)} in RAM + "
+        elif self.table_bytes:
+            on_disk = f"; n-gram tables {format_bytes(self.table_bytes)} read from disk by row"
         return (
-            f"weights {format_bytes(self.weights_bytes)} + KV pool {format_bytes(self.kv_bytes)} "
-            f"({self.kv_tokens} tokens) + {state}buffers {format_bytes(self.buffers_bytes)} + "
-            f"workspace {format_bytes(self.workspace_bytes)} = {format_bytes(self.total_bytes)} "
-            f"of a {format_bytes(self.budget_bytes)} budget ({format_bytes(self.available_bytes)} "
-            f"free) on {self.device}"
+            f"weights {format_bytes(self.weights_bytes)} + {tables}KV pool "
+            f"{format_bytes(self.kv_bytes)} ({self.kv_tokens} tokens) + {state}buffers "
+            f"{format_bytes(self.buffers_bytes)} + workspace {format_bytes(self.workspace_bytes)} "
+            f"= {format_bytes(self.total_bytes)} of a {format_bytes(self.budget_bytes)} budget "
+            f"({format_bytes(self.available_bytes)} free) on {self.device}{on_disk}"
         )
 
 
@@ -308,6 +260,8 @@ def _plan(
     buffers = buffers_bytes(config, model, shapes, max_context)
     buffers += decode_graph_bytes(config, model, shapes, specs, max_context, states.slot_bytes)
     workspace = workspace_bytes(config, model, shapes, max_context)
+    tables = ple_table_bytes(model, DTYPE_BYTES.get(model.checkpoint_dtype or "", 2))
+    held = tables if config.ngram_tables_in_memory else 0
     return MemoryPlan(
         weights_bytes=weights,
         kv_bytes=kv,
@@ -315,10 +269,12 @@ def _plan(
         buffers_bytes=buffers,
         workspace_bytes=workspace,
         state_bytes=states.total_bytes,
-        total_bytes=weights + kv + buffers + workspace + states.total_bytes,
+        total_bytes=weights + kv + buffers + workspace + states.total_bytes + held,
         budget_bytes=memory.budget(config.memory_fraction),
         available_bytes=memory.free_bytes,
         device=memory.description,
+        table_bytes=tables,
+        tables_in_memory=config.ngram_tables_in_memory,
     )
 
 

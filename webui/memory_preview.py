@@ -120,7 +120,7 @@ def budget_memory(
 ) -> DeviceMemory:
     """The memory rank 0 of `deployment` will plan against when it starts."""
     from dgpp.appliance.deployment_plan import spark_memory
-    from dgpp.engine.memory_plan import read_host_memory
+    from dgpp.engine.device_memory import read_host_memory
 
     device = deployment.engine.device
     if not device.startswith("cuda"):

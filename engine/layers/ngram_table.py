@@ -79,9 +79,7 @@ def table_shards(checkpoint: Path) -> dict[str, list[TensorExtent]]:
 
 def open_tables(checkpoint: Path, in_memory: bool = False) -> dict[str, NgramTable]:
     """Every n-gram table of the checkpoint by module name."""
-    return {
-        name: NgramTable(parts, in_memory) for name, parts in table_shards(checkpoint).items()
-    }
+    return {name: NgramTable(parts, in_memory) for name, parts in table_shards(checkpoint).items()}
 
 
 class _Part:

@@ -17,6 +17,7 @@ from dgpp.appliance.engine_options import add_engine_options, engine_knobs
 from dgpp.engine import memory_plan
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.device_memory import read_host_memory
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
@@ -29,7 +30,6 @@ from dgpp.engine.memory_plan import (
     kv_bytes_per_token,
     plan_memory,
     rank_cache_specs,
-    read_host_memory,
     size_kv_pool,
     workspace_bytes,
 )

@@ -128,3 +128,28 @@ def test_the_knob_reads_tables_into_ram(big_tables: Path) -> None:
     (mapped,) = open_tables(big_tables).values()
     ids = torch.tensor([[0, 5, 1_000_003, 3_900_000]])
     assert torch.equal(table.rows(ids), mapped.rows(ids))
+
+
+def test_the_memory_plan_counts_tables_in_ram_only(big_tables: Path) -> None:
+    """On disk the plan names the tables and leaves them out of the total; with the knob they
+    are in it."""
+    from dgpp.engine.device_memory import DeviceMemory
+    from dgpp.engine.engine_config import EngineConfig
+    from dgpp.engine.memory_plan import plan_memory
+
+    model = ModelConfig.from_checkpoint(big_tables)
+    memory = DeviceMemory(64 << 30, 64 << 30, "test", is_accelerator=False)
+    plans = [
+        plan_memory(
+            EngineConfig(model=str(big_tables), kv_capacity=256, ngram_tables_in_memory=held),
+            model,
+            1,
+            memory,
+        )
+        for held in (False, True)
+    ]
+    on_disk, in_ram = plans
+    assert on_disk.table_bytes == in_ram.table_bytes == ple_table_bytes(model, 4) > 120 << 20
+    assert in_ram.total_bytes - on_disk.total_bytes == on_disk.table_bytes
+    assert "n-gram tables 122.1 MiB read from disk by row" in on_disk.describe()
+    assert "n-gram tables 122.1 MiB in RAM" in in_ram.describe()
