@@ -196,7 +196,7 @@ class EngineConfig:
     ngram_tables_in_memory: bool = knob(
         False,
         "read Qwen4-Exp's PLE n-gram tables into host RAM at start (counted by the memory "
-        "plan) instead of mapping them from the checkpoint and reading rows from disk",
+        "plan) instead of reading their rows from the checkpoint per token",
         label="N-gram tables in RAM",
     )
     seed: int | None = knob(
