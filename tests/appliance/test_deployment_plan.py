@@ -22,7 +22,9 @@ from dgpp.appliance.deployment_plan import (
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
 from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.memory_plan import kv_bytes_per_token, rank_cache_specs
 from dgpp.engine.state_plan import GIB as SNAPSHOT_GIB
 from dgpp.engine.weight_count import rank_weight_bytes
 
@@ -35,6 +37,10 @@ STATED_PARAMS = {
     # 671B (685B with the MTP layer) at FP8, plus its block scales held per row: one float32
     # per 128 columns (+3.1%)
     "deepseek-ai/DeepSeek-V3-0324": 671.0 * (1 + 4 / 128),
+    # DeepSeek-V3's 671B plus 61 lightning indexers (wq_b, wk, weights_proj: 0.84B), at FP8
+    "deepseek-ai/DeepSeek-V3.2-Exp": 671.84 * (1 + 4 / 128),
+    # GLM-5: 744B on the card (without its MTP layer), at FP8
+    "zai-org/GLM-5-FP8": 744.0 * (1 + 4 / 128),
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "Qwen/Qwen2.5-72B-Instruct": 72.7,
     "Qwen/Qwen3-8B": 8.19,
@@ -238,3 +244,27 @@ def test_configs_differing_only_beyond_the_typed_fields_are_counted_apart() -> N
     for model in (sparse, dense):
         assert weight_count._weight_counts(model, 1, 0) == weight_count.count_weights(model, 1, 0)
     assert weight_count._weight_counts(sparse, 1, 0) != weight_count._weight_counts(dense, 1, 0)
+
+
+@pytest.mark.parametrize("repo", ["deepseek-ai/DeepSeek-V3.2-Exp", "zai-org/GLM-5-FP8"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_sparse_attention_releases_fit_no_spark_world(repo: str, world: int) -> None:
+    """DeepSeek-V3.2 (692 GB at FP8) and GLM-5 (767 GB) on one or two Sparks (or four: 512 GB
+    in all): refused with the numbers, and the KV pool counts the indexer keys beside the
+    latent in every layer."""
+    raw = {
+        "model": repo,
+        "world_size": world,
+        "engine": {"dtype": "bfloat16", "device": "cuda", "max_model_len": 16384},
+    }
+    deployment = parse_deployment(raw)
+    model = model_config_of(deployment)[0]
+    plans = plan_deployment(resolve_deployment(deployment, model))
+    assert all(entry.largest_context == 0 for entry in plans)
+    with pytest.raises(ConfigError, match=r"rank 0: weights \d+\.\d\d GiB .* budget"):
+        refuse_unfit(plans)
+    latent, keys = 512 + 64, 128  # per layer (GLM-5: every layer runs its indexer by default)
+    per_token = kv_bytes_per_token(
+        EngineConfig(model=repo, dtype="bfloat16"), rank_cache_specs(model, world, 0)
+    )
+    assert per_token == model.num_layers * (latent + keys) * 2
