@@ -330,7 +330,9 @@ def main() -> int:
         points = [(row["context"], row[f"{metric}_ratio"]) for row in measured]
         print(f"sparse {metric} pays: {crossover(points)}")
     differ = [row["context"] for row in measured if not row["same_tokens"]]
-    print(f"greedy tokens differ from dense at contexts {differ} (expected past the budget)")
+    print(
+        f"contexts where the greedy tokens differ from dense's (past the budget they may): {differ}"
+    )
     if args.json:
         for row in measured:
             for name in engines:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
+from transformers.models.deepseek_v32 import modeling_deepseek_v32
 from transformers.models.glm4_moe import modeling_glm4_moe
 from transformers.models.qwen3_5 import modeling_qwen3_5
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
@@ -31,12 +32,16 @@ FAMILIES = {
         "Glm4Moe",
     ),
 }
+# DeepSeek-V3.2: an MTP layer with its own indexer (tests/engine/test_sparse_attention.py)
+SPARSE_FAMILIES = {
+    "deepseek-v3.2": ("DeepseekV32ForCausalLM", MOE, modeling_deepseek_v32, "DeepseekV32"),
+}
 
 
 def hf_class(config: object, name: str) -> type:
     """transformers' `{prefix}{name}` class (DecoderLayer, RMSNorm, RotaryEmbedding) of the
     family whose config this is."""
-    for _, _, module, prefix in FAMILIES.values():
+    for _, _, module, prefix in (*FAMILIES.values(), *SPARSE_FAMILIES.values()):
         if type(config).__name__ == f"{prefix}Config":
             return getattr(module, prefix + name)
     raise KeyError(type(config).__name__)
@@ -54,11 +59,14 @@ def init_layer(layer: torch.nn.Module) -> None:
 
 
 def with_mtp_layer(checkpoint: Path) -> tuple[dict[str, torch.Tensor], object]:
-    """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors."""
+    """Append a random MTP layer (index N = num_hidden_layers) to the checkpoint; its tensors.
+    A family whose layers read per-layer lists (DeepSeek-V3.2's `mlp_layer_types`) builds the
+    block as its last layer, a MoE one, stored as layer N."""
     config = AutoConfig.from_pretrained(str(checkpoint))
     index = config.num_hidden_layers
+    built = index - 1 if getattr(config, "mlp_layer_types", None) else index
     torch.manual_seed(7)
-    block = hf_class(config, "DecoderLayer")(config, index).float()
+    block = hf_class(config, "DecoderLayer")(config, built).float()
     init_layer(block)
     hidden = config.hidden_size
     tensors = {f"model.layers.{index}.{k}": v for k, v in per_expert(block.state_dict()).items()}

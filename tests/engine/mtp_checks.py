@@ -64,7 +64,7 @@ def check_mtp_memory_plan(checkpoint: Path, **knobs: Any) -> tuple[LLM, MemoryPl
     plain = plan_memory(replace(engine.config, speculative="off"), engine.model_config, 1, plenty)
     mtp_bytes = sum(p.numel() * p.element_size() for p in runner.mtp.layer.parameters())
     assert plan.weights_bytes - plain.weights_bytes == mtp_bytes
-    assert plan.kv_bytes - plain.kv_bytes == runner.mtp.caches[0].nbytes
+    assert plan.kv_bytes - plain.kv_bytes == sum(pool.nbytes for pool in runner.mtp.caches)
     return llm, plan, plain
 
 

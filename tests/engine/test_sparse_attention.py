@@ -201,3 +201,32 @@ def test_world_of_two_equals_world_of_one(
     """MLA heads split across the ranks; latents, indexers and their keys replicated."""
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, arch, **overrides)
     _check_world_of_two(checkpoint, knobs)
+
+
+def test_mtp_drafts_with_the_indexer_in_the_mtp_layer(
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepSeek-V3.2's MTP layer is a full DSA layer: its latent and indexer caches beside the
+    target's (the memory plan counts both), its draft pass selecting past the budget; drafts
+    right up to a varying depth leave the output plain decoding's."""
+    from tests.engine.mtp_checkpoint import with_mtp_layer
+    from tests.engine.mtp_checks import check_mtp_memory_plan, oracle_draft_pass
+
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, DEEPSEEK, **MOE, num_nextn_predict_layers=1
+    )
+    with_mtp_layer(checkpoint)
+    prompts = _prompts()[2:]  # 13, 40 and 70 tokens
+    knobs = dict(block_size=4, prefill_chunk_tokens=11, kv_capacity=1024, seed=0)
+    outputs = LLM(str(checkpoint), **knobs).generate(prompts, _params())
+    plain = [list(o.outputs[0].token_ids) for o in outputs]
+    llm, _, _ = check_mtp_memory_plan(checkpoint, **knobs)
+    engine = llm.engine
+    assert engine.runner.mtp is not None
+    shapes = [tuple(pool.shape) for pool in engine.runner.mtp.caches]
+    assert shapes == [(1, 256, 4, 24), (1, 256, 4, 16)]  # the latent, the indexer keys
+    full = {tuple(p): [*p, *out] for p, out in zip(prompts, plain, strict=True)}
+    oracle_draft_pass(monkeypatch, engine, full, wrong=True)
+    assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, _params())] == plain
+    spec = engine.counters.spec_decode
+    assert 0 < spec.accepted_tokens < spec.draft_tokens
