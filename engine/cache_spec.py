@@ -58,19 +58,13 @@ class PagedKVSpec:
         return torch.zeros(shape, dtype=dtype, device=device)
 
 
-@dataclass(frozen=True)
-class MLALatentSpec:
-    """Multi-head latent attention's cache: per token the normalised compressed key/value
-    latent (`kv_lora_rank`) and the rotated shared rope key (`rope_dim`), one vector for every
-    head, so every rank of a tensor-parallel world holds all of it. Per layer
-    [blocks, block_size, kv_lora_rank + rope_dim]."""
-
-    kv_lora_rank: int
-    rope_dim: int
+class _TokenRowSpec:
+    """A cache of one vector of `width` per token, shared by every head (so every rank of a
+    tensor-parallel world holds all of it): per layer [blocks, block_size, width]."""
 
     @property
     def width(self) -> int:
-        return self.kv_lora_rank + self.rope_dim
+        raise NotImplementedError
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return self.width * dtype.itemsize
@@ -88,27 +82,29 @@ class MLALatentSpec:
 
 
 @dataclass(frozen=True)
-class IndexerKeySpec:
-    """DeepSeek Sparse Attention's indexer keys (`dgpp.engine.layers.dsa`): one key of
-    `head_dim` per token, shared by every indexer head and replicated on every rank, paged by
-    the same block ids as the layer's latent cache (a prefix-cache hit reuses both). Per layer
-    [blocks, block_size, head_dim]."""
+class MLALatentSpec(_TokenRowSpec):
+    """Multi-head latent attention's cache: per token the normalised compressed key/value
+    latent (`kv_lora_rank`) and the rotated shared rope key (`rope_dim`)."""
+
+    kv_lora_rank: int
+    rope_dim: int
+
+    @property
+    def width(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
+class IndexerKeySpec(_TokenRowSpec):
+    """A sparse-attention indexer's keys (`dgpp.engine.layers.indexer_keys`): one key of
+    `head_dim` per token, paged by the same block ids as the layer's attention cache (a
+    prefix-cache hit reuses both)."""
 
     head_dim: int
 
-    def bytes_per_token(self, dtype: torch.dtype) -> int:
-        return self.head_dim * dtype.itemsize
-
-    def allocate(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> torch.Tensor:
-        shape = (num_layers, num_blocks, block_size, self.head_dim)
-        return torch.zeros(shape, dtype=dtype, device=device)
+    @property
+    def width(self) -> int:
+        return self.head_dim
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ and a cold cache would read megabytes per row; a read of one row reads its pages
 for machines whose disk is too slow for per-token reads; the memory plan counts it then.
 
 The checkpoint stores a table as `...ngram_embedding.shard_{i}.weight`, `split_ngram_parts`
-slices of its rows in order (transformers concatenates them at load).
+slices of its rows in order (transformers concatenates them at load), or whole.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ _DTYPES = {
     "BF16": torch.bfloat16,
     "F8_E4M3": torch.float8_e4m3fn,
 }
-_SHARD = re.compile(r"^(?P<table>.+\.ngram_embedding)\.shard_(?P<index>\d+)\.weight$")
+# `...ngram_embedding.shard_{i}.weight` as the releases store a table, or one tensor
+# `...ngram_embedding.weight` (transformers' runtime name, what a re-export may write)
+_SHARD = re.compile(r"^(?P<table>.+\.ngram_embedding)(\.shard_(?P<index>\d+))?\.weight$")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def table_shards(checkpoint: Path) -> dict[str, list[TensorExtent]]:
         for name, extent in safetensors_extents(file).items():
             match = _SHARD.match(name)
             if match:
-                tables.setdefault(match["table"], {})[int(match["index"])] = extent
+                tables.setdefault(match["table"], {})[int(match["index"] or 0)] = extent
     return {name: [shards[i] for i in sorted(shards)] for name, shards in tables.items()}
 
 

@@ -5,12 +5,10 @@ output plain decoding's, and the memory plan counts its packed bytes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layers.linear import PackableLinear
@@ -23,7 +21,7 @@ from tests.engine.mtp_checkpoint import (
     with_qwen_mtp_layer,
 )
 from tests.engine.mtp_checks import check_mtp_memory_plan
-from tests.engine.quant.quant_build import fp8_block
+from tests.engine.quant.quant_build import quantize_fp8_in_place
 
 BLOCK = (16, 32)
 PROMPTS = [[5, 17, 99, 3, 42], list(range(100, 137))]
@@ -34,27 +32,7 @@ KNOBS = dict(kv_capacity=512, block_size=8, prefill_chunk_tokens=16)
 def quantize_fp8(checkpoint: Path) -> int:
     """Every projection whose shape the blocks divide, FP8 with block scales, in place (the
     rest, like the releases' routers, norms and narrow projections, stays float); how many."""
-    tensors = load_file(str(checkpoint / "model.safetensors"))
-    quantize = fp8_block(BLOCK)
-    out, count = {}, 0
-    for name, value in tensors.items():
-        module = name.removesuffix(".weight")
-        divisible = value.dim() == 2 and not (
-            value.shape[0] % BLOCK[0] or value.shape[1] % BLOCK[1]
-        )
-        if name.endswith("_proj.weight") and divisible:
-            packed, _ = quantize(module, value.float(), torch.Generator())
-            out.update({f"{module}.{key}": t.contiguous() for key, t in packed.items()})
-            count += 1
-        else:
-            out[name] = value
-    save_file(out, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((checkpoint / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8", "weight_block_size": list(BLOCK), "activation_scheme": "dynamic",
-    }  # fmt: skip
-    (checkpoint / "config.json").write_text(json.dumps(config))
-    return count
+    return quantize_fp8_in_place(checkpoint, BLOCK, lambda name: name.endswith("_proj.weight"))
 
 
 @pytest.fixture(scope="module", params=["deepseek-v3", "qwen3-next"])

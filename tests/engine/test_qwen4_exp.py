@@ -14,15 +14,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from dgpp.engine import LLM, SamplingParams
+from dgpp.engine import LLM
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.qsa import QsaIndexer
 from dgpp.engine.teacher_force import teacher_forced_logits
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.test_qwen3_5 import NEW_TOKENS, _check_parity, _greedy, _prompts
 
 ARCH = "Qwen4ExpForCausalLM"
-NEW_TOKENS = 12
 KNOBS = dict(block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
 
 
@@ -38,29 +38,6 @@ def hf_model(checkpoint: Path) -> torch.nn.Module:
 
 def _hf(checkpoint: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-
-
-def _prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 49000, (n,), generator=generator).tolist() for n in (1, 5, 13, 40)]
-
-
-def _greedy(max_tokens: int = NEW_TOKENS) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-
-
-def _check_parity(llm: LLM, hf_model: torch.nn.Module) -> None:
-    prompts = _prompts()
-    outputs = llm.generate(prompts, _greedy())
-    for prompt, output in zip(prompts, outputs, strict=True):
-        expected = hf_greedy(hf_model, prompt, NEW_TOKENS)
-        assert list(output.outputs[0].token_ids) == expected, f"prompt of {len(prompt)} tokens"
-    assert len({token for o in outputs for token in o.outputs[0].token_ids}) > 20
-    worst = max(
-        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 6))
-        for prompt in prompts[2:]
-    )
-    assert worst < 1e-3, worst
 
 
 def test_greedy_tokens_and_logits_match_transformers(

@@ -6,19 +6,16 @@ weights, with contexts past the sparse budget."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM
 from dgpp.engine.layers.linear import PackableLinear
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy
-from tests.engine.quant.quant_build import fp8_block
+from tests.engine.quant.quant_build import quantize_fp8_in_place
 from tests.engine.test_deepseek_v3 import MOE, _hf, _params, _prompts
 from tests.engine.test_sparse_attention import SHARED
 
@@ -27,30 +24,13 @@ QUANTIZED = ("_proj.weight", ".indexer.wq_b.weight", ".indexer.wk.weight")
 
 
 def _quantize(checkpoint: Path, reference: Path) -> int:
-    """Quantize `checkpoint` in place; write the dequantized weights as `reference` (a float
-    checkpoint transformers loads). Returns how many tensors were quantized."""
-    shutil.copytree(checkpoint, reference)
-    tensors = load_file(str(checkpoint / "model.safetensors"))
-    quantize = fp8_block(BLOCK)
-    packed, dense, count = {}, {}, 0
-    for name, value in tensors.items():
-        module = name.removesuffix(".weight")
-        fits = value.dim() == 2 and not (value.shape[0] % BLOCK[0] or value.shape[1] % BLOCK[1])
-        if name.endswith(QUANTIZED) and fits and "weights_proj" not in name:
-            parts, dequantized = quantize(module, value.float(), torch.Generator())
-            packed.update({f"{module}.{key}": t.contiguous() for key, t in parts.items()})
-            dense[name] = dequantized.contiguous()
-            count += 1
-        else:
-            packed[name] = dense[name] = value
-    save_file(packed, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
-    save_file(dense, str(reference / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((checkpoint / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8", "weight_block_size": list(BLOCK), "activation_scheme": "dynamic",
-    }  # fmt: skip
-    (checkpoint / "config.json").write_text(json.dumps(config))
-    return count
+    """Quantize `checkpoint` in place (the projections, the indexers' `wq_b` and `wk`, not their
+    `weights_proj`: the releases keep it float); the dequantized weights as `reference`."""
+
+    def wanted(name: str) -> bool:
+        return name.endswith(QUANTIZED) and "weights_proj" not in name
+
+    return quantize_fp8_in_place(checkpoint, BLOCK, wanted, reference)
 
 
 @pytest.mark.parametrize(

@@ -72,14 +72,21 @@ def test_selection_equals_a_brute_force(budget: int) -> None:
         ]
 
 
-def test_attention_reads_only_the_selected_tokens() -> None:
-    generator = torch.Generator().manual_seed(1)
-    raw = _random(24, BLOCK, INDEX_DIM, generator=generator)
-    keys = _random(24, BLOCK, KV_HEADS, DIM, generator=generator)
-    values = _random(24, BLOCK, KV_HEADS, DIM, generator=generator)
+def _attention_inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    """Raw indexer keys, paged keys and values, indexer queries and attention queries."""
+    generator = torch.Generator().manual_seed(seed)
     tokens = sum(c for _, c, _ in ROWS)
-    q = _random(tokens, INDEX_HEADS, INDEX_DIM, generator=generator)
-    query = _random(tokens, HEADS, DIM, generator=generator)
+    return (
+        _random(24, BLOCK, INDEX_DIM, generator=generator),
+        _random(24, BLOCK, KV_HEADS, DIM, generator=generator),
+        _random(24, BLOCK, KV_HEADS, DIM, generator=generator),
+        _random(tokens, INDEX_HEADS, INDEX_DIM, generator=generator),
+        _random(tokens, HEADS, DIM, generator=generator),
+    )
+
+
+def test_attention_reads_only_the_selected_tokens() -> None:
+    raw, keys, values, q, query = _attention_inputs(1)
     selection = select_blocks(q, raw, _metadata(), 6, RATIO, _pool)
     got = sparse_paged_attention(query, keys, values, selection, 0.3)
     flat_k, flat_v = keys.view(-1, KV_HEADS, DIM), values.view(-1, KV_HEADS, DIM)
@@ -95,13 +102,7 @@ def test_attention_reads_only_the_selected_tokens() -> None:
 
 def test_selecting_everything_is_dense_attention() -> None:
     """A budget no row exceeds keeps every token without scoring: dense paged attention."""
-    generator = torch.Generator().manual_seed(2)
-    raw = _random(24, BLOCK, INDEX_DIM, generator=generator)
-    keys = _random(24, BLOCK, KV_HEADS, DIM, generator=generator)
-    values = _random(24, BLOCK, KV_HEADS, DIM, generator=generator)
-    tokens = sum(c for _, c, _ in ROWS)
-    q = _random(tokens, INDEX_HEADS, INDEX_DIM, generator=generator)
-    query = _random(tokens, HEADS, DIM, generator=generator)
+    raw, keys, values, q, query = _attention_inputs(2)
     metadata = _metadata()
     selection = select_blocks(q, raw, metadata, 33, RATIO, _pool)
     for token, (position, _) in enumerate(_tokens()):

@@ -10,12 +10,13 @@ DeepSeek-V3 / ModelOpt), since those writers need a GPU or calibration data.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -249,3 +250,41 @@ def write_quantized(
     config["quantization_config"] = quantization_config
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
     return reference
+
+
+def quantize_fp8_in_place(
+    checkpoint: Path,
+    block: tuple[int, int],
+    wanted: Callable[[str], bool],
+    reference: Path | None = None,
+) -> int:
+    """Quantize every 2-D tensor of `checkpoint` that `wanted` names and the blocks divide to
+    FP8 with block scales, in place, as the FP8 releases store them (the rest stays float);
+    with `reference`, also write a float checkpoint of the dequantized weights there. Returns
+    how many tensors were quantized."""
+    if reference is not None:
+        shutil.copytree(checkpoint, reference)
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    quantize = fp8_block(block)
+    packed: Tensors = {}
+    dense: Tensors = {}
+    count = 0
+    for name, value in tensors.items():
+        module = name.removesuffix(".weight")
+        fits = value.dim() == 2 and not (value.shape[0] % block[0] or value.shape[1] % block[1])
+        if wanted(name) and fits:
+            parts, dequantized = quantize(module, value.float(), torch.Generator())
+            packed.update({f"{module}.{key}": t.contiguous() for key, t in parts.items()})
+            dense[name] = dequantized.contiguous()
+            count += 1
+        else:
+            packed[name] = dense[name] = value
+    save_file(packed, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    if reference is not None:
+        save_file(dense, str(reference / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8", "weight_block_size": list(block), "activation_scheme": "dynamic",
+    }  # fmt: skip
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    return count
