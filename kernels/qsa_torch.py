@@ -99,12 +99,17 @@ def sparse_paged_attention(
     values_flat = value_cache.view(-1, kv_heads, dim)
     out = torch.empty_like(query)
     width = selection.slots.shape[1]
-    step = max(1, TILE_ELEMENTS // max(1, width * max(kv_heads * dim, num_heads)))
+    step = min(num_tokens, max(1, TILE_ELEMENTS // max(1, width * max(kv_heads * dim, num_heads))))
+    # Gather buffers reused by every tile (a fresh one costs its page faults: sparse_mla_torch).
+    key_buffer = keys_flat.new_empty(step * width, kv_heads, dim)
+    value_buffer = values_flat.new_empty(step * width, kv_heads, dim)
     for at in range(0, num_tokens, step):
         upto = min(num_tokens, at + step)
         slots = selection.slots[at:upto].reshape(-1)
-        keys = keys_flat.index_select(0, slots).view(upto - at, width, kv_heads, dim)
-        values = values_flat.index_select(0, slots).view(upto - at, width, kv_heads, dim)
+        keys = torch.index_select(keys_flat, 0, slots, out=key_buffer[: slots.shape[0]])
+        values = torch.index_select(values_flat, 0, slots, out=value_buffer[: slots.shape[0]])
+        keys = keys.view(upto - at, width, kv_heads, dim)
+        values = values.view(upto - at, width, kv_heads, dim)
         q = query[at:upto].view(upto - at, kv_heads, group, dim)
         scores = torch.einsum("tkgd,tskd->tkgs", q, keys)
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale
