@@ -30,7 +30,7 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.indexer_keys import IndexerKeys
 from dgpp.engine.layers.mla import LatentAttention, MultiHeadLatentAttention, RowSliceLinear
-from dgpp.engine.layers.rotary import RopeAngles, apply_rotary, deinterleave
+from dgpp.engine.layers.rotary import RopeAngles, rotate_leading
 from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.sparse_mla_torch import TokenSelection
 
@@ -122,20 +122,14 @@ class Indexer(nn.Module):
         """Store the step's keys; each query token's selection (None: all rows dense)."""
         dims, keys = self.dims, self.keys
         assert keys.cache is not None, "the model runner binds every cache before a forward"
-        q = self._rotate(self.wq_b(q_resid).view(-1, dims.num_heads, dims.head_dim), angles)
-        k = self._rotate(self.k_norm(self.wk(hidden)).unsqueeze(1), angles).squeeze(1)
+        q = self.wq_b(q_resid).view(-1, dims.num_heads, dims.head_dim)
+        q = rotate_leading(q, angles, dims.rope_interleave)
+        k = self.k_norm(self.wk(hidden)).unsqueeze(1)
+        k = rotate_leading(k, angles, dims.rope_interleave).squeeze(1)
         weights = self.weights_proj(hidden).float() * dims.num_heads**-0.5
         backend = keys.backend
         meta = metadata[backend.name]
         return backend.select(q, weights, k, keys.cache, meta, dims.topk, dims.head_dim**-0.5)
-
-    def _rotate(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-        """Rope on the first rope dims of each head [T, heads, D]; the rest pass through."""
-        rope = angles[0].shape[-1]
-        part = x[..., :rope]
-        if self.dims.rope_interleave:
-            part = deinterleave(part)
-        return torch.cat((apply_rotary(part, angles), x[..., rope:]), dim=-1)
 
 
 class SparseLatentAttention(LatentAttention):

@@ -28,7 +28,7 @@ from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.indexer_keys import IndexerKeys
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
-from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
+from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, rotate_leading
 from dgpp.kernels.sparse_mla_torch import TokenSelection
 
 
@@ -87,7 +87,7 @@ class QsaIndexer(nn.Module):
         qk = self.index_qk_proj(hidden)
         heads = dims.num_heads * dims.head_dim
         q = qk[:, :heads].view(-1, dims.num_heads, dims.head_dim)
-        q = _rotate(self.q_layernorm(q), angles)
+        q = rotate_leading(self.q_layernorm(q), angles)
         backend = keys.backend
         meta = metadata[backend.name]
         return backend.select(
@@ -97,13 +97,7 @@ class QsaIndexer(nn.Module):
     def _block_keys(self, pooled: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         """Pooled raw keys [B, D] normalised and roped at their blocks' first positions."""
         angles = self._rotary[0].lookup(first, pooled.dtype)
-        return _rotate(self.k_layernorm(pooled).unsqueeze(1), angles).squeeze(1)
-
-
-def _rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-    """Rope on the first rotary dims of each head [T, heads, D]; the rest pass through."""
-    rope = angles[0].shape[-1]
-    return torch.cat((apply_rotary(x[..., :rope], angles), x[..., rope:]), dim=-1)
+        return rotate_leading(self.k_layernorm(pooled).unsqueeze(1), angles).squeeze(1)
 
 
 class SparsePagedLayer(PagedAttention):

@@ -111,6 +111,15 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
+def rotate_leading(x: torch.Tensor, angles: RopeAngles, interleaved: bool = False) -> torch.Tensor:
+    """Rope on the first dims of each head of x [T, heads, D], as many as `angles` cover; the
+    rest pass through. `interleaved`: those dims come in pairs (output in rotate-half layout,
+    as transformers' interleaved rotation leaves it)."""
+    rope = angles[0].shape[-1]
+    part = deinterleave(x[..., :rope]) if interleaved else x[..., :rope]
+    return torch.cat((apply_rotary(part, angles), x[..., rope:]), dim=-1)
+
+
 def mscale_softmax_factor(rope: RopeConfig) -> float:
     """DeepSeek's softmax-scale correction under scaled RoPE: yarn's mscale(factor,
     mscale_all_dim) squared when `mscale_all_dim` is set, else 1 (transformers'
