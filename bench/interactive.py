@@ -1,7 +1,8 @@
 """Interactive scheduling: a short request beside a long prefill, the interactive step policy
 against first-come-first-served (dgpp's policy before issue 15) in one run.
 
-    python bench/interactive.py [--long 4000,7900] [--short-tokens 8]
+    python bench/interactive.py [--long 4000,7900] [--cases classic,arrival,trickle]
+        [--policies interactive,fcfs] [--offsets 0.1,0.3,0.5,0.7,0.9,3] [--period 2]
 
 The default model (SmolLM2-135M, float32) on this machine's CPU; one engine per policy, driven
 step by step as the server's engine thread drives it. For each long prompt length (distinct,
@@ -13,17 +14,26 @@ uncached prompts):
 (c) the long prompt's own prefill time (to its first token) alone, and with short requests
     arriving every few steps meanwhile (the cost of fairness).
 
+(d) the short request's TTFT when it arrives at several offsets into the long prefill, and
+(e) the long prompt's time under a steady trickle of short requests, run through the server's
+    engine thread (bench/interactive_arrivals.py), so arrivals land in the middle of steps.
+
 FCFS is the same engine with `short_prompt_tokens=1` (no real prompt is short) and
-`step_target_ms=-1` (no step-time bound). See docs/benchmarks.md.
+`step_target_ms=-1` (no step-time bound); `hold-0` and `hold-always` are the interactive policy
+with long-only steps never bounded and always bounded (`arrival_hold_ms`), for choosing the
+rule. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
 from typing import Any
+
+import interactive_arrivals as arrivals
 
 from dgpp.appliance.default_model import install_default
 from dgpp.engine.llm import LLM
@@ -32,6 +42,8 @@ from dgpp.engine.sampling_params import SamplingParams
 POLICIES = {
     "interactive": {},
     "fcfs": {"short_prompt_tokens": 1, "step_target_ms": -1.0},
+    "hold-0": {"arrival_hold_ms": 0.0},
+    "hold-always": {"arrival_hold_ms": 1e9},
 }
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven"]
 
@@ -128,18 +140,7 @@ def scenario(llm: LLM, long_tokens: int, salt: int, short_text: str) -> dict[str
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--long", default="4000,7900", help="long prompt lengths in tokens")
-    args = parser.parse_args()
-    lengths = [int(n) for n in args.long.split(",")]
-    checkpoint = str(install_default())
-    rows = []
-    for name, knobs in POLICIES.items():
-        llm = LLM(checkpoint, kv_capacity=24576, max_model_len=8192, **knobs)
-        scenario(llm, 256, 99, "Warm up.")  # first-use costs out of the figures
-        for salt, tokens in enumerate(lengths):
-            rows.append((name, tokens, scenario(llm, tokens, 10 * salt, "Say hi.")))
+def classic_table(rows: list[tuple[str, int, dict[str, float]]]) -> None:
     print(
         "| policy | long prompt | short TTFT alone (s) | beside the prefill (s) | ratio | "
         "ITL alone (ms) | during (ms) | ratio | long prefill alone (s) | with shorts (s) | ratio |"
@@ -153,6 +154,78 @@ def main() -> None:
             f"{r['long_alone']:.1f} | {r['long_with_shorts']:.1f} | "
             f"{r['long_with_shorts'] / r['long_alone']:.2f} |"
         )
+
+
+def arrival_table(rows: list[tuple[str, int, dict[str, float]]], offsets: list[float]) -> None:
+    head = " | ".join(f"at {o:g} s" for o in offsets)
+    print(f"| policy | long prompt | short TTFT alone (s) | {head} | worst ratio |")
+    print("|---|---|---|" + "---|" * len(offsets) + "---|")
+    for name, tokens, r in rows:
+        cells = " | ".join(f"{r[f'{o:g}']:.2f} ({r[f'{o:g}'] / r['alone']:.1f}x)" for o in offsets)
+        worst = max(r[f"{o:g}"] for o in offsets) / r["alone"]
+        print(f"| {name} | {tokens} | {r['alone']:.2f} | {cells} | {worst:.1f}x |")
+
+
+def trickle_table(rows: list[tuple[str, int, dict[str, float]]], period: float) -> None:
+    print(
+        f"| policy | long prompt | long alone (s) | under a short every {period:g} s (s) | ratio | "
+        "short requests | their TTFT median (s) | max (s) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, tokens, r in rows:
+        print(
+            f"| {name} | {tokens} | {r['long_alone']:.1f} | {r['long_trickle']:.1f} | "
+            f"{r['long_trickle'] / r['long_alone']:.2f} | {r['shorts']:.0f} | "
+            f"{r['short_median']:.2f} | {r['short_max']:.2f} |"
+        )
+
+
+def _cases(
+    llm: LLM, tokens: int, salt: int, cases: set[str], offsets: list[float], period: float
+) -> list[tuple[str, dict[str, float]]]:
+    """The chosen cases for one long prompt length, on one engine."""
+    short = _chat(llm, "Say hi.")
+    results = []
+    if "classic" in cases:
+        results.append(("classic", scenario(llm, tokens, 10 * salt, "Say hi.")))
+
+    def long_prompt(extra: int) -> list[int]:
+        return _long_prompt(llm, tokens, 10 * salt + extra)
+
+    if "arrival" in cases:
+        job = functools.partial(arrivals.offsets, long_prompt=long_prompt, short=short)
+        results.append(("arrival", arrivals.run(lambda a: job(a, offsets_s=offsets), llm)))
+    if "trickle" in cases:
+        job = functools.partial(arrivals.trickle, long_prompt=long_prompt, short=short)
+        results.append(("trickle", arrivals.run(lambda a: job(a, period_s=period), llm)))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", default="4000,7900", help="long prompt lengths in tokens")
+    parser.add_argument("--cases", default="classic,arrival,trickle")
+    parser.add_argument("--policies", default="interactive,fcfs", help=", ".join(POLICIES))
+    parser.add_argument("--offsets", default="0.1,0.3,0.5,0.7,0.9,3", help="seconds (d)")
+    parser.add_argument("--period", type=float, default=2.0, help="seconds between shorts (e)")
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.long.split(",")]
+    cases = set(args.cases.split(","))
+    offsets = [float(o) for o in args.offsets.split(",")]
+    checkpoint = str(install_default())
+    tables: dict[str, list[tuple[str, int, dict[str, float]]]] = {c: [] for c in cases}
+    for name in args.policies.split(","):
+        llm = LLM(checkpoint, kv_capacity=24576, max_model_len=8192, **POLICIES[name])
+        scenario(llm, 256, 99, "Warm up.")  # first-use costs out of the figures
+        for salt, tokens in enumerate(lengths):
+            for case, result in _cases(llm, tokens, salt, cases, offsets, args.period):
+                tables[case].append((name, tokens, result))
+    if "classic" in cases:
+        classic_table(tables["classic"])
+    if "arrival" in cases:
+        arrival_table(tables["arrival"], offsets)
+    if "trickle" in cases:
+        trickle_table(tables["trickle"], args.period)
 
 
 if __name__ == "__main__":

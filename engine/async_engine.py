@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
@@ -44,6 +44,7 @@ class _Add:
     params: SamplingParams
     stream: _Stream
     use_prefix_cache: bool = True
+    arrival_time: float = field(default_factory=time.monotonic)  # queued (a step may be running)
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,11 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    command.prompt, command.params, command.request_id, command.use_prefix_cache
+                    command.prompt,
+                    command.params,
+                    command.request_id,
+                    command.use_prefix_cache,
+                    arrival_time=command.arrival_time,
                 )
             except DgppError as err:
                 command.stream.put(err)

@@ -166,11 +166,14 @@ class LLMEngine:
         request_id: str | None = None,
         use_prefix_cache: bool = True,
         cache_hints: tuple[int, ...] = (),
+        arrival_time: float | None = None,
     ) -> Request:
         """Validate and queue a request; raise a typed error for input that can never run.
         `use_prefix_cache=False` neither reads nor fills the prefix cache for this request.
         `cache_hints`: prompt positions worth a prefix-cache boundary (the end of the system
-        prompt), where hybrid models snapshot their recurrent state."""
+        prompt), where hybrid models snapshot their recurrent state. `arrival_time`: when the
+        request reached the engine's queue (`time.monotonic()`), while a step may have been
+        running; latency metrics and the step policy's deadlines count from it."""
         number = next(self._ids)
         request_id = request_id if request_id is not None else f"req-{number}"
         if request_id in self.scheduler.requests:
@@ -214,6 +217,8 @@ class LLMEngine:
             if params.reasoning_budget is not None
             else None,
         )
+        if arrival_time is not None:
+            request.arrival_time = min(arrival_time, request.arrival_time)
         if self.block_manager.states is not None and fills_cache:
             request.snapshot_points = snapshot_points(
                 num_prompt, cache_hints, config.block_size, config.prefix_min_tokens
@@ -280,6 +285,7 @@ class LLMEngine:
             spec_depth=self._spec_depth(),
             snapshots=states.snapshots.stats() if states is not None else None,
             snapshot_capacity=states.snapshots.num_slots if states is not None else 0,
+            step_model=scheduler.times.snapshot(),
         )
 
     def _spec_depth(self) -> int:
@@ -319,4 +325,5 @@ def _step_policy(config: EngineConfig) -> StepPolicy:
         short_prompt_tokens=config.short_prompt_tokens,
         long_prefill_share=config.long_prefill_share,
         step_target_ms=config.step_target_ms,
+        arrival_hold_s=config.arrival_hold_ms / 1000.0,
     )

@@ -106,6 +106,16 @@ class EngineConfig:
         unit="ms",
         live=True,
     )
+    arrival_hold_ms: float = knob(
+        1000.0,
+        "for this long after a request arrives, steps that carry only long prompts stay as short "
+        "as a short request's first token, so the next arrival waits for no long chunk "
+        "(0: long chunks at once)",
+        label="Arrival hold (ms)",
+        unit="ms",
+        ge=0.0,
+        live=True,
+    )
     max_concurrency: int = knob(
         64, "requests in the running batch at most", label="Max concurrency", ge=1
     )

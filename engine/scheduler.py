@@ -19,7 +19,7 @@ from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.request import Request, RequestStatus
 from dgpp.engine.speculative import Proposer
 from dgpp.engine.stats import EngineCounters
-from dgpp.engine.step_policy import StepPolicy
+from dgpp.engine.step_policy import LongCredit, StepPolicy
 from dgpp.engine.step_times import StepTimes
 
 
@@ -94,6 +94,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.policy = policy or StepPolicy(prefill_chunk_tokens=prefill_chunk_tokens)
         self.times = StepTimes()
+        self.credit = LongCredit()  # the oldest long prompt's banked step time
         self.proposer = proposer
         self.max_concurrency = max_concurrency
         self.prefill_chunk_tokens = prefill_chunk_tokens
@@ -102,6 +103,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_seq_ids: list[int] = []
+        self.last_arrival: float | None = None  # the newest request's arrival (monotonic)
 
     @property
     def num_preemptions(self) -> int:
@@ -116,6 +118,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.last_arrival = max(self.last_arrival or request.arrival_time, request.arrival_time)
 
     def finish(self, request: Request) -> None:
         """Remove a finished or aborted request from the queues and free its blocks."""
@@ -203,7 +206,10 @@ class Scheduler:
         running = [r for r in self.running if r.num_pending_tokens > 1]
         waiting = self._admission_order()
         amounts = self.policy.share(self.policy.prefill_chunk_tokens, running, waiting)
-        return self.policy.bound(amounts, running + waiting, num_decodes, self.times)
+        now, prompts = time.monotonic(), running + waiting
+        return self.policy.bound(
+            amounts, prompts, num_decodes, self.times, now, self.last_arrival, self.credit
+        )
 
     def _admit(self, request: Request, num_tokens: int) -> ScheduledChunk | None:
         hit_tokens = 0
@@ -257,6 +263,8 @@ class Scheduler:
         # The policy's own rule, on the prefill left after the cache hit: a cached agent turn
         # with a short new tail is a short prompt.
         request.prompt_class = "short" if self.policy.is_short(request) else "long"
+        if request.prompt_class == "short":
+            self.times.observe_short(request.num_pending_tokens)
         self.counters.prompt_tokens_total += request.num_prompt_tokens
         cache = self.counters.prefix_cache
         if request.use_prefix_cache and self.block_manager.cache.enabled:

@@ -76,6 +76,8 @@ class EngineStats:
     spec_depth: int = 0  # draft tokens proposed per step at most; 0 when off
     snapshots: SnapshotStats | None = None  # recurrent-state snapshots (hybrid models)
     snapshot_capacity: int = 0  # snapshot slots
+    # The step-time model's fitted constants (`StepTimes.snapshot`): seconds, None until fitted.
+    step_model: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:

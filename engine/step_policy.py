@@ -12,12 +12,23 @@ While short prompts wait, `long_prefill_share` of the budget is kept for the old
 so it advances every step and finishes in bounded time however many short ones arrive; with no
 short prompt waiting it takes the whole budget.
 
-Step time: when a step carries latency-sensitive work (decode rows, short prompts), its long
-prompts get only the tokens that keep the step within `step_target_ms`, by default
-`STRETCH` times the predicted time of the sensitive work alone (`step_times`), so
-inter-token latency and a short prompt's first token stay within about twice what they are
-without the long prompt. The oldest long prompt always gets at least `MIN_CHUNK` tokens. With
-nothing sensitive in the step, the whole budget is used.
+Step time (`bound`): a step's long prompts get only the tokens that keep it within a target
+predicted by `step_times`, so no latency-sensitive work waits for a whole long chunk:
+
+- with decode rows or short prompts in the step, `STRETCH` times the predicted time of that
+  sensitive work alone (or `step_target_ms`), and no later than each short prompt's deadline:
+  its arrival plus `STRETCH` times its solo first-token time. Inter-token latency and a short
+  prompt's first token stay within about twice what they are without the long prompt;
+- with only long prompt work, while an arrival is likely (`arrival_hold_s` after the latest
+  arrival), `ARRIVAL_WAIT` times a typical short request's solo first-token step: a request
+  arriving in the middle of it waits about that long, then gets its own step before its
+  deadline (and never less prompt work than the step's base cost, so a device whose steps are
+  mostly fixed cost keeps most of a lone long prompt's speed). Once the hold has passed, a
+  long-only step may last as long as the quiet time since the hold ended: long chunks grow
+  back to the whole budget in a few steps.
+
+The oldest long prompt always gets at least `MIN_CHUNK` tokens. `step_target_ms` < 0 turns the
+bound off (first-come-first-served steps, short prompts still first).
 """
 
 from __future__ import annotations
@@ -30,7 +41,48 @@ from dgpp.engine.request import Request
 from dgpp.engine.step_times import StepTimes
 
 MIN_CHUNK = 4  # prompt tokens the oldest long prompt may always compute, whatever the timings
+MAX_SKIPS = 16  # steps in a row the oldest long prompt may sit out to bank a worthwhile chunk
 STRETCH = 1.75  # a bounded step's target: this many times its latency-sensitive work alone
+# A long-only step while an arrival is likely: this many typical solo short steps, so an arrival
+# mid-step plus its own step stays within STRETCH of its solo time.
+ARRIVAL_WAIT = STRETCH - 1.0
+
+
+@dataclass
+class LongCredit:
+    """Prompt time the oldest long prompt was due in steps it sat out (scheduler state).
+
+    Beside latency-sensitive work a step leaves a long prompt a little time; at a long position a
+    chunk that small is mostly fixed cost (reading its whole context), so the prompt sits the step
+    out and banks the time instead, and spends it in one worthwhile chunk a few steps later: the
+    same share of time, most of it on tokens. `MAX_SKIPS` steps out in a row at most."""
+
+    seconds: float = 0.0
+    skipped: int = 0
+    owner: int = 0  # id() of the request the time is banked for
+
+    def bank(self, owner: int, seconds: float) -> bool:
+        """Sit this step out, banking `seconds`; False when it has sat out too many already."""
+        if owner != self.owner:  # banked for a request that is gone or no longer the oldest
+            self.seconds, self.skipped, self.owner = 0.0, 0, owner
+        if self.skipped >= MAX_SKIPS:
+            return False
+        self.seconds += seconds
+        self.skipped += 1
+        return True
+
+    def take(self) -> float:
+        """The banked time, spent in this step's chunk."""
+        seconds, self.seconds, self.skipped = self.seconds, 0.0, 0
+        return seconds
+
+
+def _efficient(times: StepTimes, tokens: int, start: int) -> bool:
+    """The chunk's tokens' own work is at least what it costs beyond them."""
+    if tokens <= 0:
+        return False
+    overhead = times.chunk_overhead(tokens, start)
+    return times.prompt_seconds(tokens, start) - overhead >= overhead
 
 
 @dataclass(frozen=True)
@@ -39,6 +91,7 @@ class StepPolicy:
     short_prompt_tokens: int = 256
     long_prefill_share: float = 0.25
     step_target_ms: float = 0.0  # 0: STRETCH x the sensitive work; < 0: no step-time bound
+    arrival_hold_s: float = 1.0  # long-only steps stay bounded this long after an arrival
 
     def bound(
         self,
@@ -46,33 +99,83 @@ class StepPolicy:
         prompts: Sequence[Request],
         num_decodes: int,
         times: StepTimes,
+        now: float,
+        last_arrival: float | None = None,
+        credit: LongCredit | None = None,
     ) -> dict[int, int]:
-        """`amounts` (from `share`) with long prompts cut to the step-time bound, when the step
-        carries decode rows or short prompts (see the module docstring)."""
-        planned = [r for r in self.order([], list(prompts)) if id(r) in amounts]
-        shorts = [r for r in planned if self.is_short(r)]
-        if self.step_target_ms < 0 or not times.ready or not (num_decodes or shorts):
+        """`amounts` (from `share`) with long prompts cut to the step-time bound (see the module
+        docstring); `now` and `last_arrival` are `time.monotonic()` instants; `credit` carries
+        the oldest long prompt's banked time from step to step."""
+        if self.step_target_ms < 0 or not times.ready:
             return amounts
-        assert times.decode_step_s is not None
-        sensitive = times.decode_step_s + sum(
-            times.prompt_seconds(amounts[id(r)], r.num_computed_tokens) for r in shorts
-        )
-        target = self.step_target_ms / 1000.0 if self.step_target_ms > 0 else STRETCH * sensitive
-        spare = target - sensitive
+        planned = [r for r in self.order([], list(prompts)) if id(r) in amounts]
+        longs = [r for r in planned if not self.is_short(r)]
+        if not longs:
+            return amounts
+        spare = self._spare(amounts, planned, longs[0], num_decodes, times, now, last_arrival)
+        if spare is None:
+            return amounts
+        credit = credit if credit is not None else LongCredit()
         bounded = dict(amounts)
-        oldest = True
-        for request in (r for r in planned if not self.is_short(r)):
+        oldest, beside = longs[0], len(planned) > len(longs) or num_decodes > 0
+        for request in longs:
             start, most = request.num_computed_tokens, amounts[id(request)]
-            tokens = times.tokens_within(spare, start, most)
-            if oldest:
+            if request is oldest:
+                tokens = times.tokens_within(spare + credit.seconds, start, most)
+                poor = beside and tokens < most and not _efficient(times, tokens, start)
+                if poor and credit.bank(id(request), spare):  # a worthwhile chunk later instead
+                    del bounded[id(request)]
+                    spare = 0.0
+                    continue
                 tokens = max(tokens, min(MIN_CHUNK, most))
-                oldest = False
+                spare += credit.take()
+            else:
+                tokens = times.tokens_within(spare, start, most)
             if tokens <= 0:
                 del bounded[id(request)]
                 continue
             bounded[id(request)] = tokens
             spare -= times.prompt_seconds(tokens, start)
         return bounded
+
+    def _spare(
+        self,
+        amounts: dict[int, int],
+        planned: list[Request],
+        oldest_long: Request,
+        num_decodes: int,
+        times: StepTimes,
+        now: float,
+        last_arrival: float | None,
+    ) -> float | None:
+        """Seconds of long prompt work the step may hold beside its other work; None: no bound."""
+        assert times.decode_step_s is not None
+        base = times.decode_step_s
+        shorts = [r for r in planned if self.is_short(r)]
+        if not (num_decodes or shorts):
+            if last_arrival is None:
+                return None
+            # Past the hold, a long-only step may last as long as the quiet after the hold: its
+            # length about doubles step by step up to the whole budget, without a cliff. Never
+            # less than half the step is the long prompt's tokens' own work: where steps are
+            # mostly fixed cost (a GPU's launch-bound step, a CPU's chunk at a long position)
+            # a long prompt alone keeps at least half its speed.
+            grown = now - last_arrival - self.arrival_hold_s
+            overhead = times.chunk_overhead(0, oldest_long.num_computed_tokens)
+            floor = base + 2 * overhead
+            return max(ARRIVAL_WAIT * times.solo_short_s() - base, grown - base, floor)
+        sensitive = base
+        target = math.inf
+        for request in shorts:
+            cost = times.prompt_seconds(amounts[id(request)], request.num_computed_tokens)
+            sensitive += cost
+            if amounts[id(request)] == request.num_pending_tokens:  # its first token is due
+                solo = base + times.prompt_seconds(
+                    request.num_pending_tokens, request.num_computed_tokens
+                )
+                target = min(target, STRETCH * solo - (now - request.arrival_time))
+        stretch = self.step_target_ms / 1000.0 if self.step_target_ms > 0 else STRETCH * sensitive
+        return max(min(stretch, target) - sensitive, 0.0)
 
     def is_short(self, request: Request) -> bool:
         return request.num_pending_tokens <= self.short_prompt_tokens

@@ -1,81 +1,163 @@
 """What steps cost, learned from the steps the engine runs: the step-time model behind the
 interactive policy's bound (`step_policy`).
 
-A step costs a base (on a CPU mostly reading every weight once, whatever the rows) plus, per
-prompt token, a cost that grows with the token's position (its attention reads every earlier
-position). The base is the running average of decode-only steps; the per-token cost is a line
-in the position, fitted by least squares over running (exponentially weighted) moments of the
-prompt steps' per-token cost against their tokens' mean position.
+A step costs a base (the decode-only step: on a CPU mostly reading every weight once, on a GPU
+mostly launching kernels), plus for each prompt chunk of n tokens from position s:
+
+    a * n  +  b * n * (s + n / 2)  +  c * (s + n)  +  d
+
+a: a token through the linear layers; b: a token's attention per earlier position; c: reading
+the chunk's whole context once (gathering the cached keys and values); d: a chunk's fixed cost.
+The per-chunk terms are why many small chunks cost more than one large one, and a long-context
+chunk of a few tokens far more than its tokens suggest. The base is the running average of
+decode-only steps; a..d are fitted by non-negative least squares over exponentially weighted
+moments of the prompt steps' cost beyond the base. A GPU fits the same shape: its decode step
+is launch-bound (the base and d), its prefill compute-bound (a and b).
+
+The model also keeps the typical short prompt's size, so it can predict a short request's solo
+first token (`solo_short_s`): the wait the policy allows an arrival.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-EWMA = 0.2  # weight of the newest step in the running averages
-MIN_POSITION_SPREAD = 64.0  # positions must vary this much (std) before a slope is fitted
+import numpy as np
+
+EWMA = 0.2  # weight of the newest decode-only step in the base's running average
+DECAY = 0.95  # weight kept by older prompt steps at each new one (about 20 steps of memory)
+# Feature scales (a 512-token chunk at 4K positions is about 1 in each), and the ridge that keeps
+# the fit determined before the steps have varied enough to tell the terms apart.
+SCALES = np.array([512.0, 512.0 * 4096.0, 4096.0, 1.0])
+RIDGE = 1e-9
+# The short prompt an arrival's wait is sized for: a one-line chat turn, or the shorter ones
+# seen lately (the running average of short prompts, capped here: a 200-token prompt counts as
+# short too, but must not let a one-line request wait for 200 tokens of long prompt work).
+SHORT_TOKENS = 32.0
 
 
 def _average(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA) * old + EWMA * new
 
 
+def chunk_features(tokens: int, start: int) -> np.ndarray:
+    """The model's terms of one prompt chunk (unscaled): n, n * mean position, end, 1."""
+    return np.array([tokens, tokens * (start + tokens / 2), start + tokens, 1.0])
+
+
+def _nonnegative_fit(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
+    """argmin over theta >= 0 of theta' G theta - 2 theta' m: every subset of free terms is
+    solved and the best feasible kept (four terms: fifteen small solves)."""
+    best, best_loss = np.zeros(len(moment)), 0.0
+    for size in range(1, len(moment) + 1):
+        for free in itertools.combinations(range(len(moment)), size):
+            index = list(free)
+            try:
+                solved = np.linalg.solve(gram[np.ix_(index, index)], moment[index])
+            except np.linalg.LinAlgError:
+                continue
+            if (solved < 0).any():
+                continue
+            theta = np.zeros(len(moment))
+            theta[index] = solved
+            loss = float(theta @ gram @ theta - 2 * theta @ moment)
+            if loss < best_loss:
+                best, best_loss = theta, loss
+    return best
+
+
 @dataclass
 class StepTimes:
     decode_step_s: float | None = None  # a decode-only step (the base of every step)
-    # Running moments of prompt steps: mean position p, per-token cost y, p*p and p*y.
-    _p: float | None = None
-    _y: float | None = None
-    _pp: float | None = None
-    _py: float | None = None
+    short_tokens: float = SHORT_TOKENS  # running average of short prompts' tokens, capped
+    # Weighted moments of the prompt steps: scaled features' Gram matrix and their products with
+    # the cost beyond the base; the fitted seconds per scaled term.
+    _gram: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))
+    _moment: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    _theta: np.ndarray | None = None
 
     @property
     def ready(self) -> bool:
-        return self.decode_step_s is not None and self._y is not None
+        return self.decode_step_s is not None and self._theta is not None
 
     def observe(
         self, seconds: float, num_decodes: int, prompt_chunks: Sequence[tuple[int, int]]
     ) -> None:
         """One step's wall time, its decode rows and its prompt chunks as (start, tokens)."""
-        tokens = sum(n for _, n in prompt_chunks)
-        if tokens == 0:
+        if not prompt_chunks:
             if num_decodes:
                 self.decode_step_s = _average(self.decode_step_s, seconds)
             return
-        base = self.decode_step_s or 0.0
-        y = max(seconds - base, 0.0) / tokens
-        p = sum(n * (start + n / 2) for start, n in prompt_chunks) / tokens
-        self._p, self._y = _average(self._p, p), _average(self._y, y)
-        self._pp, self._py = _average(self._pp, p * p), _average(self._py, p * y)
+        features = sum(chunk_features(n, start) for start, n in prompt_chunks) / SCALES
+        cost = max(seconds - (self.decode_step_s or 0.0), 0.0)
+        self._gram = DECAY * self._gram + np.outer(features, features)
+        self._moment = DECAY * self._moment + features * cost
+        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * np.eye(4)
+        self._theta = _nonnegative_fit(self._gram + ridge, self._moment) / SCALES
+
+    def terms(self) -> tuple[float, float, float, float]:
+        """(a, b, c, d) of the module docstring, in seconds."""
+        assert self._theta is not None
+        a, b, c, d = (float(v) for v in self._theta)
+        return a, b, c, d
 
     def token_cost(self) -> tuple[float, float]:
-        """(a, b): a prompt token at position p costs about a + b * p seconds."""
-        assert self._p is not None and self._y is not None
-        assert self._pp is not None and self._py is not None
-        variance = self._pp - self._p**2
-        if variance < MIN_POSITION_SPREAD**2:
-            return self._y, 0.0
-        slope = max((self._py - self._p * self._y) / variance, 0.0)
-        return max(self._y - slope * self._p, 0.0), slope
+        """(a, b): a prompt token at position p costs about a + b * p seconds, beyond its
+        chunk's own costs."""
+        a, b, _, _ = self.terms()
+        return a, b
+
+    def observe_short(self, tokens: int) -> None:
+        """A short prompt admitted with `tokens` left to compute (after any cache hit)."""
+        self.short_tokens = min(_average(self.short_tokens, float(max(tokens, 1))), SHORT_TOKENS)
+
+    def solo_short_s(self) -> float:
+        """The predicted first-token step of a typical short prompt alone."""
+        assert self.decode_step_s is not None
+        return self.decode_step_s + self.prompt_seconds(round(self.short_tokens), 0)
 
     def prompt_seconds(self, tokens: int, start: int) -> float:
-        """The predicted cost of computing prompt positions start .. start + tokens."""
-        a, b = self.token_cost()
-        return tokens * (a + b * (start + tokens / 2))
+        """The predicted cost of a chunk computing prompt positions start .. start + tokens
+        (nothing when it computes none)."""
+        if tokens <= 0:
+            return 0.0
+        assert self._theta is not None
+        return float(chunk_features(tokens, start) @ self._theta)
+
+    def chunk_overhead(self, tokens: int, start: int) -> float:
+        """What a chunk costs beyond its tokens' own work: reading its context, its fixed cost."""
+        _, _, c, d = self.terms()
+        return c * (start + tokens) + d
 
     def tokens_within(self, seconds: float, start: int, most: int) -> int:
-        """The most prompt tokens from position `start` (at most `most`) that fit `seconds`."""
-        if seconds <= 0:
+        """The most prompt tokens from position `start` (at most `most`) whose chunk fits
+        `seconds`; 0 when not even its fixed costs do."""
+        a, b, c, d = self.terms()
+        room = seconds - c * start - d
+        if room <= 0:
             return 0
-        a, b = self.token_cost()
-        # tokens * (a + b * start) + (b / 2) * tokens^2 <= seconds
-        linear = a + b * start
+        # (b / 2) n^2 + (a + b * start + c) n <= room
+        linear = a + b * start + c
         if b > 0:
-            tokens = (-linear + math.sqrt(linear * linear + 2 * b * seconds)) / b
+            tokens = (-linear + math.sqrt(linear * linear + 2 * b * room)) / b
         elif linear > 0:
-            tokens = seconds / linear
+            tokens = room / linear
         else:
             return most
-        return max(min(math.floor(tokens + 1e-9), most), 0)
+        return max(min(math.floor(tokens + 1e-3), most), 0)  # the fit's rounding: not a token
+
+    def snapshot(self) -> dict[str, float | None]:
+        """The fitted constants, for `/v1/metrics` and the console (None until fitted)."""
+        a, b, c, d = self.terms() if self._theta is not None else (None,) * 4
+        return {
+            "decode_step_s": self.decode_step_s,
+            "token_s": a,
+            "token_position_s": b,
+            "chunk_position_s": c,
+            "chunk_s": d,
+            "short_prompt_tokens": self.short_tokens,
+            "solo_short_s": self.solo_short_s() if self.ready else None,
+        }

@@ -128,7 +128,7 @@ def expanded_prefill_rows(
         begin, end = starts[row], starts[row + 1]
         seq_len = metadata.seq_lens_host[row]
         table = metadata.block_tables[row, : -(-seq_len // block_size)]
-        latents = cache[table].flatten(0, 1)[:seq_len]  # [S, L + R]
+        latents = torch.index_select(cache, 0, table).flatten(0, 1)[:seq_len]  # [S, L + R]
         out[begin:end] = expanded_attention(
             q_nope[begin:end],
             q_pe[begin:end],

@@ -25,7 +25,10 @@ def store_kv(
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` cached tokens of the blocks in `block_table`: [..., length, H_kv, D]."""
-    blocks = cache[block_table]  # [..., n_blocks, block_size, H_kv, D]
+    # index_select, not cache[block_table]: 4-7x faster on CPU for these block copies
+    # (measured on the default model's shapes at 6,000 cached tokens: 0.2 ms a layer, not 0.9).
+    blocks = torch.index_select(cache, 0, block_table.reshape(-1))
+    blocks = blocks.view(*block_table.shape, *cache.shape[1:])  # [..., n_blocks, bs, H_kv, D]
     flat = blocks.flatten(-4, -3)
     return flat[..., :length, :, :]
 

@@ -92,6 +92,10 @@ def metrics_body(
             "ttft_avg_miss_s": _average(cache.ttft_miss_sum_s, cache.ttft_miss_count),
             "state_snapshots": _snapshots(stats),
         },
+        # What the interactive step policy predicts steps from (docs/engine.md): the decode-only
+        # step, a prompt token's cost (plus per position it attends over), and a typical short
+        # request's solo first-token step. None until the engine has run such steps.
+        "step_model": dict(stats.step_model),
         "prompt_classes": {
             name: {
                 "requests": latency.count,

@@ -145,6 +145,7 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
             model,
             stats.snapshots.hits,
         )
+    yield from _step_model_families(model, stats.step_model)
     spec = counters.spec_decode
     yield _counter(
         "dgpp:spec_decode_num_drafts",
@@ -180,6 +181,29 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
         model,
         counters.num_preemptions,
     )
+
+
+STEP_MODEL_GAUGES = (
+    ("dgpp:step_model_decode_step_seconds", "decode_step_s", "A decode-only step (the base)."),
+    ("dgpp:step_model_prompt_token_seconds", "token_s", "A prompt token's cost at position 0."),
+    (
+        "dgpp:step_model_prompt_token_position_seconds",
+        "token_position_s",
+        "What a prompt token costs more per earlier position it attends over.",
+    ),
+    (
+        "dgpp:step_model_solo_short_seconds",
+        "solo_short_s",
+        "A typical short request's first-token step alone: an arrival's wait is sized on it.",
+    ),
+)
+
+
+def _step_model_families(model: str, step_model: dict[str, float | None]) -> Iterator[Metric]:
+    """The step-time model's fitted constants, once fitted (the interactive step policy)."""
+    for name, key, doc in STEP_MODEL_GAUGES:
+        if (value := step_model.get(key)) is not None:
+            yield _gauge(name, f"Step-time model: {doc} (seconds)", model, value)
 
 
 SERVICE_COUNTERS = (

@@ -57,6 +57,22 @@ def speculative_view(metrics: dict[str, Any] | None, deployment: Deployment) -> 
     return {"method": method, "depth": depth, "source": source, "text": text, "empty": empty}
 
 
+def step_model_view(metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine's step-time model (`/v1/metrics` "step_model") as one line: what the
+    interactive step policy predicts every step from."""
+    model = (metrics or {}).get("step_model") or {}
+    decode, token = model.get("decode_step_s"), model.get("token_s")
+    if decode is None or token is None:
+        return {**model, "text": "not fitted yet: the engine has not run decode and prompt steps"}
+    position = model.get("token_position_s") or 0.0
+    text = f"decode step {decode * 1e3:.1f} ms, prompt token {token * 1e3:.2f} ms"
+    if position:
+        text += f" + {position * 1e9:.0f} ns per earlier position"
+    if (solo := model.get("solo_short_s")) is not None:
+        text += f"; a short request alone {solo * 1e3:.0f} ms"
+    return {**model, "text": text}
+
+
 async def overview(
     console: Console, backend: Backend, engine_for: EngineFactory, nodes_for: NodesFactory
 ) -> dict[str, Any]:
@@ -89,6 +105,7 @@ async def overview(
         }
         metrics = await engine_for(deployment).metrics() if health.is_serving else None
         body["speculative"] = speculative_view(metrics, deployment)
+        body["step_model"] = step_model_view(metrics)
         if health.status is not None:
             nodes = await nodes_for(deployment).nodes()
     else:
