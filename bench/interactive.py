@@ -197,7 +197,10 @@ def _cases(
         results.append(("arrival", arrivals.run(lambda a: job(a, offsets_s=offsets), llm)))
     if "trickle" in cases:
         job = functools.partial(arrivals.trickle, long_prompt=long_prompt, short=short)
-        results.append(("trickle", arrivals.run(lambda a: job(a, period_s=period), llm)))
+        with arrivals.Predictions(llm) as predictions:
+            results.append(("trickle", arrivals.run(lambda a: job(a, period_s=period), llm)))
+        print(f"Step-time model during the trickle ({tokens}-token prompt):")
+        print("\n".join(predictions.table()))
     return results
 
 

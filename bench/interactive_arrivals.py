@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.llm import LLM
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.scheduler import StepPlan
 
 Prompt = Callable[[int], list[int]]  # salt -> prompt token ids
 
@@ -105,3 +106,47 @@ async def trickle(
 def run(coroutine_factory: Callable[[Arrivals], object], llm: LLM) -> dict[str, float]:
     with Arrivals(llm) as arrivals:
         return asyncio.run(coroutine_factory(arrivals))  # type: ignore[arg-type]
+
+
+class Predictions:
+    """Each step's wall time against what the step-time model predicted for its plan before it
+    ran (the base plus each prompt chunk), by kind of step: does the policy's model hold?"""
+
+    def __init__(self, llm: LLM) -> None:
+        self.scheduler = llm.engine.scheduler
+        self.ratios: dict[str, list[float]] = {}
+        self._observe = self.scheduler.observe
+
+    def __enter__(self) -> Predictions:
+        self.scheduler.observe = self._record  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.scheduler.observe = self._observe  # type: ignore[method-assign]
+
+    def _record(self, plan: StepPlan, seconds: float) -> None:
+        times = self.scheduler.times
+        if times.ready and times.decode_step_s is not None:
+            prompts = plan.chunks[plan.num_decodes :]
+            predicted = times.decode_step_s + sum(
+                times.prompt_seconds(c.num_tokens, c.start) for c in prompts
+            )
+            tokens = sum(c.num_tokens for c in prompts)
+            if plan.num_decodes:
+                kind = "decode rows and prompt" if prompts else "decode rows only"
+            else:
+                kind = "prompt, < 64 tokens" if tokens < 64 else "prompt, >= 64 tokens"
+            self.ratios.setdefault(kind, []).append(seconds / predicted)
+        self._observe(plan, seconds)
+
+    def table(self) -> list[str]:
+        rows = [
+            "| step kind | steps | actual / predicted: median | p10 | p90 |",
+            "|---|---|---|---|---|",
+        ]
+        for kind, values in sorted(self.ratios.items()):
+            ranked = sorted(values)
+            p10, p90 = ranked[len(ranked) // 10], ranked[9 * len(ranked) // 10]
+            median = statistics.median(ranked)
+            rows.append(f"| {kind} | {len(ranked)} | {median:.2f} | {p10:.2f} | {p90:.2f} |")
+        return rows

@@ -22,13 +22,18 @@ predicted by `step_times`, so no latency-sensitive work waits for a whole long c
 - with only long prompt work, while an arrival is likely (`arrival_hold_s` after the latest
   arrival), `ARRIVAL_WAIT` times a typical short request's solo first-token step: a request
   arriving in the middle of it waits about that long, then gets its own step before its
-  deadline (and never less prompt work than the step's base cost, so a device whose steps are
-  mostly fixed cost keeps most of a lone long prompt's speed). Once the hold has passed, a
-  long-only step may last as long as the quiet time since the hold ended: long chunks grow
-  back to the whole budget in a few steps.
+  deadline. Never less than half such a step is the long prompt's tokens' own work, so where
+  steps are mostly fixed cost (a GPU's launch-bound step, a CPU's chunk at a long position that
+  reads its whole context) a lone long prompt keeps at least half its speed. Once the hold has
+  passed, a long-only step may last as long as the quiet time since the hold ended: long chunks
+  grow back to the whole budget in a few steps.
 
-The oldest long prompt always gets at least `MIN_CHUNK` tokens. `step_target_ms` < 0 turns the
-bound off (first-come-first-served steps, short prompts still first).
+Beside sensitive work, a chunk of the few tokens the bound leaves can be mostly fixed cost; the
+oldest long prompt then sits the step out and banks its time (`LongCredit`), spending it a few
+steps later in one chunk that is at least half its tokens' work: the same share of time, most
+of it useful. It sits out at most `MAX_SKIPS` steps in a row; then, and whenever it runs, it
+gets at least `MIN_CHUNK` tokens, so it finishes in bounded time. `step_target_ms` < 0 turns
+the bound off (first-come-first-served steps, short prompts still first).
 """
 
 from __future__ import annotations

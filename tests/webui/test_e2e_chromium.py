@@ -161,6 +161,10 @@ def test_console_end_to_end(
     wait_for("the acceptance chart drawing", lambda: _points(page, "spec") > 0, 60)
     # That request was short: the prompt-class chart has its TTFT and queue time.
     wait_for("the prompt-class chart drawing", lambda: _points(page, "classes") > 0, 60)
+    # The step-time model the engine fitted from these requests' steps, in the health card.
+    step_model = lambda: page.inner_text("#step-model")  # noqa: E731
+    wait_for("the overview showing the step model", lambda: "decode step" in step_model(), 30)
+    assert "prompt token" in step_model() and "a short request alone" in step_model()
     appliance.shot(page, "06-overview-speculative.png", full_page=True)
 
     # Switch to a second model: preview the diff, apply, follow it until /health is 200.
