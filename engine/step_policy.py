@@ -165,8 +165,10 @@ class StepPolicy:
             # less than half the step is the long prompt's tokens' own work: where steps are
             # mostly fixed cost (a GPU's launch-bound step, a CPU's chunk at a long position)
             # a long prompt alone keeps at least half its speed.
+            # The context read only: the fitted fixed cost d moves with the mix of chunk sizes
+            # (a CPU's large chunks switch kernels) and must not widen an arrival's wait.
             grown = now - last_arrival - self.arrival_hold_s
-            overhead = times.chunk_overhead(0, oldest_long.num_computed_tokens)
+            overhead = times.context_read(oldest_long.num_computed_tokens)
             floor = base + 2 * overhead
             return max(ARRIVAL_WAIT * times.solo_short_s() - base, grown - base, floor)
         sensitive = base

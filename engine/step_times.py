@@ -132,6 +132,10 @@ class StepTimes:
         _, _, c, d = self.terms()
         return c * (start + tokens) + d
 
+    def context_read(self, start: int) -> float:
+        """What reading `start` cached positions costs a chunk (the c term)."""
+        return self.terms()[2] * start
+
     def tokens_within(self, seconds: float, start: int, most: int) -> int:
         """The most prompt tokens from position `start` (at most `most`) whose chunk fits
         `seconds`; 0 when not even its fixed costs do."""

@@ -211,6 +211,23 @@ def test_a_lone_long_prompt_keeps_its_speed_where_steps_are_mostly_fixed_cost() 
     arrived = long_request.arrival_time
     bounded = policy.bound({id(long_request): 512}, [long_request], 0, times, arrived, arrived)
     assert bounded == {id(long_request): 500}
+    # At 6,000 positions the context read (18 ms) and the 10 ms base are matched by as much of
+    # the prompt's own work (28 ms: 27 tokens). The floor counts the context read, not a chunk's
+    # fitted fixed cost, which must not widen an arrival's wait: 40 ms of it leave
+    # 0.75 x 82 ms - 10 ms - 40 ms = 11 tokens at position 0.
+    times = _times(0.010, 0.001, context_s=3e-6)
+    (deep_request,) = _requests(8000)
+    deep_request.num_computed_tokens = 6000
+    deep = policy.bound({id(deep_request): 512}, [deep_request], 0, times, arrived, arrived)
+    assert (
+        deep
+        == {id(deep_request): times.tokens_within(0.010 + 0.036, 6000, 512)}
+        == {id(deep_request): 27}
+    )
+    times = _times(0.010, 0.001, chunk_s=0.040)
+    assert policy.bound({id(long_request): 512}, [long_request], 0, times, arrived, arrived) == {
+        id(long_request): 11
+    }
 
 
 def test_an_arrival_during_a_long_only_step_waits_for_no_long_chunk() -> None:
