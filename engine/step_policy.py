@@ -46,6 +46,8 @@ from dgpp.engine.request import Request
 from dgpp.engine.step_times import StepTimes
 
 MIN_CHUNK = 4  # prompt tokens the oldest long prompt may always compute, whatever the timings
+# The least share of a bounded long-only step that is the long prompt's tokens' own work.
+USEFUL = 0.5
 MAX_SKIPS = 16  # steps in a row the oldest long prompt may sit out to bank a worthwhile chunk
 STRETCH = 1.75  # a bounded step's target: this many times its latency-sensitive work alone
 # A long-only step while an arrival is likely: this many typical solo short steps, so an arrival
@@ -169,7 +171,7 @@ class StepPolicy:
             # (a CPU's large chunks switch kernels) and must not widen an arrival's wait.
             grown = now - last_arrival - self.arrival_hold_s
             overhead = times.context_read(oldest_long.num_computed_tokens)
-            floor = base + 2 * overhead
+            floor = overhead + USEFUL / (1 - USEFUL) * (base + overhead)
             return max(ARRIVAL_WAIT * times.solo_short_s() - base, grown - base, floor)
         sensitive = base
         target = math.inf

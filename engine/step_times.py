@@ -33,6 +33,10 @@ DECAY = 0.95  # weight kept by older prompt steps at each new one (about 20 step
 # the fit determined before the steps have varied enough to tell the terms apart.
 SCALES = np.array([512.0, 512.0 * 4096.0, 4096.0, 1.0])
 RIDGE = 1e-9
+# Per-term weights of the ridge: while chunks all look alike (every step a whole budget), the
+# per-token terms explain the cost rather than the per-chunk ones (a draft token is priced by
+# them: `spec_depth`).
+RIDGE_WEIGHTS = np.diag([1.0, 1.0, 1e3, 1e3])
 # The short prompt an arrival's wait is sized for: a one-line chat turn, or the shorter ones
 # seen lately (the running average of short prompts, capped here: a 200-token prompt counts as
 # short too, but must not let a one-line request wait for 200 tokens of long prompt work).
@@ -95,7 +99,7 @@ class StepTimes:
         cost = max(seconds - (self.decode_step_s or 0.0), 0.0)
         self._gram = DECAY * self._gram + np.outer(features, features)
         self._moment = DECAY * self._moment + features * cost
-        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * np.eye(4)
+        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * RIDGE_WEIGHTS
         self._theta = _nonnegative_fit(self._gram + ridge, self._moment) / SCALES
 
     def terms(self) -> tuple[float, float, float, float]:

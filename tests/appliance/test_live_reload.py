@@ -32,6 +32,7 @@ LIVE = {
     "engine.short_prompt_tokens",
     "engine.long_prefill_share",
     "engine.step_target_ms",
+    "engine.arrival_hold_ms",
     "http.served_model_names",
     "http.default_max_tokens",
     "http.max_tokens_policy",

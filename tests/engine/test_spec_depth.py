@@ -55,8 +55,9 @@ def test_first_tokens_accepted_chained_ones_not_stay_at_one() -> None:
 def _times(decode_step_s: float, token_s: float) -> StepTimes:
     times = StepTimes()
     times.observe(decode_step_s, 4, [])  # a decode-only step
-    for start in (0, 256, 512):  # prompt steps: `token_s` a token, at every position
-        times.observe(decode_step_s + 64 * token_s, 0, [(start, 64)])
+    for start in (0, 256, 512):  # prompt steps: `token_s` a token, at every position and size
+        for tokens in (16, 64):
+            times.observe(decode_step_s + tokens * token_s, 0, [(start, tokens)])
     return times
 
 

@@ -64,6 +64,15 @@ JSON_KEYS = {
         "ttft_avg_miss_s",
         "state_snapshots",
     },
+    "step_model": {
+        "decode_step_s",
+        "token_s",
+        "token_position_s",
+        "chunk_position_s",
+        "chunk_s",
+        "short_prompt_tokens",
+        "solo_short_s",
+    },
     "prompt_classes": {"short", "long"},
     "spec_decode": {
         "method",
