@@ -11,8 +11,9 @@ the chunk's whole context once (gathering the cached keys and values); d: a chun
 The per-chunk terms are why many small chunks cost more than one large one, and a long-context
 chunk of a few tokens far more than its tokens suggest. The base is the running average of
 decode-only steps; a..d are fitted by non-negative least squares over exponentially weighted
-moments of the prompt steps' cost beyond the base. A GPU fits the same shape: its decode step
-is launch-bound (the base and d), its prefill compute-bound (a and b).
+moments of the prompt steps' cost beyond the base, with the fewest terms that explain it. A GPU
+fits the same shape: its decode step is launch-bound (the base and d), its prefill
+compute-bound (a and b).
 
 The model also keeps the typical short prompt's size, so it can predict a short request's solo
 first token (`solo_short_s`): the wait the policy allows an arrival.
@@ -33,10 +34,8 @@ DECAY = 0.95  # weight kept by older prompt steps at each new one (about 20 step
 # the fit determined before the steps have varied enough to tell the terms apart.
 SCALES = np.array([512.0, 512.0 * 4096.0, 4096.0, 1.0])
 RIDGE = 1e-9
-# Per-term weights of the ridge: while chunks all look alike (every step a whole budget), the
-# per-token terms explain the cost rather than the per-chunk ones (a draft token is priced by
-# them: `spec_depth`).
-RIDGE_WEIGHTS = np.diag([1.0, 1.0, 1e3, 1e3])
+# A term joins the fit only when it explains this much more of the steps' cost (its square).
+PARSIMONY = 1e-6
 # The short prompt an arrival's wait is sized for: a one-line chat turn, or the shorter ones
 # seen lately (the running average of short prompts, capped here: a 200-token prompt counts as
 # short too, but must not let a one-line request wait for 200 tokens of long prompt work).
@@ -52,11 +51,15 @@ def chunk_features(tokens: int, start: int) -> np.ndarray:
     return np.array([tokens, tokens * (start + tokens / 2), start + tokens, 1.0])
 
 
-def _nonnegative_fit(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
-    """argmin over theta >= 0 of theta' G theta - 2 theta' m: every subset of free terms is
-    solved and the best feasible kept (four terms: fifteen small solves)."""
-    best, best_loss = np.zeros(len(moment)), 0.0
+def _nonnegative_fit(gram: np.ndarray, moment: np.ndarray, total: float) -> np.ndarray:
+    """argmin over theta >= 0 of the residual `total + theta' G theta - 2 theta' m`, by the
+    fewest terms: every subset of free terms is solved (four terms: fifteen small solves), and a
+    subset with more terms is taken only when it explains `PARSIMONY` more of `total` than the
+    best with fewer. A handful of similar steps (a server's first requests) is then one
+    per-token cost, not an exact fit by whichever terms happen to fit them."""
+    best, best_loss = np.zeros(len(moment)), total
     for size in range(1, len(moment) + 1):
+        size_best, size_loss = best, best_loss
         for free in itertools.combinations(range(len(moment)), size):
             index = list(free)
             try:
@@ -67,9 +70,11 @@ def _nonnegative_fit(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
                 continue
             theta = np.zeros(len(moment))
             theta[index] = solved
-            loss = float(theta @ gram @ theta - 2 * theta @ moment)
-            if loss < best_loss:
-                best, best_loss = theta, loss
+            loss = total + float(theta @ gram @ theta - 2 * theta @ moment)
+            if loss < size_loss:
+                size_best, size_loss = theta, loss
+        if size_loss < best_loss - PARSIMONY * total:
+            best, best_loss = size_best, size_loss
     return best
 
 
@@ -81,6 +86,7 @@ class StepTimes:
     # the cost beyond the base; the fitted seconds per scaled term.
     _gram: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))
     _moment: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    _total: float = 0.0  # the weighted sum of the costs' squares
     _theta: np.ndarray | None = None
 
     @property
@@ -99,8 +105,9 @@ class StepTimes:
         cost = max(seconds - (self.decode_step_s or 0.0), 0.0)
         self._gram = DECAY * self._gram + np.outer(features, features)
         self._moment = DECAY * self._moment + features * cost
-        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * RIDGE_WEIGHTS
-        self._theta = _nonnegative_fit(self._gram + ridge, self._moment) / SCALES
+        self._total = DECAY * self._total + cost * cost
+        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * np.eye(4)
+        self._theta = _nonnegative_fit(self._gram + ridge, self._moment, self._total) / SCALES
 
     def terms(self) -> tuple[float, float, float, float]:
         """(a, b, c, d) of the module docstring, in seconds."""

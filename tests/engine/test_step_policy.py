@@ -302,8 +302,9 @@ def test_the_step_model_is_visible_in_the_metrics(checkpoint: Path) -> None:
     llm.generate([list(range(100, 180)), [5, 6, 7]], params)
     stats = llm.engine.stats()
     model = metrics_body(stats, ServiceMetrics().counters())["step_model"]
-    assert model["decode_step_s"] > 0 and model["token_s"] > 0
-    assert model["solo_short_s"] >= model["decode_step_s"]
+    terms = [model[key] for key in ("token_s", "token_position_s", "chunk_position_s", "chunk_s")]
+    assert model["decode_step_s"] > 0 and min(terms) >= 0 and max(terms) > 0
+    assert model["solo_short_s"] > model["decode_step_s"]
     assert model["short_prompt_tokens"] <= 32.0
     exposition = render(build_registry(ServiceMetrics(), lambda: "m", lambda: stats)).decode()
     for name in ("decode_step", "prompt_token", "solo_short"):
