@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -88,10 +89,13 @@ class StepTimes:
     _moment: np.ndarray = field(default_factory=lambda: np.zeros(4))
     _total: float = 0.0  # the weighted sum of the costs' squares
     _theta: np.ndarray | None = None
+    _stale: bool = False  # prompt steps observed since the last fit (fitted when next read)
+    # The engine thread observes and fits; a metrics reader may fit too (`snapshot`).
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def ready(self) -> bool:
-        return self.decode_step_s is not None and self._theta is not None
+        return self.decode_step_s is not None and (self._theta is not None or self._stale)
 
     def observe(
         self, seconds: float, num_decodes: int, prompt_chunks: Sequence[tuple[int, int]]
@@ -103,16 +107,26 @@ class StepTimes:
             return
         features = sum(chunk_features(n, start) for start, n in prompt_chunks) / SCALES
         cost = max(seconds - (self.decode_step_s or 0.0), 0.0)
-        self._gram = DECAY * self._gram + np.outer(features, features)
-        self._moment = DECAY * self._moment + features * cost
-        self._total = DECAY * self._total + cost * cost
-        ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * np.eye(4)
-        self._theta = _nonnegative_fit(self._gram + ridge, self._moment, self._total) / SCALES
+        with self._lock:
+            self._gram = DECAY * self._gram + np.outer(features, features)
+            self._moment = DECAY * self._moment + features * cost
+            self._total = DECAY * self._total + cost * cost
+            self._stale = True
+
+    def _fitted(self) -> np.ndarray:
+        """The terms per unscaled feature, refitted only when steps came since (the fit is some
+        0.5 ms of small solves: not paid on steps whose plan never asks for a prediction)."""
+        with self._lock:
+            if self._stale:
+                ridge = RIDGE * max(float(np.trace(self._gram)), 1.0) * np.eye(4)
+                fit = _nonnegative_fit(self._gram + ridge, self._moment, self._total)
+                self._theta, self._stale = fit / SCALES, False
+            assert self._theta is not None
+            return self._theta
 
     def terms(self) -> tuple[float, float, float, float]:
         """(a, b, c, d) of the module docstring, in seconds."""
-        assert self._theta is not None
-        a, b, c, d = (float(v) for v in self._theta)
+        a, b, c, d = (float(v) for v in self._fitted())
         return a, b, c, d
 
     def token_cost(self) -> tuple[float, float]:
@@ -135,8 +149,7 @@ class StepTimes:
         (nothing when it computes none)."""
         if tokens <= 0:
             return 0.0
-        assert self._theta is not None
-        return float(chunk_features(tokens, start) @ self._theta)
+        return float(chunk_features(tokens, start) @ self._fitted())
 
     def chunk_overhead(self, tokens: int, start: int) -> float:
         """What a chunk costs beyond its tokens' own work: reading its context, its fixed cost."""
@@ -166,7 +179,8 @@ class StepTimes:
 
     def snapshot(self) -> dict[str, float | None]:
         """The fitted constants, for `/v1/metrics` and the console (None until fitted)."""
-        a, b, c, d = self.terms() if self._theta is not None else (None,) * 4
+        fitted = self._theta is not None or self._stale
+        a, b, c, d = self.terms() if fitted else (None,) * 4
         return {
             "decode_step_s": self.decode_step_s,
             "token_s": a,
