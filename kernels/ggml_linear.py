@@ -23,10 +23,12 @@ from dgpp.kernels.ggml_blocks import FORMATS, dequantize
 
 SOURCE = Path(__file__).with_name("cpu") / "ggml_linear.cpp"
 CPU_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0"})  # what the compiled kernel decodes
-# Below this many rows of x the kernel decodes blocks in registers (decode, batches of decoding
-# streams, short chunks); from it on, it dequantizes tiles for ATen's GEMM (prefill). Measured
-# (bench/ggml_linear.py, docs/benchmarks.md): registers win 5-8x at 16 rows, tie near 64-96.
-GEMM_ROWS = 64
+# Below the build's `tile_rows()` rows of x (8 with AVX-512, 16 with AVX2 alone) the kernel decodes
+# blocks in registers, each once per 8 rows (decode: memory-bound, the weights streamed once);
+# from there to GEMM_ROWS it decodes 4 output rows at a time into an L1 tile for a
+# register-blocked GEMM (chunked prefill, batched decode: compute-bound); from GEMM_ROWS on, it
+# dequantizes tiles for ATen's GEMM (prefill). Measured: bench/ggml_linear.py, docs/benchmarks.md.
+GEMM_ROWS = 128
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,9 @@ def ggml_linear_cpu(x: torch.Tensor, raw: torch.Tensor, fmt: str, in_features: i
     if ext is None or fmt not in CPU_FORMATS or x.dtype != torch.float32:
         return ggml_linear_torch(x, raw, fmt, in_features)
     shape = x.shape
-    y = ext.ggml_linear(x.reshape(-1, shape[-1]), raw, FORMATS[fmt].ggml_type, GEMM_ROWS)
+    y = ext.ggml_linear(
+        x.reshape(-1, shape[-1]), raw, FORMATS[fmt].ggml_type, ext.tile_rows(), GEMM_ROWS
+    )
     return y.reshape(*shape[:-1], raw.shape[0])
 
 

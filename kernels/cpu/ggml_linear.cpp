@@ -1,11 +1,13 @@
 // y = x W^T for W stored as GGML blocks (Q4_0, Q4_1, Q8_0), W never expanded in memory.
 //
-// Decode-sized products (few rows of x): each thread takes a range of output rows, decodes each
-// 32-weight block once into float registers and multiplies it with every row of x in float32
-// (the same arithmetic as dequantize-then-F.linear, up to summation order). Larger products
-// dequantize a tile of output rows into a scratch buffer and hand it to ATen's GEMM, which is
-// compute-bound there anyway. Plain C++ written for the compiler's auto-vectorizer
-// (-O3 -march=native): AVX2 on x86, NEON on Arm; no intrinsics to port.
+// Decode-sized products (fewer rows of x than `tile_rows`): each thread takes a range of output
+// rows, decodes each 32-weight block once into float registers and multiplies it with up to 8
+// rows of x in float32 (the same arithmetic as dequantize-then-F.linear, up to summation order).
+// Mid-sized ones (chunks, batched decode; below `gemm_rows`): the register-blocked tile GEMM of
+// tile_gemm.h on blocks decoded a few output rows at a time. Larger products dequantize a tile of
+// output rows into a scratch buffer and hand it to ATen's GEMM. Where the compiler targets AVX2
+// (and AVX-512) the block decoders use intrinsics; elsewhere plain C++ for the auto-vectorizer
+// (-O3 -march=native: NEON on Arm).
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <torch/extension.h>
@@ -14,6 +16,12 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "tile_gemm.h"
+
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -28,7 +36,11 @@ enum Format : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#ifdef __F16C__
+  return _cvtsh_ss(bits);  // one instruction; the conversion is exact either way
+#else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 int64_t type_size(int64_t format) {
@@ -90,6 +102,41 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// One block's 32 weights as floats from its codes: Q4_1 d * q + m, Q4_0 d * (q - 8), Q8_0 d * q.
+inline void dequant_block_avx2(int64_t format, const uint8_t* block, float* out) {
+#ifdef __AVX512F__
+  if (format != Q8_0) {  // 16 lanes: the low nibbles, then the high ones
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (format == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(v, mask)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+    const __m512 d = _mm512_set1_ps(half_at(block));
+    if (format == Q4_1) {
+      const __m512 m = _mm512_set1_ps(half_at(block + 2));
+      lo = _mm512_add_ps(_mm512_mul_ps(d, lo), m);
+      hi = _mm512_add_ps(_mm512_mul_ps(d, hi), m);
+    } else {
+      const __m512 eight = _mm512_set1_ps(8.0f);
+      lo = _mm512_mul_ps(d, _mm512_sub_ps(lo, eight));
+      hi = _mm512_mul_ps(d, _mm512_sub_ps(hi, eight));
+    }
+    _mm512_storeu_ps(out, lo);
+    _mm512_storeu_ps(out + 16, hi);
+    return;
+  }
+#endif
+  __m256 q[4];
+  codes_avx2(format, block, q);
+  const __m256 d = _mm256_set1_ps(half_at(block));
+  if (format == Q4_1) {
+    const __m256 m = _mm256_set1_ps(half_at(block + 2));
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_mul_ps(d, q[i]), m));
+  } else {
+    const __m256 shift = _mm256_set1_ps(format == Q4_0 ? 8.0f : 0.0f);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(d, _mm256_sub_ps(q[i], shift)));
+  }
 }
 
 // Rows n0 .. n1 of y for MB <= 8 rows of x (one chunk): y = sum over blocks of d * (q . x) +
@@ -177,7 +224,8 @@ void gemv_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t r
 }  // namespace
 
 // x: float32 [M, K] contiguous; w: uint8 [N, K / 32 * type_size]; returns float32 [M, N].
-torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int64_t gemm_rows) {
+torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int64_t tile_rows,
+                          int64_t gemm_rows) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.dim() == 2, "x must be float32 [M, K]");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2, "w must be uint8 [N, bytes]");
   x = x.contiguous();
@@ -190,6 +238,18 @@ torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int6
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const int64_t row_bytes = w.size(1);
+  if (M >= tile_rows && M < gemm_rows) {
+    dgpp_tile::gemm(xp, M, K, N, yp, [&](int64_t n0, int64_t rows, float* out) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < K / QK; ++b)
+#ifdef DGPP_AVX2
+          dequant_block_avx2(format, wp + (n0 + r) * row_bytes + b * ts, out + r * K + b * QK);
+#else
+          dequant_block(format, wp + (n0 + r) * row_bytes + b * ts, out + r * K + b * QK);
+#endif
+    });
+    return y;
+  }
   if (M < gemm_rows) {
 #ifdef DGPP_AVX2
     {
@@ -248,4 +308,5 @@ torch::Tensor ggml_dequantize(torch::Tensor w, int64_t format, int64_t K) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ggml_linear", &ggml_linear, "y = x W^T for W in GGML blocks (Q4_0, Q4_1, Q8_0)");
   m.def("ggml_dequantize", &ggml_dequantize, "GGML rows to float32");
+  m.def("tile_rows", [] { return dgpp_tile::FROM_ROWS; }, "rows of x from which the tile GEMM pays");
 }
