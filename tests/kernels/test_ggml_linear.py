@@ -1,7 +1,8 @@
 """The compiled GGML CPU kernel equals its PyTorch twin (dequantize + F.linear) on every format
-it decodes, on each of its three paths (blocks decoded in registers below `tile_rows()` rows: 8 or 16, the
-register-blocked tile GEMM up to GEMM_ROWS, ATen's GEMM on dequantized tiles from there), with
-row and output counts that leave every tile's tails; its row dequantizer is bit-exact."""
+it decodes, on each of its three paths (blocks decoded in registers below `tile_rows()` rows, 8
+or 16; the register-blocked tile GEMM up to GEMM_ROWS; ATen's GEMM on dequantized tiles from
+there), with row and output counts that leave every tile's tails; its row dequantizer is
+bit-exact."""
 
 from __future__ import annotations
 
