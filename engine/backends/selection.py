@@ -8,6 +8,7 @@ import importlib.util
 import torch
 
 from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
+from dgpp.engine.backends.cpu_paged import CpuPagedAttention
 from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.engine.backends.sparse_mla import SparseMLAAttention
 from dgpp.engine.backends.sparse_paged import SparsePagedAttention
@@ -18,13 +19,15 @@ from dgpp.engine.config import ModelConfig
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
     """The paged-attention backend for `device` and `dtype`: the Triton kernel on CUDA (where
-    Triton is installed), the PyTorch twin elsewhere. Every dtype the engine serves runs on
-    both."""
-    del dtype
+    Triton is installed); on CPUs the PyTorch twin with float32 prefill chunks read in place by
+    the compiled kernel (which falls back to the twin, said once, where it cannot be built); the
+    twin elsewhere. Every dtype the engine serves runs on each."""
     if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
         from dgpp.engine.backends.triton_paged import TritonPagedAttention  # imports triton
 
         return TritonPagedAttention(device)
+    if device.type == "cpu" and dtype == torch.float32:
+        return CpuPagedAttention(device)
     return TorchPagedAttention(device)
 
 

@@ -176,8 +176,10 @@ def test_cuda_devices_get_the_triton_backend_which_agrees_with_the_torch_one() -
     assert isinstance(
         select_attention_backend(torch.device("cuda"), torch.bfloat16), TritonPagedAttention
     )
-    cpu = select_attention_backend(torch.device("cpu"), torch.float32)
-    assert type(cpu) is TorchPagedAttention
+    assert isinstance(
+        select_attention_backend(torch.device("cpu"), torch.float32), TorchPagedAttention
+    )
+    cpu = TorchPagedAttention(torch.device("cpu"))  # the twin itself, the reference
     query, caches, metadata = make_step("mixed", 6, 2, 16, seed=3)
     tokens = query.shape[0]
     new_kv = torch.randn(2, tokens, 2, 16, generator=torch.Generator().manual_seed(4))

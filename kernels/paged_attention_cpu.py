@@ -1,0 +1,98 @@
+"""Paged attention on CPUs: prefill chunks through a small compiled kernel that reads the paged
+KV cache in place (kernels/cpu/paged_attention.cpp), everything else through the PyTorch twin.
+
+`paged_attention_cpu` has the twin's signature (`paged_attention_torch.paged_attention`) and its
+result up to float32 summation order. The twin gathers a chunk's whole context into a contiguous
+copy and runs PyTorch's SDPA with a mask: at 6,000 cached positions that is about 1 ms of copies
+and 1 ms of fixed SDPA cost a layer for a 16-token chunk, more than the chunk's own work. The
+kernel takes rows whose queries and caches are float32, without attention sinks or a sliding
+window that excludes keys, and head shapes it tiles (docs/kernels.md); decode rows keep the
+twin's batched path. Where the kernel cannot be built, the twin serves, said once.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.cpu_build import load_cpu_extension
+from dgpp.kernels.paged_attention_torch import decode_rows, paged_attention, prefill_row
+
+SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
+MAX_BLOCK_SIZE = 64  # the kernel's limits (kernels/cpu/paged_attention.cpp)
+MAX_GROUP = 24  # query heads per KV head (its tiles hold 24 or 48 rows)
+HEAD_DIM_MULTIPLE = 8
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def cpu_extension() -> ModuleType | None:
+    """The compiled kernel, built on first use; None (logged once) when it cannot be."""
+    return load_cpu_extension(
+        SOURCE, "attn", "paged attention CPU kernel", log, "prefill attention uses the PyTorch twin"
+    )
+
+
+def kernel_applies(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    sinks: torch.Tensor | None,
+) -> bool:
+    """Whether the compiled kernel can take this layer's prefill rows."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    return (
+        sinks is None
+        and query.device.type == "cpu"
+        and query.dtype == torch.float32
+        and key_cache.dtype == torch.float32
+        and block_size <= MAX_BLOCK_SIZE
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads <= MAX_GROUP
+        and head_dim % HEAD_DIM_MULTIPLE == 0
+        and cpu_extension() is not None
+    )
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: PagedAttentionMetadata,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The twin's attention, prefill rows read in place by the compiled kernel where it applies."""
+    if not kernel_applies(query, key_cache, sinks) or (out is not None and not out.is_contiguous()):
+        return paged_attention(
+            query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out
+        )
+    ext = cpu_extension()
+    assert ext is not None
+    out = torch.empty_like(query) if out is None else out
+    query = query.contiguous()
+    block_size = key_cache.shape[1]
+    starts = metadata.query_start_loc_host
+    decode_rows(query, key_cache, value_cache, metadata, scale, None, sliding_window, out)
+    for row in range(metadata.num_decodes, metadata.num_seqs):
+        begin, end = starts[row], starts[row + 1]
+        seq_len = metadata.seq_lens_host[row]
+        if sliding_window is not None and seq_len > sliding_window:
+            # a window that excludes keys: the twin's row (the kernel attends to every key)
+            out[begin:end] = prefill_row(
+                query, key_cache, value_cache, metadata, row, scale, None, sliding_window
+            )
+            continue
+        table = metadata.block_tables[row, : -(-seq_len // block_size)]
+        ext.paged_prefill(
+            query[begin:end], key_cache, value_cache, table, seq_len, scale, out[begin:end]
+        )
+    return out
