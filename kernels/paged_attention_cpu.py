@@ -1,13 +1,16 @@
-"""Paged attention on CPUs: prefill chunks through a small compiled kernel that reads the paged
-KV cache in place (kernels/cpu/paged_attention.cpp), everything else through the PyTorch twin.
+"""Paged attention on CPUs: a small compiled kernel that reads the paged KV cache in place
+(kernels/cpu/paged_attention.cpp) for a whole step (decode rows, verify rows, prefill chunks) in
+one call per layer, the PyTorch twin for what it does not take.
 
 `paged_attention_cpu` has the twin's signature (`paged_attention_torch.paged_attention`) and its
-result up to float32 summation order. The twin gathers a chunk's whole context into a contiguous
+result up to float32 summation order. The twin gathers each row's context into a contiguous
 copy and runs PyTorch's SDPA with a mask: at 6,000 cached positions that is about 1 ms of copies
-and 1 ms of fixed SDPA cost a layer for a 16-token chunk, more than the chunk's own work. The
-kernel takes rows whose queries and caches are float32, without attention sinks or a sliding
-window that excludes keys, and head shapes it tiles (docs/kernels.md); decode rows keep the
-twin's batched path. Where the kernel cannot be built, the twin serves, said once.
+and 1 ms of fixed SDPA cost a layer for a 16-token chunk, more than the chunk's own work, and a
+decode step pays a padded gather of every row's context. The kernel takes steps whose queries
+and caches are float32, without attention sinks or a sliding window shorter than a row, and
+head shapes it tiles (at most 24 query heads per KV head, head dims a multiple of 8, blocks of
+at most 64 tokens); the rest goes to the twin. Where the kernel cannot be built, the twin
+serves, said once.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.cpu_build import load_cpu_extension
-from dgpp.kernels.paged_attention_torch import decode_rows, paged_attention, prefill_row
+from dgpp.kernels.paged_attention_torch import paged_attention
 
 SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
 MAX_BLOCK_SIZE = 64  # the kernel's limits (kernels/cpu/paged_attention.cpp)
@@ -70,29 +73,28 @@ def paged_attention_cpu(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The twin's attention, prefill rows read in place by the compiled kernel where it applies."""
-    if not kernel_applies(query, key_cache, sinks) or (out is not None and not out.is_contiguous()):
+    """The twin's attention; the whole step in one call of the compiled kernel where it applies
+    (no sinks, no window that excludes a key of any row, float32, `out` contiguous)."""
+    excludes = sliding_window is not None and metadata.max_seq_len > sliding_window
+    if (
+        excludes
+        or not kernel_applies(query, key_cache, sinks)
+        or (out is not None and not out.is_contiguous())
+    ):
         return paged_attention(
             query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out
         )
     ext = cpu_extension()
     assert ext is not None
     out = torch.empty_like(query) if out is None else out
-    query = query.contiguous()
-    block_size = key_cache.shape[1]
-    starts = metadata.query_start_loc_host
-    decode_rows(query, key_cache, value_cache, metadata, scale, None, sliding_window, out)
-    for row in range(metadata.num_decodes, metadata.num_seqs):
-        begin, end = starts[row], starts[row + 1]
-        seq_len = metadata.seq_lens_host[row]
-        if sliding_window is not None and seq_len > sliding_window:
-            # a window that excludes keys: the twin's row (the kernel attends to every key)
-            out[begin:end] = prefill_row(
-                query, key_cache, value_cache, metadata, row, scale, None, sliding_window
-            )
-            continue
-        table = metadata.block_tables[row, : -(-seq_len // block_size)]
-        ext.paged_prefill(
-            query[begin:end], key_cache, value_cache, table, seq_len, scale, out[begin:end]
-        )
+    ext.paged_attention(
+        query.contiguous(),
+        key_cache,
+        value_cache,
+        metadata.block_tables,
+        metadata.query_start_loc,
+        metadata.seq_lens,
+        scale,
+        out,
+    )
     return out

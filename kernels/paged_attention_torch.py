@@ -51,65 +51,36 @@ def paged_attention(
     p - window < k <= p; keys before a row's window are not read (decode rows gather only the
     window's slots, prefill chunks start at the window's first block)."""
     out = torch.empty_like(query) if out is None else out
-    decode_rows(query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out)
+    block_size = key_cache.shape[1]
     starts = metadata.query_start_loc_host
-    for row in range(metadata.num_decodes, metadata.num_seqs):
-        out[starts[row] : starts[row + 1]] = prefill_row(
-            query, key_cache, value_cache, metadata, row, scale, sinks, sliding_window
-        )
-    return out
-
-
-def decode_rows(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    metadata: PagedAttentionMetadata,
-    scale: float,
-    sinks: torch.Tensor | None,
-    sliding_window: int | None,
-    out: torch.Tensor,
-) -> None:
-    """The step's decode (and verify) rows, batched, into `out`'s first rows."""
-    if metadata.num_decodes:
-        decoded = metadata.query_start_loc_host[metadata.num_decodes]
+    num_decodes = metadata.num_decodes
+    if num_decodes:
+        decoded = starts[num_decodes]  # decode query rows (verify rows have several)
         out[:decoded] = _decode(
             query[:decoded], key_cache, value_cache, metadata, scale, sinks, sliding_window
         )
-
-
-def prefill_row(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    metadata: PagedAttentionMetadata,
-    row: int,
-    scale: float,
-    sinks: torch.Tensor | None,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """Prefill row `row`'s attention output [its query tokens, H, D]: its context gathered."""
-    block_size = key_cache.shape[1]
-    begin, end = metadata.query_start_loc_host[row], metadata.query_start_loc_host[row + 1]
-    seq_len = metadata.seq_lens_host[row]
-    # A window as long as the sequence excludes nothing: full attention, byte for byte.
-    window = sliding_window if sliding_window is not None and seq_len > sliding_window else None
-    first_key = 0 if window is None else max(0, seq_len - (end - begin) - window + 1)
-    first_block, num_blocks = first_key // block_size, -(-seq_len // block_size)
-    table = metadata.block_tables[row, first_block:num_blocks]
-    offset = first_block * block_size  # position of the first key gathered
-    keys = _gather(key_cache, table, seq_len - offset)  # [S, H_kv, D]
-    values = _gather(value_cache, table, seq_len - offset)
-    return _prefill(
-        query[begin:end],
-        keys,
-        values,
-        scale,
-        metadata.prefill_softmax_fp32,
-        offset,
-        window,
-        sinks,
-    )
+    for row in range(num_decodes, metadata.num_seqs):
+        begin, end = starts[row], starts[row + 1]
+        seq_len = metadata.seq_lens_host[row]
+        # A window as long as the sequence excludes nothing: full attention, byte for byte.
+        window = sliding_window if sliding_window is not None and seq_len > sliding_window else None
+        first_key = 0 if window is None else max(0, seq_len - (end - begin) - window + 1)
+        first_block, num_blocks = first_key // block_size, -(-seq_len // block_size)
+        table = metadata.block_tables[row, first_block:num_blocks]
+        offset = first_block * block_size  # position of the first key gathered
+        keys = _gather(key_cache, table, seq_len - offset)  # [S, H_kv, D]
+        values = _gather(value_cache, table, seq_len - offset)
+        out[begin:end] = _prefill(
+            query[begin:end],
+            keys,
+            values,
+            scale,
+            metadata.prefill_softmax_fp32,
+            offset,
+            window,
+            sinks,
+        )
+    return out
 
 
 def _prefill(

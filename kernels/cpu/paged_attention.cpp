@@ -1,13 +1,14 @@
-// Causal attention of a prefill chunk over its sequence's paged KV cache, the cache read in
-// place through the block table (no gather of the context into a contiguous copy).
+// Causal attention of a step's rows (decode rows, verify rows, prefill chunks) over their
+// sequences' paged KV cache, read in place through the block tables (no gather of a context into
+// a contiguous copy), in one call and one parallel region per layer.
 //
-// Work items: (KV head, tile of queries, span of keys). A tile is the queries x the KV head's
+// Work items: (row, KV head, tile of queries, span of keys). A tile is the queries x the KV head's
 // group of query heads, up to ROWS rows, transposed so that rows lie along vector lanes: the
 // scores of one key for every row are one FMA chain over the head dimension with the key's
 // elements broadcast, the running max, the exponentials and the sums of an online softmax are
 // elementwise across keys, and P.V broadcasts each value element over the rows' probabilities.
-// No horizontal sums, no transposed copies of keys or values. A chunk with few items (a short
-// chunk deep in a long context) splits its keys across threads and merges the spans by their
+// No horizontal sums, no transposed copies of keys or values. A step with few items (decode
+// rows, a short chunk deep in a long context) splits each row's keys across threads and merges the spans by their
 // log-sum-exp. The same arithmetic as the PyTorch twin (float32, max-subtracted softmax) up to
 // summation order and a polynomial exp (Cephes' expf, relative error about 1e-7).
 #include <ATen/Parallel.h>
@@ -65,14 +66,24 @@ inline vec vexp(vec x) {
   return y * scale;
 }
 
-struct Problem {
-  const float* q;  // [Q, H, D]
+struct Shape {
   const float* k;  // [blocks, BS, Hkv, D]
   const float* v;
-  const int64_t* table;
-  float* out;  // [Q, H, D]
-  int64_t Q, H, D, BS, Hkv, G, seq_len, QT, tiles, splits, split_len;
+  int64_t H, D, BS, Hkv, G, QT;
   float scale;
+};
+
+// One row of the step (a decode row, a verify row's queries, a prefill chunk): its Q queries are
+// the last Q of its seq_len positions.
+struct Row {
+  const float* q;  // [Q, H, D]
+  float* out;      // [Q, H, D]
+  const int64_t* table;
+  int64_t Q, seq_len, tiles, splits, split_len;
+};
+
+struct Item {
+  int64_t row, h, tile, split, partial;  // partial: index of its partial results, -1: direct
 };
 
 // Scores of tb keys (k: the first key's head, ldk apart) for every row: S[t][c] = k_t . q_rows.
@@ -115,17 +126,17 @@ inline void weighted_values(const vec (*P)[RV_MAX], int64_t nt, const float* v, 
 // One work item: rows of (head h, tile) over the keys of `split`; leaves acc [D][ROWS] (not yet
 // divided), m and l [ROWS] (running max and sum).
 template <int RV>
-void item(const Problem& p, int64_t h, int64_t tile, int64_t split, float* qt, float* acc,
-          float* m_out, float* l_out) {
+void item(const Shape& p, const Row& row, int64_t h, int64_t tile, int64_t split, float* qt,
+          float* acc, float* m_out, float* l_out) {
   const int64_t D = p.D, G = p.G, ldk = p.Hkv * D;
-  const int64_t q0 = tile * p.QT, nq = std::min(p.QT, p.Q - q0), rows = nq * G;
-  const int64_t first_pos = p.seq_len - p.Q + q0;
+  const int64_t q0 = tile * p.QT, nq = std::min(p.QT, row.Q - q0), rows = nq * G;
+  const int64_t first_pos = row.seq_len - row.Q + q0;
   alignas(64) float pos[ROWS];
   for (int64_t r = 0; r < RV * VW; ++r) {
     const bool real = r < rows;
     const int64_t i = r / G, head = h * G + r % G;
     pos[r] = static_cast<float>(real ? first_pos + i : first_pos);
-    const float* qr = p.q + ((q0 + i) * p.H + head) * D;
+    const float* qr = row.q + ((q0 + i) * p.H + head) * D;
     for (int64_t d = 0; d < D; ++d) qt[d * ROWS + r] = real ? qr[d] * p.scale : 0.0f;
   }
   std::fill(acc, acc + D * ROWS, 0.0f);
@@ -136,11 +147,12 @@ void item(const Problem& p, int64_t h, int64_t tile, int64_t split, float* qt, f
     qpos[c] = load(pos + c * VW);
   }
   const int64_t last = first_pos + nq - 1;
-  const int64_t k0 = split * p.split_len, k1 = std::min({p.seq_len, k0 + p.split_len, last + 1});
+  const int64_t k0 = split * row.split_len;
+  const int64_t k1 = std::min({row.seq_len, k0 + row.split_len, last + 1});
   vec S[MAX_BLOCK][RV_MAX];
   for (int64_t base = k0; base < k1; base += p.BS) {
     const int64_t nt = std::min(p.BS, k1 - base);
-    const int64_t block = p.table[base / p.BS];
+    const int64_t block = row.table[base / p.BS];
     const float* kb = p.k + (block * p.BS * p.Hkv + h) * D;
     const float* vb = p.v + (block * p.BS * p.Hkv + h) * D;
     int64_t t = 0;
@@ -182,22 +194,22 @@ void item(const Problem& p, int64_t h, int64_t tile, int64_t split, float* qt, f
 }
 
 // The rows of (h, tile) into the output: the spans' partial results weighed by e^(m - max).
-void merge(const Problem& p, int64_t h, int64_t tile, const float* acc, const float* m,
-           const float* l, int64_t stride) {
-  const int64_t q0 = tile * p.QT, rows = std::min(p.QT, p.Q - q0) * p.G;
-  std::vector<float> w(p.splits);
+void merge(const Shape& p, const Row& row, int64_t h, int64_t tile, const float* acc,
+           const float* m, const float* l, int64_t stride) {
+  const int64_t q0 = tile * p.QT, rows = std::min(p.QT, row.Q - q0) * p.G;
+  std::vector<float> w(row.splits);
   for (int64_t r = 0; r < rows; ++r) {
     float top = NEG_INF;
-    for (int64_t s = 0; s < p.splits; ++s) top = std::max(top, m[s * ROWS + r]);
+    for (int64_t s = 0; s < row.splits; ++s) top = std::max(top, m[s * ROWS + r]);
     float total = 0.0f;
-    for (int64_t s = 0; s < p.splits; ++s) {
+    for (int64_t s = 0; s < row.splits; ++s) {
       w[s] = m[s * ROWS + r] == NEG_INF ? 0.0f : std::exp(m[s * ROWS + r] - top);
       total += w[s] * l[s * ROWS + r];
     }
-    float* o = p.out + ((q0 + r / p.G) * p.H + h * p.G + r % p.G) * p.D;
+    float* o = row.out + ((q0 + r / p.G) * p.H + h * p.G + r % p.G) * p.D;
     for (int64_t d = 0; d < p.D; ++d) {
       float x = 0.0f;
-      for (int64_t s = 0; s < p.splits; ++s) x += w[s] * acc[s * stride + d * ROWS + r];
+      for (int64_t s = 0; s < row.splits; ++s) x += w[s] * acc[s * stride + d * ROWS + r];
       o[d] = x / total;
     }
   }
@@ -205,63 +217,99 @@ void merge(const Problem& p, int64_t h, int64_t tile, const float* acc, const fl
 
 }  // namespace
 
-// out [Q, H, D] = causal attention of query [Q, H, D] (the last Q of seq_len positions) over the
-// cached keys/values [blocks, BS, Hkv, D] of `table` (the sequence's block ids, int64).
-void paged_prefill(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
-                   torch::Tensor table, int64_t seq_len, double scale, torch::Tensor out) {
+// out [T, H, D] = causal attention of query [T, H, D] over the cached keys/values [blocks, BS,
+// Hkv, D]: row b's queries are query_start[b] .. query_start[b + 1], the last ones of its
+// seq_lens[b] positions, whose blocks are block_tables[b] (int64).
+void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
+                     torch::Tensor block_tables, torch::Tensor query_start, torch::Tensor seq_lens,
+                     double scale, torch::Tensor out) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key_cache.scalar_type() == torch::kFloat32 &&
                   value_cache.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32,
-              "paged_prefill takes float32 queries and caches");
-  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && table.scalar_type() == torch::kInt64,
-              "query [Q, H, D], caches [blocks, block_size, H_kv, D], table int64");
+              "paged_attention takes float32 queries and caches");
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && block_tables.dim() == 2,
+              "query [T, H, D], caches [blocks, block_size, H_kv, D], tables [B, W]");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && query_start.scalar_type() == torch::kInt64 &&
+                  seq_lens.scalar_type() == torch::kInt64, "int64 tables, starts and lengths");
   TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
                   out.is_contiguous() && out.sizes() == query.sizes(), "contiguous tensors");
-  table = table.contiguous();
-  Problem p{};
-  p.Q = query.size(0), p.H = query.size(1), p.D = query.size(2);
-  p.BS = key_cache.size(1), p.Hkv = key_cache.size(2);
+  block_tables = block_tables.contiguous();
+  query_start = query_start.contiguous();
+  seq_lens = seq_lens.contiguous();
+  Shape p{};
+  p.H = query.size(1), p.D = query.size(2), p.BS = key_cache.size(1), p.Hkv = key_cache.size(2);
   TORCH_CHECK(key_cache.size(3) == p.D && p.H % p.Hkv == 0 && p.D % DB == 0, "head shapes");
   p.G = p.H / p.Hkv;
-  TORCH_CHECK(p.G <= ROWS && p.BS <= MAX_BLOCK && p.Q <= seq_len && seq_len > 0, "sizes out of range");
-  TORCH_CHECK(table.numel() * p.BS >= seq_len, "the block table does not cover seq_len");
-  p.q = query.data_ptr<float>(), p.k = key_cache.data_ptr<float>(), p.v = value_cache.data_ptr<float>();
-  p.table = table.data_ptr<int64_t>(), p.out = out.data_ptr<float>();
-  p.seq_len = seq_len, p.scale = static_cast<float>(scale);
+  TORCH_CHECK(p.G <= ROWS && p.BS <= MAX_BLOCK, "sizes out of the kernel's range");
+  p.k = key_cache.data_ptr<float>(), p.v = value_cache.data_ptr<float>();
+  p.scale = static_cast<float>(scale);
   p.QT = ROWS / p.G;
-  p.tiles = (p.Q + p.QT - 1) / p.QT;
-  const int64_t items = p.Hkv * p.tiles, want = 4 * at::get_num_threads();
-  p.splits = items >= want ? 1 : std::min((want + items - 1) / items, (seq_len + 255) / 256);
-  p.split_len = ((seq_len + p.splits - 1) / p.splits + p.BS - 1) / p.BS * p.BS;
-  const int64_t rv = (std::min(p.QT, p.Q) * p.G + VW - 1) / VW;  // row vectors a full tile needs
+  const int64_t B = seq_lens.size(0), width = block_tables.size(1);
+  TORCH_CHECK(query_start.size(0) == B + 1 && block_tables.size(0) == B, "one table and start per row");
+  const int64_t* starts = query_start.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  TORCH_CHECK(starts[0] == 0 && starts[B] == query.size(0), "query_start spans the queries");
+  std::vector<Row> rows(B);
+  int64_t base_items = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    Row& r = rows[b];
+    r.Q = starts[b + 1] - starts[b], r.seq_len = lens[b];
+    TORCH_CHECK(r.Q >= 0 && r.Q <= r.seq_len && (r.seq_len + p.BS - 1) / p.BS <= width,
+                "row ", b, ": ", r.Q, " queries, ", r.seq_len, " positions, ", width, " blocks");
+    r.q = query.data_ptr<float>() + starts[b] * p.H * p.D;
+    r.out = out.data_ptr<float>() + starts[b] * p.H * p.D;
+    r.table = block_tables.data_ptr<int64_t>() + b * width;
+    r.tiles = (r.Q + p.QT - 1) / p.QT;
+    base_items += p.Hkv * r.tiles;
+  }
+  // Few items (decode rows, a short chunk deep in a long context): split keys across threads.
+  const int64_t want = 4 * at::get_num_threads();
+  std::vector<Item> items;
+  int64_t partials = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    Row& r = rows[b];
+    const int64_t spans = base_items >= want ? 1 : (want + base_items - 1) / base_items;
+    r.splits = std::max<int64_t>(1, std::min(spans, (r.seq_len + 255) / 256));
+    r.split_len = ((r.seq_len + r.splits - 1) / r.splits + p.BS - 1) / p.BS * p.BS;
+    for (int64_t h = 0; h < p.Hkv; ++h)
+      for (int64_t t = 0; t < r.tiles; ++t)
+        for (int64_t s = 0; s < r.splits; ++s)
+          items.push_back({b, h, t, s, r.splits == 1 ? -1 : partials++});
+  }
   const int64_t stride = p.D * ROWS;
-  // One split: each item normalizes its own rows; several: partials, then a merge.
-  const bool direct = p.splits == 1;
-  std::vector<float> acc(direct ? 0 : items * p.splits * stride);
-  std::vector<float> ms(direct ? 0 : items * p.splits * ROWS), ls(ms.size());
-  at::parallel_for(0, items * p.splits, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> qt(p.D * ROWS), own(direct ? stride : 0);
+  std::vector<float> acc(partials * stride), ms(partials * ROWS), ls(partials * ROWS);
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> qt(p.D * ROWS), own(stride);
     alignas(64) float m[ROWS], l[ROWS];
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t split = i % p.splits, tile = (i / p.splits) % p.tiles, h = i / p.splits / p.tiles;
-      float* a = direct ? own.data() : acc.data() + i * stride;
-      float* mo = direct ? m : ms.data() + i * ROWS;
-      float* lo = direct ? l : ls.data() + i * ROWS;
-      switch (rv) {
-        case 1: item<1>(p, h, tile, split, qt.data(), a, mo, lo); break;
-        case 2: item<2>(p, h, tile, split, qt.data(), a, mo, lo); break;
-        default: item<3>(p, h, tile, split, qt.data(), a, mo, lo); break;
+      const Item& it = items[i];
+      const Row& r = rows[it.row];
+      const bool direct = it.partial < 0;
+      float* a = direct ? own.data() : acc.data() + it.partial * stride;
+      float* mo = direct ? m : ms.data() + it.partial * ROWS;
+      float* lo = direct ? l : ls.data() + it.partial * ROWS;
+      // row vectors the row's first tile needs (later tiles are no fuller)
+      switch ((std::min(p.QT, r.Q) * p.G + VW - 1) / VW) {
+        case 1: item<1>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
+        case 2: item<2>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
+        default: item<3>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
       }
-      if (direct) merge(p, h, tile, a, mo, lo, stride);
+      if (direct) merge(p, r, it.h, it.tile, a, mo, lo, stride);
     }
   });
-  if (direct) return;
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      merge(p, i / p.tiles, i % p.tiles, acc.data() + i * p.splits * stride,
-            ms.data() + i * p.splits * ROWS, ls.data() + i * p.splits * ROWS, stride);
+  if (partials == 0) return;
+  // Each split (row, h, tile) once, from its first span's item.
+  std::vector<const Item*> firsts;
+  for (const Item& it : items)
+    if (it.partial >= 0 && it.split == 0) firsts.push_back(&it);
+  at::parallel_for(0, static_cast<int64_t>(firsts.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Item& it = *firsts[i];
+      merge(p, rows[it.row], it.h, it.tile, acc.data() + it.partial * stride,
+            ms.data() + it.partial * ROWS, ls.data() + it.partial * ROWS, stride);
+    }
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_prefill", &paged_prefill, "causal prefill attention over the paged KV cache, in place");
+  m.def("paged_attention", &paged_attention, "causal attention of a step's rows over the paged KV cache, read in place");
 }

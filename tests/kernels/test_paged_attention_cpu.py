@@ -1,8 +1,8 @@
-"""The compiled CPU prefill-attention kernel (kernels/cpu/paged_attention.cpp) equals its PyTorch
-twin (`paged_attention_torch.paged_attention`) on mixed steps: chunks deep in a context and whole
-prompts, scattered block tables, lengths that end mid-block, query-head groups of 1 to 8, head
-dims of 64, 80 and 128, key spans split across threads and not; sinks and windows that exclude
-keys take the twin's rows."""
+"""The compiled CPU paged-attention kernel (kernels/cpu/paged_attention.cpp) equals its PyTorch
+twin (`paged_attention_torch.paged_attention`) on mixed steps: decode rows, verify rows, chunks
+deep in a context and whole prompts, scattered block tables, lengths that end mid-block,
+query-head groups of 1 to 8, head dims of 64, 80 and 128, key spans split across threads and not;
+sinks and windows that exclude keys take the twin."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.decode_inputs import decode_gather_inputs
+from dgpp.kernels.decode_inputs import decode_gather_inputs, decode_query_index
 from dgpp.kernels.paged_attention_cpu import cpu_extension, kernel_applies, paged_attention_cpu
 from dgpp.kernels.paged_attention_torch import paged_attention
 
@@ -46,11 +46,13 @@ def _step(
     seq_lens = [seq_len for seq_len, _ in rows]
     width = max(len(t) for t in tables)
     cpu = torch.device("cpu")
+    query_lens = [q_len for _, q_len in rows[:num_decodes]]
     decode_slots, decode_mask = (
-        decode_gather_inputs(tables[:num_decodes], seq_lens[:num_decodes], block, cpu)
+        decode_gather_inputs(tables[:num_decodes], seq_lens[:num_decodes], block, cpu, query_lens)
         if num_decodes
         else (None, None)
     )
+    index = decode_query_index(query_lens, cpu) if num_decodes else None
     metadata = PagedAttentionMetadata(
         slot_mapping=torch.zeros(starts[-1], dtype=torch.int64),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
@@ -63,6 +65,8 @@ def _step(
         prefill_softmax_fp32=True,
         decode_slots=decode_slots,
         decode_mask=decode_mask,
+        decode_query_index=index[0] if index else None,
+        decode_output_index=index[1] if index else None,
     )
     query = torch.randn(starts[-1], heads, dim, generator=generator)
     return query, key_cache, value_cache, metadata
@@ -80,6 +84,8 @@ STEPS = {
     "deep-short-chunk": ([(1500, 16)], 0),
     "chunks-and-prompts": ([(37, 37), (300, 61), (17, 1), (129, 100)], 0),
     "decode-beside-chunks": ([(40, 1), (77, 1), (700, 33)], 2),
+    "decode-only": ([(40, 1), (1300, 1), (9, 1), (260, 1)], 4),
+    "verify-rows": ([(50, 3), (301, 1), (18, 5), (90, 90)], 3),
     "one-token-chunk": ([(5, 1), (64, 64)], 0),
 }
 
@@ -133,7 +139,7 @@ def test_sinks_windows_and_other_dtypes_take_the_twin() -> None:
     expected = paged_attention(query, key_cache, value_cache, metadata, 0.125, sinks)
     got = paged_attention_cpu(query, key_cache, value_cache, metadata, 0.125, sinks)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    # A window shorter than a row excludes keys: that row is the twin's; the other the kernel's.
+    # A window shorter than a row excludes keys: the step is the twin's.
     expected = paged_attention(query, key_cache, value_cache, metadata, 0.125, None, 45)
     got = paged_attention_cpu(query, key_cache, value_cache, metadata, 0.125, None, 45)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-6)
