@@ -149,7 +149,7 @@ def test_each_layer_kind_gets_its_own_pool_and_the_plan_counts_both(
     assert plan.kv_bytes == sum(pool.nbytes for pool in pools)
     per_token = NUM_LAYERS // 2 * 2 * (NARROW + WIDE) * HEAD_DIM * 4  # float32
     assert plan.kv_bytes == blocks * 4 * per_token
-    assert [backend.name for backend in engine.runner.backends] == ["torch-paged", "test-recording"]
+    assert [backend.name for backend in engine.runner.backends] == ["cpu-paged", "test-recording"]
 
 
 def test_two_widths_and_two_backends_decode_like_transformers(

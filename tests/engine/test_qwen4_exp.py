@@ -49,7 +49,7 @@ def test_greedy_tokens_and_logits_match_transformers(
     # One attention layer: its KV, then its indexer's raw keys; the backends it reads.
     shapes = [tuple(pool.shape) for pool in runner.kv_caches]
     assert shapes == [(1, 2, 512, 4, 2, 32), (1, 512, 4, 16)]
-    assert [backend.name for backend in runner.backends] == ["sparse-torch-paged", "linear-state"]
+    assert [backend.name for backend in runner.backends] == ["sparse-cpu-paged", "linear-state"]
     _check_parity(llm, hf_model)
     manager = llm.engine.block_manager
     assert manager.num_used_blocks == 0
