@@ -14,6 +14,7 @@ it builds it. Both sides use `torch.get_num_threads()` threads.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -39,8 +40,20 @@ def peer_python() -> Path:
         return python
     print(f"building {PEER_VERSION} into {venv} (once, about 7 minutes)", file=sys.stderr)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_VERSION], check=True)
+    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", peer_cmake_args())}
+    command = [str(python), "-m", "pip", "install", "-q", "--no-cache-dir", PEER_VERSION]
+    subprocess.run(command, check=True, env=env)
     return python
+
+
+def peer_cmake_args() -> str:
+    """llama.cpp's build for this CPU without AMX: its native build compiles AMX tile code where
+    the compiler knows AMX, which died with SIGILL on a VM whose kernel does not grant AMX state
+    (2026-12-06); dgpp's kernels use AVX-512 and no AMX, so the peer gets the same ISA."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    wanted = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX512"}
+    on = [f"-DGGML_{name}=ON" for flag, name in wanted.items() if flag in flags]
+    return " ".join(["-DGGML_NATIVE=OFF", *on]) if on else ""
 
 
 def inputs(model: str) -> tuple[list[int], list[int]]:
