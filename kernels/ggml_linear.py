@@ -56,9 +56,17 @@ def ggml_linear_cpu(x: torch.Tensor, raw: torch.Tensor, fmt: str, in_features: i
         return ggml_linear_torch(x, raw, fmt, in_features)
     shape = x.shape
     y = ext.ggml_linear(
-        x.reshape(-1, shape[-1]), raw, FORMATS[fmt].ggml_type, ext.tile_rows(), GEMM_ROWS
+        x.reshape(-1, shape[-1]), raw, FORMATS[fmt].ggml_type, _tile_rows(), GEMM_ROWS
     )
     return y.reshape(*shape[:-1], raw.shape[0])
+
+
+@cache
+def _tile_rows() -> int:
+    """The build's first tile-path row count, asked once (every linear call passes it)."""
+    ext = cpu_extension()
+    assert ext is not None
+    return int(ext.tile_rows())
 
 
 def ggml_rows_cpu(raw: torch.Tensor, fmt: str, in_features: int) -> torch.Tensor:
