@@ -51,6 +51,11 @@ def test_kernel_equals_its_twin(extension: object, fmt: str, rows: int, out_feat
     # Leading dimensions are kept.
     batched = ggml_linear_cpu(x.reshape(1, rows, in_features), raw, fmt, in_features)
     torch.testing.assert_close(batched.reshape(rows, out_features), got, rtol=0, atol=0)
+    # Each path of the compiled entry point itself: registers, tile GEMM, ATen's GEMM.
+    code = FORMATS[fmt].ggml_type
+    for tile_rows, gemm_rows in ((10**6, 10**6), (0, 10**6), (0, 0)):
+        direct = extension.ggml_linear(x, raw, code, tile_rows, gemm_rows)  # type: ignore[attr-defined]
+        torch.testing.assert_close(direct, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", sorted(CPU_FORMATS))
