@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.layer_slices import slice_seconds
 from dgpp.engine.llm import LLM
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import StepPlan
@@ -128,12 +129,18 @@ class Predictions:
         times = self.scheduler.times
         if times.ready and times.decode_step_s is not None:
             prompts = plan.chunks[plan.num_decodes :]
-            predicted = times.decode_step_s + sum(
-                times.prompt_seconds(c.num_tokens, c.start) for c in prompts
-            )
-            tokens = sum(c.num_tokens for c in prompts)
+            whole = [c for c in prompts if c.layers is None]
+            predicted = sum(times.prompt_seconds(c.num_tokens, c.start) for c in whole)
+            predicted += times.decode_step_s if whole or plan.num_decodes else 0.0
+            for c in prompts:
+                if c.layers is not None:
+                    first, stop, total = c.layers
+                    predicted += slice_seconds(times, c.num_tokens, c.start, stop - first, total)
+            tokens = sum(c.num_tokens for c in whole)
             if plan.num_decodes:
                 kind = "decode rows and prompt" if prompts else "decode rows only"
+            elif len(whole) < len(prompts):
+                kind = "prompt, a layer slice" + (" and more" if whole else "")
             else:
                 kind = "prompt, < 64 tokens" if tokens < 64 else "prompt, >= 64 tokens"
             self.ratios.setdefault(kind, []).append(seconds / predicted)

@@ -104,7 +104,7 @@ class LLMEngine:
             config.prefill_chunk_tokens,
             self.counters,
             proposer,
-            _step_policy(config),
+            _step_policy(config, self.runner),
         )
         if self.drafter is not None:  # a batch-aware depth prices draft tokens by step times
             self.drafter.times = self.scheduler.times
@@ -117,6 +117,7 @@ class LLMEngine:
             self.max_model_len,
         )
         self.runner.tables.clear()
+        self.runner.streams.clear()
         self._abort_requested: set[str] = set()
 
     def rejoin(self, control: ControlChannel) -> None:
@@ -131,7 +132,7 @@ class LLMEngine:
         step policy's; `dgpp.appliance.live_reload` checks): from the next step on, and for the
         requests already in flight. Call it from the thread that steps."""
         self.config = config
-        self.scheduler.policy = _step_policy(config)
+        self.scheduler.policy = _step_policy(config, self.runner)
 
     def heartbeat(self) -> None:
         """Tell idle workers rank 0 is alive (their wait for the next command has a deadline)."""
@@ -319,8 +320,12 @@ class LLMEngine:
         return outputs
 
 
-def _step_policy(config: EngineConfig) -> StepPolicy:
+def _step_policy(config: EngineConfig, runner: ModelRunner) -> StepPolicy:
+    """The step policy of `config`; long prompt chunks go in layer slices where the model
+    allows (`dgpp.engine.layer_slices`; MTP reads every step's last hidden states)."""
+    slices = config.speculative != "mtp" and config.step_target_ms >= 0
     return StepPolicy(
+        num_layers=getattr(runner.model, "num_slice_layers", 0) if slices else 0,
         prefill_chunk_tokens=config.prefill_chunk_tokens,
         short_prompt_tokens=config.short_prompt_tokens,
         long_prefill_share=config.long_prefill_share,

@@ -110,7 +110,7 @@ class EngineConfig:
         1000.0,
         "for this long after a request arrives, steps that carry only long prompts stay as short "
         "as a short request's first token, so the next arrival waits for no long chunk "
-        "(0: long chunks at once)",
+        "(0: long chunks at once; models whose long chunks go in layer slices stay bounded)",
         label="Arrival hold (ms)",
         unit="ms",
         ge=0.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -150,6 +151,8 @@ class ModelRunner:
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
+        # The residual stream a layer slice left, by seq id, for the request's next slice.
+        self.streams: dict[int, torch.Tensor] = {}
         self.max_model_len = max_model_len
         self.mtp: MtpDrafting | None = None
         if config.speculative == "mtp":
@@ -207,8 +210,28 @@ class ModelRunner:
         # request's state, and a decode row reads its state (a prefill chunk from 0 does not).
         fresh = [row.state_slot for row in message.rows[: message.num_decodes] if row.start == 0]
         zero_slots(self.state_pools, [slot for slot in fresh if slot >= 0])
+        for seq_id in message.finished:
+            self.streams.pop(seq_id, None)
         if self.graphs is not None and self.graphs.fits(message):
             return self.graphs.run(message, self.tables)
+        whole = tuple(row for row in message.rows if not row.is_slice)
+        logits = []
+        if whole:
+            plain = replace(message, rows=whole)
+            hidden = self._forward(plain, None)
+            if self.mtp is not None:
+                self.mtp.keep(plain, hidden)
+            copy_slots(self.state_pools, message.saves)  # states at snapshot points, kept
+            logits.append(self._logits(message, whole, hidden))
+        for row in message.rows:  # a layer slice (at most one, after the other rows)
+            if row.is_slice:
+                hidden = self._forward(StepMessage((row,), num_decodes=0), row)
+                logits.append(self._logits(message, (row,), hidden))
+        return torch.cat(logits) if len(logits) > 1 else logits[0]
+
+    def _forward(self, message: StepMessage, sliced: StepRow | None) -> torch.Tensor:
+        """The model over `message`'s rows, or over the layer slice of its one row `sliced`
+        (from the stream its previous slice left; the stream is kept for the next one)."""
         fp32 = self.config.prefill_precision == "fp32"
         layout = BatchLayout(
             tuple(
@@ -219,17 +242,34 @@ class ModelRunner:
             self.block_size,
             prefill_softmax_fp32=fp32,
         )
-        input_ids, positions, sample_index = _token_inputs(message, self.device)
+        input_ids, positions = _token_inputs(message, self.device)
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
-        # Prefix hits' snapshots, and verify rows' states at their last accepted token.
-        copy_slots(self.state_pools, message.restores)
-        hidden = self.model(input_ids, positions, metadata)
-        if self.mtp is not None:
-            self.mtp.keep(message, hidden)
-        copy_slots(self.state_pools, message.saves)  # states at snapshot points, kept
-        hidden = hidden[sample_index]
+        if sliced is None:
+            # Prefix hits' snapshots, and verify rows' states at their last accepted token.
+            copy_slots(self.state_pools, message.restores)
+            return self.model(input_ids, positions, metadata)
+        first, stop = sliced.layers
+        stream = self.streams.pop(sliced.seq_id, None) if first else None
+        hidden = self.model.model.forward_layers(
+            input_ids, stream, positions, metadata, (first, stop)
+        )
+        if stop < len(self.model.model.layers):
+            self.streams[sliced.seq_id] = hidden
+        return hidden
+
+    def _logits(
+        self, message: StepMessage, rows: tuple[StepRow, ...], hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """Float32 logits of the sampled positions of `rows`, whose forward gave `hidden`."""
+        sample_index = []
+        at = 0
+        for row in rows:
+            at += row.num_tokens
+            sample_index.extend(range(at - row.num_sampled, at))
+        index = torch.tensor(sample_index, dtype=torch.int64, device=hidden.device)
+        fp32 = self.config.prefill_precision == "fp32"
         dtype = torch.float32 if message.has_prefill and fp32 else None
-        return self.model.compute_logits(hidden, dtype).float()
+        return self.model.compute_logits(hidden[index], dtype).float()
 
     @torch.inference_mode()
     def draft(self, message: StepMessage) -> list[tuple[int, ...]]:
@@ -251,20 +291,15 @@ class ModelRunner:
                 self.graphs.capture_all()
 
 
-def _token_inputs(
-    message: StepMessage, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids and positions [T], and the rows whose logits are sampled [num_sampled]: each
-    row's last position, and for a verify row every position of its draft."""
+def _token_inputs(message: StepMessage, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and positions [T] of the message's rows."""
     input_ids: list[int] = []
     positions: list[int] = []
-    sample_index: list[int] = []
     for row in message.rows:
         input_ids.extend(row.token_ids)
         positions.extend(range(row.start, row.seq_len))
-        sample_index.extend(range(len(positions) - row.num_sampled, len(positions)))
 
     def tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
-    return tensor(input_ids), tensor(positions), tensor(sample_index)
+    return tensor(input_ids), tensor(positions)

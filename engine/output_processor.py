@@ -48,8 +48,15 @@ class OutputProcessor:
         counters = self.counters
         counters.num_steps += 1
         counters.num_decode_steps += plan.num_decodes > 0
+        counters.num_layer_slices += any(chunk.layers is not None for chunk in plan.chunks)
         for chunk in plan.chunks:
             request = chunk.request
+            if chunk.layers is not None:  # a layer slice: counted once its last one is done
+                more = chunk.layers[1] < chunk.layers[2]
+                request.slice_tokens = chunk.num_tokens if more else 0
+                request.slice_layers = chunk.layers[1] if more else 0
+                if more:
+                    continue
             if chunk.draft:
                 # The last known token's KV is computed; each draft token's counts once accepted.
                 request.num_computed_tokens += 1

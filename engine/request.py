@@ -92,6 +92,10 @@ class Request:
     restore_from: int | None = None
     accepted_state: int | None = None
     snapshot_points: tuple[int, ...] = ()
+    # A prompt chunk computed in layer slices (`dgpp.engine.layer_slices`): its tokens and the
+    # layers done so far (0: none in flight). Its tokens count as computed after the last slice.
+    slice_tokens: int = 0
+    slice_layers: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -33,6 +33,9 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     draft: tuple[int, ...] = ()
+    # A layer slice (first, stop, of how many): this step computes only those layers of the
+    # chunk (`dgpp.engine.layer_slices`); None: every layer.
+    layers: tuple[int, int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -40,9 +43,15 @@ class ScheduledChunk:
         return self.start + self.num_tokens - len(self.draft)
 
     @property
+    def completes(self) -> bool:
+        """After this step the chunk's tokens are computed through the last layer."""
+        return self.layers is None or self.layers[1] == self.layers[2]
+
+    @property
     def is_sampling(self) -> bool:
         """The chunk reaches the end of the known tokens, so its last logits choose the next one."""
-        return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
+        end = self.start + self.num_tokens - len(self.draft)
+        return self.completes and end == self.request.num_tokens
 
     @property
     def num_sampled(self) -> int:
@@ -135,7 +144,8 @@ class Scheduler:
         decodes: list[ScheduledChunk] = []  # verify rows included
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
-        amounts = self._prompt_amounts()
+        slices: dict[int, int] = {}  # layers this step of a chunk computed in layer slices
+        amounts = self._prompt_amounts(slices)
         index = 0
         # Oldest first; preemption takes from the tail, so it never touches a planned request.
         while index < len(self.running):
@@ -156,7 +166,9 @@ class Scheduler:
                 continue
             if not self._allocate_or_preempt(request, num_tokens, preempted):
                 break  # `request` itself was preempted; everything newer already was
-            chunk = ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+            chunk = ScheduledChunk(
+                request, request.num_computed_tokens, num_tokens, (), self._layers(request, slices)
+            )
             (decodes if is_decode else prefills).append(chunk)
             index += 1
         # Admission, every step unless this one had to preempt: in the policy's order, and a
@@ -165,12 +177,13 @@ class Scheduler:
         for request in [r for r in self._admission_order() if id(r) in amounts]:
             if preempted:
                 break
-            chunk = self._admit(request, amounts[id(request)])
+            chunk = self._admit(request, amounts[id(request)], self._layers(request, slices))
             if chunk is None:
                 break
             if (restore := self.block_manager.take_restore(request)) is not None:
                 restores.append(restore)
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
+        prefills.sort(key=lambda chunk: chunk.layers is not None)  # a slice runs last
         chunks = tuple(decodes + prefills)
         finished: tuple[int, ...] = ()
         if chunks:  # an empty plan is not sent: the next one carries these
@@ -182,7 +195,8 @@ class Scheduler:
         saves = [
             save
             for chunk in prefills
-            if (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
+            if chunk.completes
+            and (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
         ]
         return StepPlan(
             chunks, len(decodes), tuple(preempted), finished, tuple(restores), tuple(saves)
@@ -190,8 +204,25 @@ class Scheduler:
 
     def observe(self, plan: StepPlan, seconds: float) -> None:
         """What the step of `plan` took (the step-time bound learns from it)."""
-        prompts = [(chunk.start, chunk.num_tokens) for chunk in plan.chunks[plan.num_decodes :]]
-        self.times.observe(seconds, plan.num_decodes, prompts)
+        prompts = plan.chunks[plan.num_decodes :]
+        whole = [(chunk.start, chunk.num_tokens) for chunk in prompts if chunk.layers is None]
+        sliced = [
+            (chunk.start, chunk.num_tokens, (chunk.layers[1] - chunk.layers[0]) / chunk.layers[2])
+            for chunk in prompts
+            if chunk.layers is not None
+        ]
+        self.times.observe(seconds, plan.num_decodes, whole, sliced[0] if sliced else None)
+
+    def _layers(self, request: Request, slices: dict[int, int]) -> tuple[int, int, int] | None:
+        """The layer slice (first, stop, of how many) of `request`'s chunk this step; None when
+        the chunk runs through every layer at once."""
+        layers = slices.get(id(request))
+        if layers is None:
+            return None
+        total, first = self.policy.num_layers, request.slice_layers
+        if first == 0 and layers >= total:
+            return None
+        return first, min(first + layers, total), total
 
     def _admission_order(self) -> list[Request]:
         """The waiting requests that may start this step (free concurrency slots), in the
@@ -199,19 +230,27 @@ class Scheduler:
         slots = max(self.max_concurrency - len(self.running), 0)
         return self.policy.order([], list(self.waiting))[:slots]
 
-    def _prompt_amounts(self) -> dict[int, int]:
+    def _prompt_amounts(self, slices: dict[int, int]) -> dict[int, int]:
         """Prompt tokens each prompt may compute this step (by request id), as the policy
-        shares the budget among running prompts and the waiting requests that may start."""
+        shares the budget among running prompts and the waiting requests that may start; the
+        layers of a chunk in layer slices go to `slices`."""
         num_decodes = sum(r.num_pending_tokens == 1 for r in self.running)
         running = [r for r in self.running if r.num_pending_tokens > 1]
         waiting = self._admission_order()
         amounts = self.policy.share(self.policy.prefill_chunk_tokens, running, waiting)
         now, prompts = time.monotonic(), running + waiting
-        return self.policy.bound(
-            amounts, prompts, num_decodes, self.times, now, self.last_arrival, self.credit
+        amounts = self.policy.bound(
+            amounts, prompts, num_decodes, self.times, now, self.last_arrival, self.credit, slices
         )
+        for request in running:  # a chunk in flight keeps its tokens, whatever its class now
+            if request.slice_layers and id(request) in amounts:
+                amounts[id(request)] = request.slice_tokens
+                slices.setdefault(id(request), self.policy.num_layers - request.slice_layers)
+        return amounts
 
-    def _admit(self, request: Request, num_tokens: int) -> ScheduledChunk | None:
+    def _admit(
+        self, request: Request, num_tokens: int, layers: tuple[int, int, int] | None = None
+    ) -> ScheduledChunk | None:
         hit_tokens = 0
         if not request.block_table:
             hit_tokens = self.block_manager.match_prefix(request)  # cached: no budget
@@ -227,7 +266,9 @@ class Scheduler:
             self._count_admission(request, hit_tokens)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-        return ScheduledChunk(request, request.num_computed_tokens, num_tokens)
+        if request.num_pending_tokens == 1:
+            layers = None  # a decode row
+        return ScheduledChunk(request, request.num_computed_tokens, num_tokens, (), layers)
 
     def _verify_row(self, request: Request, reserve: int) -> ScheduledChunk | None:
         """The request's last token and a draft after it, when one is proposed and its slots
@@ -278,6 +319,7 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
+        request.slice_tokens = request.slice_layers = 0  # its kept stream is recomputed too
         request.num_preemptions += 1
         self.counters.num_preemptions += 1
         self.waiting.appendleft(request)

@@ -49,6 +49,7 @@ class EngineCounters:
 
     num_steps: int = 0
     num_decode_steps: int = 0  # steps that ran at least one decode row
+    num_layer_slices: int = 0  # steps that ran a layer slice of a prompt chunk
     tokens_generated: int = 0
     prompt_tokens_total: int = 0  # prompt tokens of admitted requests
     prompt_tokens_computed: int = 0  # prompt tokens actually run through the model

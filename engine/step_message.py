@@ -21,9 +21,9 @@ from dgpp.engine.scheduler import StepPlan
 
 # Header fields (decodes, rows, finished, restores, saves), the finished seq ids, the restore
 # and save pairs; then per row: seq_id, start, tokens, sampled, kept blocks, new blocks, state
-# slot, followed by its tokens and new blocks.
+# slot, first and stop layer, followed by its tokens and new blocks.
 _HEADER = 5
-_ROW_FIELDS = 7
+_ROW_FIELDS = 9
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,13 @@ class StepRow:
     num_kept_blocks: int  # leading blocks of the held table that stay
     new_blocks: tuple[int, ...]  # appended after them
     state_slot: int = -1  # the request's recurrent-state slot (hybrid models), else -1
+    # A layer slice of a prompt chunk (`dgpp.engine.layer_slices`): layers first .. stop only;
+    # (0, 0): every layer.
+    layers: tuple[int, int] = (0, 0)
+
+    @property
+    def is_slice(self) -> bool:
+        return self.layers != (0, 0)
 
     @property
     def num_tokens(self) -> int:
@@ -89,6 +96,7 @@ class StepMessage:
                 row.num_kept_blocks,
                 len(row.new_blocks),
                 row.state_slot,
+                *row.layers,
             ]
             values += row.token_ids
             values += row.new_blocks
@@ -106,7 +114,7 @@ class StepMessage:
             at += 2
         rows = []
         for _ in range(num_rows):
-            seq_id, start, num_tokens, num_sampled, kept, num_new, slot = values[
+            seq_id, start, num_tokens, num_sampled, kept, num_new, slot, first, stop = values[
                 at : at + _ROW_FIELDS
             ]
             at += _ROW_FIELDS
@@ -114,7 +122,9 @@ class StepMessage:
             at += num_tokens
             blocks = tuple(values[at : at + num_new])
             at += num_new
-            rows.append(StepRow(seq_id, start, tokens, num_sampled, kept, blocks, slot))
+            rows.append(
+                StepRow(seq_id, start, tokens, num_sampled, kept, blocks, slot, (first, stop))
+            )
         if at != len(values):
             raise ValueError(f"a step message of {len(values)} values holds {at}")
         restores, saves = tuple(pairs[:num_restores]), tuple(pairs[num_restores:])
@@ -156,6 +166,7 @@ class BlockTables:
                     kept,
                     new,
                     request.state_slot,
+                    chunk.layers[:2] if chunk.layers is not None else (0, 0),
                 )
             )
         return StepMessage(

@@ -42,6 +42,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dgpp.engine.layer_slices import plan_slice, slice_seconds
 from dgpp.engine.request import Request
 from dgpp.engine.step_times import StepTimes
 
@@ -99,6 +100,7 @@ class StepPolicy:
     long_prefill_share: float = 0.25
     step_target_ms: float = 0.0  # 0: STRETCH x the sensitive work; < 0: no step-time bound
     arrival_hold_s: float = 1.0  # long-only steps stay bounded this long after an arrival
+    num_layers: int = 0  # the model's layers when chunks may be sliced by layer, else 0
 
     def bound(
         self,
@@ -109,10 +111,13 @@ class StepPolicy:
         now: float,
         last_arrival: float | None = None,
         credit: LongCredit | None = None,
+        slices: dict[int, int] | None = None,
     ) -> dict[int, int]:
         """`amounts` (from `share`) with long prompts cut to the step-time bound (see the module
         docstring); `now` and `last_arrival` are `time.monotonic()` instants; `credit` carries
-        the oldest long prompt's banked time from step to step."""
+        the oldest long prompt's banked time from step to step. Where the oldest long prompt's
+        chunk is computed in layer slices (`num_layers`), `slices` receives its layers this
+        step by request id, and its amount is the chunk's tokens."""
         if self.step_target_ms < 0 or not times.ready:
             return amounts
         planned = [r for r in self.order([], list(prompts)) if id(r) in amounts]
@@ -127,6 +132,17 @@ class StepPolicy:
         oldest, beside = longs[0], len(planned) > len(longs) or num_decodes > 0
         for request in longs:
             start, most = request.num_computed_tokens, amounts[id(request)]
+            if request is oldest and self.num_layers and slices is not None:
+                sliced = self._slice(times, request, spare, most, credit, beside)
+                if sliced is not None:
+                    tokens, layers = sliced
+                    if layers == 0:  # sat out, its time banked
+                        del bounded[id(request)]
+                        spare = 0.0
+                        continue
+                    bounded[id(request)], slices[id(request)] = tokens, layers
+                    spare -= slice_seconds(times, tokens, start, layers, self.num_layers)
+                    continue
             if request is oldest:
                 tokens = times.tokens_within(spare + credit.seconds, start, most)
                 poor = beside and tokens < most and not _efficient(times, tokens, start)
@@ -145,6 +161,29 @@ class StepPolicy:
             spare -= times.prompt_seconds(tokens, start)
         return bounded
 
+    def _slice(
+        self,
+        times: StepTimes,
+        request: Request,
+        spare: float,
+        most: int,
+        credit: LongCredit,
+        beside: bool,
+    ) -> tuple[int, int] | None:
+        """The oldest long prompt's (tokens, layers) in layer slices (`layer_slices`): layers 0
+        where it sits this step out, banking `spare`; None: a plain chunk instead."""
+        assert times.decode_step_s is not None
+        reference = ARRIVAL_WAIT * times.solo_short_s()  # a bounded long-only step
+        allowance = spare + credit.seconds
+        planned = plan_slice(times, request, allowance, most, self.num_layers, reference)
+        if planned is None:
+            return None
+        tokens, layers = planned
+        if layers == 0 and beside and credit.bank(id(request), spare):
+            return tokens, 0
+        credit.take()
+        return tokens, max(layers, 1)
+
     def _spare(
         self,
         amounts: dict[int, int],
@@ -160,6 +199,10 @@ class StepPolicy:
         base = times.decode_step_s
         shorts = [r for r in planned if self.is_short(r)]
         if not (num_decodes or shorts):
+            if self.num_layers:
+                # Layer slices: a step of any length keeps the chunk efficient and pays its
+                # share of the base (no base beside it), so long-only steps stay bounded.
+                return ARRIVAL_WAIT * times.solo_short_s()
             if last_arrival is None:
                 return None
             # Past the hold, a long-only step may last as long as the quiet after the hold: its

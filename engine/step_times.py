@@ -98,15 +98,28 @@ class StepTimes:
         return self.decode_step_s is not None and (self._theta is not None or self._stale)
 
     def observe(
-        self, seconds: float, num_decodes: int, prompt_chunks: Sequence[tuple[int, int]]
+        self,
+        seconds: float,
+        num_decodes: int,
+        prompt_chunks: Sequence[tuple[int, int]],
+        sliced: tuple[int, int, float] | None = None,
     ) -> None:
-        """One step's wall time, its decode rows and its prompt chunks as (start, tokens)."""
-        if not prompt_chunks:
+        """One step's wall time, its decode rows and its prompt chunks as (start, tokens); a
+        chunk computed in a layer slice as (start, tokens, share of the layers): that share of
+        a whole step of it (`dgpp.engine.layer_slices`), the base's included."""
+        if not prompt_chunks and sliced is None:
             if num_decodes:
                 self.decode_step_s = _average(self.decode_step_s, seconds)
             return
-        features = sum(chunk_features(n, start) for start, n in prompt_chunks) / SCALES
-        cost = max(seconds - (self.decode_step_s or 0.0), 0.0)
+        features = sum((chunk_features(n, start) for start, n in prompt_chunks), np.zeros(4))
+        base = self.decode_step_s or 0.0
+        if sliced is not None:
+            start, n, share = sliced
+            features = features + share * chunk_features(n, start)
+            if not (num_decodes or prompt_chunks):  # the slice alone: its share of the base
+                base *= share
+        features = features / SCALES
+        cost = max(seconds - base, 0.0)
         with self._lock:
             self._gram = DECAY * self._gram + np.outer(features, features)
             self._moment = DECAY * self._moment + features * cost

@@ -240,6 +240,26 @@ class DecoderModel(nn.Module):
             hidden = layer(angles, hidden, metadata)
         return self.norm(hidden)
 
+    def forward_layers(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor | None,
+        positions: torch.Tensor,
+        metadata: StepMetadata,
+        layers: tuple[int, int],
+    ) -> torch.Tensor:
+        """Layers `first .. stop` of a layer slice (`dgpp.engine.layer_slices`): from the
+        embedding of `input_ids` when `first` is 0, else from `hidden`, the residual stream the
+        previous slice left; normed when `stop` is the last layer (as `forward` returns it)."""
+        first, stop = layers
+        if first == 0:
+            hidden = self.embed_tokens(input_ids)
+        assert hidden is not None, "a slice past the first layer continues a kept stream"
+        angles = self.rotary.lookup(positions, hidden.dtype)
+        for layer in self.layers[first:stop]:
+            hidden = layer(angles, hidden, metadata)
+        return self.norm(hidden) if stop == len(self.layers) else hidden
+
 
 class LlamaForCausalLM(nn.Module):
     """Causal LM head over `DecoderModel`; also serves Qwen2 and Qwen3 (flags in ModelConfig)."""
@@ -346,6 +366,16 @@ class LlamaForCausalLM(nn.Module):
         metadata: StepMetadata,
     ) -> torch.Tensor:
         return self.model(input_ids, positions, metadata)
+
+    @property
+    def num_slice_layers(self) -> int:
+        """Layers a prompt chunk may be computed over in slices, one step each (the plain
+        decoder's residual stream is all a slice hands the next); 0 where the decoder carries
+        more between layers (hyper-connection streams, recurrent states)."""
+        plain = type(self.model) is DecoderModel and not any(
+            hasattr(layer, "state_spec") for layer in self.model.layers.modules()
+        )
+        return len(self.model.layers) if plain else 0
 
     def compute_logits(
         self, hidden: torch.Tensor, dtype: torch.dtype | None = None

@@ -75,6 +75,7 @@ def metrics_body(
             "prompt_tokens_total": counters.prompt_tokens_total,
             "prompt_tokens_computed": counters.prompt_tokens_computed,
             "decode_steps": counters.num_decode_steps,
+            "layer_slice_steps": counters.num_layer_slices,
         },
         "service": asdict(service),
         "memory": asdict(memory),

@@ -59,7 +59,14 @@ class Simulation:
         self.last_sampling = [chunk.is_sampling for chunk in plan.chunks]
         sampling = [chunk.request for chunk in plan.chunks if chunk.is_sampling]
         for chunk in plan.chunks:
-            chunk.request.num_computed_tokens += chunk.num_tokens
+            request = chunk.request
+            if chunk.layers is not None:  # as the output processor takes in a layer slice
+                more = not chunk.completes
+                request.slice_tokens = chunk.num_tokens if more else 0
+                request.slice_layers = chunk.layers[1] if more else 0
+                if more:
+                    continue
+            request.num_computed_tokens += chunk.num_tokens
         for request in sampling:
             request.token_ids.append(FAKE_TOKEN)
             self.num_samples[request.request_id] += 1
@@ -80,7 +87,10 @@ class Simulation:
         prefills = plan.chunks[plan.num_decodes :]
         for chunk in decodes:
             assert chunk.num_tokens == 1 and chunk.is_sampling
-        assert sum(chunk.num_tokens for chunk in prefills) <= scheduler.prefill_chunk_tokens
+        # The budget holds for each forward: the step's whole chunks, and a layer slice apart.
+        whole = [chunk for chunk in prefills if chunk.layers is None]
+        assert sum(chunk.num_tokens for chunk in whole) <= scheduler.prefill_chunk_tokens
+        assert len(whole) >= len(prefills) - 1, "one layer slice a step at most"
         for chunk in plan.chunks:
             request = chunk.request
             assert chunk.num_tokens >= 1
@@ -95,8 +105,10 @@ class Simulation:
         for request in running_before:
             if pending_before[id(request)] == 1 and request not in plan.preempted:
                 assert id(request) in decode_ids, f"{request.request_id} lost its decode row"
-        # The oldest running request always progresses.
-        if running_before:
+        # The oldest running request always progresses, unless it sits the step out to bank
+        # its time (at most MAX_SKIPS steps in a row).
+        credit = scheduler.credit
+        if running_before and not (credit.owner == id(running_before[0]) and credit.skipped):
             assert running_before[0] in requests
         # Preemption takes the newest running requests and queues them first, in running order.
         if plan.preempted:

@@ -24,6 +24,7 @@ rows = st.builds(
     num_kept_blocks=ints,
     new_blocks=st.lists(ints, max_size=6).map(tuple),
     state_slot=st.integers(-1, 2**20),
+    layers=st.tuples(st.integers(0, 200), st.integers(0, 200)),
 )
 pairs = st.lists(st.tuples(ints, ints), max_size=4).map(tuple)
 messages = st.builds(
@@ -129,5 +130,5 @@ def test_a_decode_step_costs_the_same_at_any_context(context: int) -> None:
             if step == 1:  # one request's context crossed into a new block
                 request.block_table.append(90_000 + request.seq_id)
         sizes.append(_send(head, worker, _decode_plan(requests)).to_tensor().numel())
-    # header + 4 rows of (7 fields + 1 token), and one new block for each row at the crossing
-    assert sizes == [5 + 4 * 8, 5 + 4 * 9, 5 + 4 * 8]
+    # header + 4 rows of (9 fields + 1 token), and one new block for each row at the crossing
+    assert sizes == [5 + 4 * 10, 5 + 4 * 11, 5 + 4 * 10]

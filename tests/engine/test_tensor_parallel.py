@@ -82,7 +82,8 @@ def _rank(
         longs = counters.prompt_classes["long"].count
         hits = counters.prefix_cache.hit_tokens
         drafted = counters.spec_decode.draft_tokens
-        results.put((tokens, drafted, counters.num_preemptions, longs, hits))
+        slices = counters.num_layer_slices
+        results.put((tokens, drafted, counters.num_preemptions, longs, hits, slices))
     finally:
         head.dissolve(orderly=True)
 
@@ -157,11 +158,15 @@ def test_world_of_two_equals_world_of_one_on_group_quantized_weights(
 
 
 def _check_world_of_two(
-    checkpoint: Path, knobs: dict[str, Any], waves: Waves = (PROMPTS,), target: Any = None
+    checkpoint: Path,
+    knobs: dict[str, Any],
+    waves: Waves = (PROMPTS,),
+    target: Any = None,
+    sliced: bool = False,
 ) -> int:
     """World 2 with `knobs` gives world 1's tokens (with KNOBS); returns world 2's prefix-cache
     hit tokens. `target` replaces `_rank` as each rank's process (a picklable callable with its
-    arguments)."""
+    arguments); `sliced`: its policy computes long chunks in layer slices."""
     reference = LLMEngine(resolve(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
     expected = _generate(reference, waves)
     context = mp.get_context("spawn")
@@ -176,7 +181,7 @@ def _check_world_of_two(
     for process in ranks:
         process.start()
     try:
-        got, drafted, preempted, longs, hits = results.get(timeout=180)
+        got, drafted, preempted, longs, hits, slices = results.get(timeout=180)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -185,6 +190,7 @@ def _check_world_of_two(
     assert [process.exitcode for process in ranks] == [0, 0]
     assert got == expected
     assert (drafted > 0) == (knobs.get("speculative", "off") != "off")
+    assert (slices > 0) == sliced
     assert (preempted > 0) == (knobs is PRESSURE)
     assert longs == (2 if knobs is INTERACTIVE else 0)  # 256 by default: every prompt is short
     return hits

@@ -47,6 +47,7 @@ STATS = EngineStats(
     prefix_min_tokens=64,
     counters=EngineCounters(
         num_decode_steps=7,
+        num_layer_slices=3,
         tokens_generated=50,
         prompt_tokens_total=200,
         prompt_tokens_computed=120,
@@ -167,6 +168,7 @@ def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
         "prompt_tokens_total": 200,
         "prompt_tokens_computed": 120,
         "decode_steps": 7,
+        "layer_slice_steps": 3,
     }
     cache = body["prefix_cache"]
     assert (cache["queries"], cache["hits"], cache["misses"]) == (3, 1, 2)  # requests

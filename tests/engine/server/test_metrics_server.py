@@ -33,6 +33,7 @@ JSON_KEYS = {
         "prompt_tokens_total",
         "prompt_tokens_computed",
         "decode_steps",
+        "layer_slice_steps",
     },
     "service": {
         "requests_total",
