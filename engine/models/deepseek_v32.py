@@ -53,6 +53,15 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
         mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
         return DecoderLayer(config, self_attn, mlp)
 
+    @property
+    def num_slice_layers(self) -> int:
+        """No layer slices where a shared-indexer layer reuses the selection an earlier layer
+        made in the same forward (GLM-5): a slice starting there would find none."""
+        config = self.config
+        if not all(runs_indexer(config, index) for index in range(config.num_layers)):
+            return 0
+        return super().num_slice_layers
+
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
         """Each layer's latent cache, then its indexer keys where it runs an indexer."""

@@ -277,3 +277,55 @@ def test_world_of_two_equals_world_of_one_through_layer_slices(
 
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
     tp._check_world_of_two(checkpoint, tp.INTERACTIVE, target=_sliced_rank, sliced=True)
+
+
+def _family(name: str) -> tuple[str, dict[str, object]]:
+    from tests.engine.test_deepseek_v3 import MOE
+    from tests.engine.test_moe_parity import FAMILIES
+    from tests.engine.test_sparse_attention import SHARED
+
+    return {
+        "qwen3-moe": FAMILIES["qwen3-moe"],
+        "glm4-moe": FAMILIES["glm4-moe"],
+        "gpt-oss": FAMILIES["gpt-oss"],
+        "deepseek-v3-moe": ("DeepseekV3ForCausalLM", MOE),
+        "deepseek-v3.2": ("DeepseekV32ForCausalLM", {}),
+        "glm-5-shared": ("GlmMoeDsaForCausalLM", SHARED),
+        "qwen3-next": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),
+        "qwen4-exp": ("Qwen4ExpForCausalLM", {}),
+    }[name]
+
+
+@pytest.mark.parametrize(
+    ("family", "sliced"),
+    [
+        ("qwen3-moe", True),
+        ("glm4-moe", True),
+        ("gpt-oss", True),  # sliding-window layers and attention sinks
+        ("deepseek-v3-moe", True),  # MLA latents
+        ("deepseek-v3.2", True),  # sparse attention, an indexer in every layer
+        ("glm-5-shared", False),  # shared-indexer layers reuse a selection made in the forward
+        ("qwen3-next", False),  # recurrent states
+        ("qwen4-exp", False),  # hyper-connection streams
+    ],
+)
+def test_every_family_slices_exactly_or_not_at_all(
+    tmp_path: Path, tokenizer_dir: Path, family: str, sliced: bool
+) -> None:
+    architecture, overrides = _family(family)
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
+    knobs = {"block_size": 4, "prefill_chunk_tokens": 16, "kv_capacity": 1024}
+    llm = LLM(str(checkpoint), short_prompt_tokens=8, **knobs)
+    layers = llm.engine.runner.model.num_slice_layers
+    assert (layers > 0) == sliced
+    assert llm.engine.scheduler.policy.num_layers == layers
+    if not sliced:
+        return
+    prompts = [list(range(300, 345)), [5, 6, 7], list(range(1000, 1030))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    plain = LLM(str(checkpoint), step_target_ms=-1.0, **knobs).generate(prompts, params)
+    scheduler = llm.engine.scheduler
+    scheduler.policy = SliceEveryLongChunk(16, 8, num_layers=layers, per_step=2)
+    together = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.counters.num_layer_slices > 0
