@@ -212,12 +212,12 @@ class ModelRunner:
         zero_slots(self.state_pools, [slot for slot in fresh if slot >= 0])
         for seq_id in message.finished:
             self.streams.pop(seq_id, None)
-        if self.graphs is not None and self.graphs.fits(message):
-            return self.graphs.run(message, self.tables)
         whole = tuple(row for row in message.rows if not row.is_slice)
+        plain = message if len(whole) == len(message.rows) else replace(message, rows=whole)
         logits = []
-        if whole:
-            plain = replace(message, rows=whole)
+        if self.graphs is not None and self.graphs.fits(plain):  # decode rows, beside a slice
+            logits.append(self.graphs.run(plain, self.tables))
+        elif whole:
             hidden = self._forward(plain, None)
             if self.mtp is not None:
                 self.mtp.keep(plain, hidden)

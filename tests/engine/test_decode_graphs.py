@@ -115,3 +115,41 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
     assert got == expected
     assert graphs.replays == 8  # every decode step after the prompts' own
     assert set(graphs.tables[:, 0].tolist()) != {scratch}  # real tables were written
+
+
+@needs_interpreter
+def test_decode_rows_beside_a_layer_slice_replay_the_graphs(
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of decode rows and a long prompt's layer slice (`dgpp.engine.layer_slices`): the
+    decode rows replay the graphs, the slice runs eagerly after them; tokens as the eager
+    engine's, unsliced."""
+    from tests.engine.test_layer_slices import SliceEveryLongChunk
+
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+    prompts = [[11, 12, 13], list(range(40, 75)), [7] * 4]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 4, 9)]
+    knobs = {"kv_capacity": 512, "block_size": 16, "short_prompt_tokens": 8}
+    eager = LLM(str(checkpoint), step_target_ms=-1.0, **knobs)
+    expected = [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
+    monkeypatch.setattr(
+        "dgpp.engine.model_runner.select_backend_for", lambda *_: TritonPagedAttention(CPU)
+    )
+    graphed = LLM(str(checkpoint), **knobs)
+    runner = graphed.engine.runner
+    graphs = runner.attach_decode_graphs(4, runner.config.num_kv_blocks - 1, capture=False)
+    graphed.engine.scheduler.policy = SliceEveryLongChunk(512, 8, num_layers=3, per_step=1)
+    steps: list[tuple[int, bool]] = []
+    observe = graphed.engine.scheduler.observe
+
+    def record(plan: object, seconds: float) -> None:
+        steps.append((plan.num_decodes, any(c.layers for c in plan.chunks)))  # type: ignore[attr-defined]
+        observe(plan, seconds)  # type: ignore[arg-type]
+
+    graphed.engine.scheduler.observe = record  # type: ignore[method-assign]
+    got = [out.outputs[0].token_ids for out in graphed.generate(prompts, params)]
+    assert got == expected
+    beside = sum(1 for decodes, sliced in steps if decodes and sliced)
+    assert beside >= 2  # the 35-token prompt's three slices beside the short ones' decode rows
+    pure = sum(1 for decodes, sliced in steps if decodes and not sliced)
+    assert graphs.replays == beside + pure
