@@ -20,13 +20,16 @@ uncached prompts):
 
 FCFS is the same engine with `short_prompt_tokens=1` (no real prompt is short) and
 `step_target_ms=-1` (no step-time bound); `hold-0` and `hold-always` are the interactive policy
-with long-only steps never bounded and always bounded (`arrival_hold_ms`), for choosing the
-rule. See docs/benchmarks.md.
+with long-only steps never bounded and always bounded (`arrival_hold_ms`, for models whose
+chunks are not sliced), and `unsliced` the interactive policy with long chunks bounded by
+tokens only, not in layer slices (`dgpp.engine.layer_slices`), for choosing the rule. See
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import statistics
@@ -44,6 +47,7 @@ POLICIES = {
     "fcfs": {"short_prompt_tokens": 1, "step_target_ms": -1.0},
     "hold-0": {"arrival_hold_ms": 0.0},
     "hold-always": {"arrival_hold_ms": 1e9},
+    "unsliced": {},  # the interactive policy with chunks bounded by tokens only (no layer slices)
 }
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven"]
 
@@ -219,6 +223,9 @@ def main() -> None:
     tables: dict[str, list[tuple[str, int, dict[str, float]]]] = {c: [] for c in cases}
     for name in args.policies.split(","):
         llm = LLM(checkpoint, kv_capacity=24576, max_model_len=8192, **POLICIES[name])
+        if name == "unsliced":
+            scheduler = llm.engine.scheduler
+            scheduler.policy = dataclasses.replace(scheduler.policy, num_layers=0)
         scenario(llm, 256, 99, "Warm up.")  # first-use costs out of the figures
         for salt, tokens in enumerate(lengths):
             for case, result in _cases(llm, tokens, salt, cases, offsets, args.period):

@@ -173,7 +173,13 @@ class StepPolicy:
         """The oldest long prompt's (tokens, layers) in layer slices (`layer_slices`): layers 0
         where it sits this step out, banking `spare`; None: a plain chunk instead."""
         assert times.decode_step_s is not None
-        reference = ARRIVAL_WAIT * times.solo_short_s()  # a bounded long-only step
+        # A new chunk is sized so one layer fits a typical step of its kind: a bounded
+        # long-only step, or beside decode rows what they leave (each step then carries a
+        # layer, rather than a few banking for one).
+        if beside:
+            reference = (STRETCH - 1) * times.decode_step_s
+        else:
+            reference = ARRIVAL_WAIT * times.solo_short_s()
         allowance = spare + credit.seconds
         planned = plan_slice(times, request, allowance, most, self.num_layers, reference)
         if planned is None:

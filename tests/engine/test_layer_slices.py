@@ -329,3 +329,23 @@ def test_every_family_slices_exactly_or_not_at_all(
     together = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in plain]
     assert llm.engine.counters.num_layer_slices > 0
+
+
+def test_a_chunk_started_beside_decode_rows_fits_a_layer_in_every_step() -> None:
+    """Beside decode rows a new chunk is sized so one of its layers fits what they leave (0.75 x
+    20 ms): every step carries a layer and inter-token latency stays even."""
+    times = _times(0.020, 0.001, slope_s=3e-6)
+    policy = StepPolicy(prefill_chunk_tokens=512, num_layers=LAYERS)
+    (long_request,) = _requests(8000)
+    long_request.num_computed_tokens = 6000
+    credit, now = LongCredit(), long_request.arrival_time + 10.0
+    slices: dict[int, int] = {}
+    bounded = policy.bound(
+        {id(long_request): 512}, [long_request], 4, times, now, None, credit, slices
+    )
+    tokens = bounded[id(long_request)]
+    assert slices == {id(long_request): 1}
+    spare = (STRETCH - 1) * 0.020
+    assert slice_seconds(times, tokens, 6000, 1, LAYERS) <= spare
+    assert slice_seconds(times, tokens + 1, 6000, 1, LAYERS) > spare
+    assert tokens > 4 * times.tokens_within(spare, 6000, 512)
