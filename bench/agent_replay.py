@@ -104,7 +104,9 @@ def build_tiny_hybrid(out: Path) -> Path:
     return out
 
 
-def start_server(port: int, cache: bool, model: str) -> subprocess.Popen[bytes]:
+def start_server(
+    port: int, cache: bool, model: str, extra: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
     command = [
         str(Path(sys.executable).with_name("dgpp")),
         "serve",
@@ -114,6 +116,7 @@ def start_server(port: int, cache: bool, model: str) -> subprocess.Popen[bytes]:
         str(port),
         "--log-level",
         "warning",
+        *extra,
     ]
     if not cache:
         command.append("--no-prefix-cache")

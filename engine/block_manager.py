@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from dgpp.engine.prefix_cache import NullPrefixCache, PrefixCache, block_hashes
+from dgpp.engine.host_tier import Copy, HostTier
+from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, PrefixCache, block_hashes
 from dgpp.engine.request import Request
 from dgpp.engine.state_snapshots import StateBook
 
@@ -69,11 +70,17 @@ class BlockManager:
         cache: PrefixCache | None = None,
         salt: int = 0,
         states: StateBook | None = None,
+        host: HostTier | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks, cache)
         self.block_size = block_size
         self.salt = salt  # mixed into every block key: whatever else changes the KV (the model)
         self.states = states
+        # The host tier keeps evicted blocks (not with recurrent states: their snapshots stay
+        # on the device).
+        self.host = host if states is None and host is not None and host.num_slots else None
+        if self.host is not None and isinstance(self.cache, HashPrefixCache):
+            self.cache.on_spill = self.host.spill
 
     @property
     def cache(self) -> PrefixCache:
@@ -127,10 +134,34 @@ class BlockManager:
             request.restore_from = snapshot[1] if snapshot else None
         for block in found:
             self.pool.acquire(block)
-        request.block_table = list(found)
-        request.num_computed_tokens = len(found) * size
-        request.num_hashed_blocks = len(found)
+        loaded = self._load_from_host(request, len(found), usable) if self.host is not None else []
+        request.block_table = [*found, *loaded]
+        request.num_computed_tokens = len(request.block_table) * size
+        request.num_hashed_blocks = len(request.block_table)
+        request.num_host_tokens = len(loaded) * size
         return request.num_computed_tokens
+
+    def _load_from_host(self, request: Request, start: int, usable: int) -> list[int]:
+        """The request's blocks `start ..` that the host tier holds, in order until the first
+        it does not: each copied into a fresh device block (evicting, and so spilling, another
+        when the free list is empty) and cached on the device again."""
+        assert self.host is not None
+        size, tokens, loaded = self.block_size, request.token_ids, []
+        for index in range(start, usable):
+            key = request.block_hashes[index]
+            block_tokens = tuple(tokens[index * size : (index + 1) * size])
+            slot = self.host.find(key, block_tokens)  # the newest now: no spill reuses it below
+            if slot is None or self.pool.num_free_blocks == 0:
+                break
+            (block,) = self.pool.allocate(1)
+            self.host.load(slot, block)
+            self.cache.insert(key, block_tokens, block)
+            loaded.append(block)
+        return loaded
+
+    def take_copies(self) -> tuple[Copy, ...]:
+        """The host-tier copies recorded since the last step message (every rank runs them)."""
+        return self.host.take_copies() if self.host is not None else ()
 
     def cache_computed_blocks(self, request: Request) -> int:
         """Offer the request's newly computed full blocks to the cache; returns how many were

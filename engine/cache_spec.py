@@ -19,6 +19,8 @@ from dgpp.engine.backends.base import AttentionBackend
 class CacheSpec(Protocol):
     """A kind of cache. Specs are hashable values; layers with equal specs share one tensor."""
 
+    block_axis: int  # the blocks' dimension of the tensor `allocate` returns
+
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """Bytes one token's slot takes in one layer's cache."""
         ...
@@ -42,6 +44,7 @@ class PagedKVSpec:
 
     num_kv_heads: int
     head_dim: int
+    block_axis = 2  # of the pool `allocate` returns
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
@@ -61,6 +64,8 @@ class PagedKVSpec:
 class _TokenRowSpec:
     """A cache of one vector of `width` per token, shared by every head (so every rank of a
     tensor-parallel world holds all of it): per layer [blocks, block_size, width]."""
+
+    block_axis = 1  # of the pool `allocate` returns
 
     @property
     def width(self) -> int:

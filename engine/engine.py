@@ -15,6 +15,7 @@ from dgpp.engine.distributed.control import Command, ControlChannel
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
+from dgpp.engine.host_tier import HostTier
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.mtp_drafter import MtpDrafter
 from dgpp.engine.output_processor import OutputProcessor
@@ -86,8 +87,9 @@ class LLMEngine:
             cache.on_evict = states.snapshots.drop  # a snapshot is found through its block
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
         salt = hash((str(self.checkpoint.resolve()), config.resolved_dtype))
+        host = HostTier(self.runner.host_slots) if self.runner.host_slots else None
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, cache, salt, states
+            config.num_kv_blocks, config.block_size, cache, salt, states, host
         )
         proposer: Proposer | None = None
         self.drafter: MtpDrafter | None = None
@@ -272,6 +274,11 @@ class LLMEngine:
         states = self.block_manager.states
         counters = copy.deepcopy(self.counters)
         counters.prefix_cache.evictions = self.block_manager.cache.num_evictions
+        if (host := self.block_manager.host) is not None:
+            cache = counters.prefix_cache
+            cache.host_spilled_blocks = host.counters.spilled_blocks
+            cache.host_loaded_blocks = host.counters.loaded_blocks
+            cache.host_evicted_blocks = host.counters.evicted_blocks
         return EngineStats(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),

@@ -129,6 +129,15 @@ class EngineConfig:
         unit="tokens",
         ge=0,
     )
+    prefix_cache_host_gib: float = knob(
+        0.0,
+        "host memory per rank for prefix-cache blocks the KV pool evicts: kept there and "
+        "loaded back on a later hit instead of recomputed (0: off; not for hybrid models)",
+        label="Prefix cache host tier (GiB)",
+        unit="GiB",
+        ge=0.0,
+        le=float(1 << 20),  # beyond any machine
+    )
     prefix_cache_gib: float = knob(
         4.0,
         "memory per rank for the prefix cache's recurrent-state snapshots (hybrid models such "

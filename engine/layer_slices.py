@@ -41,13 +41,14 @@ def plan_slice(
     """(tokens, layers) for `request`'s step within `allowance` seconds of long prompt work:
     the chunk it has in flight and as many of its next layers as fit (0 when not one does); or
     a new chunk of at most `most` tokens, sized so one layer of it fits the larger of the
-    allowance and `reference` (the typical bounded step), with the layers that fit. None where
+    allowance and `reference` (the typical bounded step), with its first layer if that fits (a
+    chunk in flight goes by its measured layer time, once it has one). None where
     a plain chunk does as well: its whole share fits the allowance, or the chunk a layer of
     which fits is no larger than the plain chunk that does."""
     start = request.num_computed_tokens
     if request.slice_layers:
         tokens = request.slice_tokens
-        per_layer = slice_seconds(times, tokens, start, 1, total)
+        per_layer = request.slice_layer_s or slice_seconds(times, tokens, start, 1, total)
         return tokens, min(int(allowance / per_layer), total - request.slice_layers)
     plain = times.tokens_within(allowance, start, most)
     if plain >= most:
@@ -57,5 +58,7 @@ def plan_slice(
     tokens = times.tokens_within(room, start, most)
     if tokens <= plain:
         return None
+    # One layer first, whatever the model predicts: the slices that follow go by what it took
+    # (`Request.slice_layer_s`), so a model fitted on other positions cannot stretch a step.
     layers = int(allowance / slice_seconds(times, tokens, start, 1, total))
-    return tokens, min(layers, total)
+    return tokens, min(layers, 1)

@@ -60,6 +60,9 @@ class MemoryPlan:
     # host RAM with `ngram_tables_in_memory` (counted in the total)
     table_bytes: int = 0
     tables_in_memory: bool = False
+    # The prefix cache's host tier (`prefix_cache_host_gib`): host RAM, so counted in the total
+    # only where the device is the CPU.
+    host_tier_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -72,6 +75,8 @@ class MemoryPlan:
             tables = f"n-gram tables {format_bytes(self.table_bytes)} in RAM + "
         elif self.table_bytes:
             on_disk = f"; n-gram tables {format_bytes(self.table_bytes)} read from disk by row"
+        if self.host_tier_bytes:
+            on_disk += f"; prefix cache host tier {format_bytes(self.host_tier_bytes)}"
         return (
             f"weights {format_bytes(self.weights_bytes)} + {tables}KV pool "
             f"{format_bytes(self.kv_bytes)} ({self.kv_tokens} tokens) + {state}buffers "
@@ -262,6 +267,11 @@ def _plan(
     workspace = workspace_bytes(config, model, shapes, max_context)
     tables = ple_table_bytes(model, DTYPE_BYTES.get(model.checkpoint_dtype or "", 2))
     held = tables if config.ngram_tables_in_memory else 0
+    host_tier = 0
+    if config.prefix_cache and config.prefix_cache_host_gib > 0 and not states.total_bytes:
+        block = kv_bytes_per_token(config, specs) * config.block_size
+        host_tier = int(config.prefix_cache_host_gib * GIB) // block * block
+    held += host_tier if config.device == "cpu" else 0
     return MemoryPlan(
         weights_bytes=weights,
         kv_bytes=kv,
@@ -275,6 +285,7 @@ def _plan(
         device=memory.description,
         table_bytes=tables,
         tables_in_memory=config.ngram_tables_in_memory,
+        host_tier_bytes=host_tier,
     )
 
 

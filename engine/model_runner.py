@@ -18,6 +18,7 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.decode_graphs import DecodeGraphs, why_not_graphed
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.host_store import HostStore, host_slots
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.loader import load_weights
@@ -157,12 +158,28 @@ class ModelRunner:
         self.mtp: MtpDrafting | None = None
         if config.speculative == "mtp":
             self.mtp = MtpDrafting.build(self, parallel, attention, checkpoint)
+        self.host: HostStore | None = None  # the prefix cache's host tier on this rank
+        self.host_slots = 0 if recurrent else host_slots(config, model_config, parallel.tp_size)
+        if self.host_slots:
+            self.host = HostStore(self._block_pools(layers), self.host_slots)
         self.graphs: DecodeGraphs | None = None
         if graphed:
             scratch_slot = self.state_layout.num_slots
             self.attach_decode_graphs(
                 config.cuda_graph_max_batch, config.num_kv_blocks, True, scratch_slot
             )
+
+    def _block_pools(self, layers: list) -> list[tuple[torch.Tensor, int]]:
+        """Every cache pool (the MTP layer's too) with the axis of its blocks."""
+        specs = list(dict.fromkeys(layer.cache_spec for layer in layers))  # allocation order
+        pools = [(pool, spec.block_axis) for pool, spec in zip(self.kv_caches, specs, strict=True)]
+        if self.mtp is not None:
+            mtp_specs = dict.fromkeys(layer.cache_spec for layer in cache_layers(self.mtp.layer))
+            pools += [
+                (pool, spec.block_axis)
+                for pool, spec in zip(self.mtp.caches, mtp_specs, strict=True)
+            ]
+        return pools
 
     def attach_decode_graphs(
         self, max_batch: int, scratch_block: int, capture: bool, scratch_slot: int = -1
@@ -212,6 +229,9 @@ class ModelRunner:
         zero_slots(self.state_pools, [slot for slot in fresh if slot >= 0])
         for seq_id in message.finished:
             self.streams.pop(seq_id, None)
+        if message.copies:
+            assert self.host is not None, "host-tier copies without a host tier"
+            self.host.run(message.copies)
         whole = tuple(row for row in message.rows if not row.is_slice)
         plain = message if len(whole) == len(message.rows) else replace(message, rows=whole)
         logits = []

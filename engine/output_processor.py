@@ -55,6 +55,7 @@ class OutputProcessor:
                 more = chunk.layers[1] < chunk.layers[2]
                 request.slice_tokens = chunk.num_tokens if more else 0
                 request.slice_layers = chunk.layers[1] if more else 0
+                request.slice_layer_s = request.slice_layer_s if more else 0.0
                 if more:
                     continue
             if chunk.draft:

@@ -85,10 +85,12 @@ class PrefixCache(Protocol):
 
 class HashPrefixCache:
     """`on_evict(key)` is told each key that leaves the cache (the recurrent-state snapshots
-    keyed by it become unreachable)."""
+    keyed by it become unreachable); `on_spill(key, tokens, block)` each evicted block before
+    it is reused (the host tier keeps it)."""
 
     def __init__(self, on_evict: Callable[[int], None] | None = None) -> None:
         self.on_evict = on_evict
+        self.on_spill: Callable[[int, BlockTokens, int], None] | None = None
         self._by_key: dict[int, int] = {}
         self._key_of: dict[int, int] = {}
         self._tokens_of: dict[int, BlockTokens] = {}
@@ -145,7 +147,9 @@ class HashPrefixCache:
             block_id, _ = self._evictable.popitem(last=False)
             key = self._key_of.pop(block_id)
             del self._by_key[key]
-            del self._tokens_of[block_id]
+            tokens = self._tokens_of.pop(block_id)
+            if self.on_spill is not None:
+                self.on_spill(key, tokens, block_id)
             if self.on_evict is not None:
                 self.on_evict(key)
             evicted.append(block_id)

@@ -80,6 +80,7 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    num_host_tokens: int = 0  # of those, tokens loaded back from the host tier
     prompt_class: str | None = None  # "short" or "long", by the prefill it needed (admission)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
@@ -96,6 +97,7 @@ class Request:
     # layers done so far (0: none in flight). Its tokens count as computed after the last slice.
     slice_tokens: int = 0
     slice_layers: int = 0
+    slice_layer_s: float = 0.0  # a layer of it, as its slices measured (0: none yet)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from dgpp.engine.block_manager import BlockManager
+from dgpp.engine.host_tier import Copy
 from dgpp.engine.request import Request, RequestStatus
 from dgpp.engine.speculative import Proposer
 from dgpp.engine.stats import EngineCounters
@@ -72,6 +73,8 @@ class StepPlan:
     # Recurrent state copies (slot, slot): snapshots restored before the forward, saved after.
     restores: tuple[tuple[int, int], ...] = ()
     saves: tuple[tuple[int, int], ...] = ()
+    # Host-tier copies (`dgpp.engine.host_tier`), run in order before the forward.
+    copies: tuple[Copy, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -186,7 +189,9 @@ class Scheduler:
         prefills.sort(key=lambda chunk: chunk.layers is not None)  # a slice runs last
         chunks = tuple(decodes + prefills)
         finished: tuple[int, ...] = ()
+        copies: tuple[Copy, ...] = ()
         if chunks:  # an empty plan is not sent: the next one carries these
+            copies = self.block_manager.take_copies()
             finished = tuple(self._finished_seq_ids)
             self._finished_seq_ids.clear()
             # Verify rows' states at their last accepted token first (hybrid models).
@@ -199,7 +204,7 @@ class Scheduler:
             and (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
         ]
         return StepPlan(
-            chunks, len(decodes), tuple(preempted), finished, tuple(restores), tuple(saves)
+            chunks, len(decodes), tuple(preempted), finished, tuple(restores), tuple(saves), copies
         )
 
     def observe(self, plan: StepPlan, seconds: float) -> None:
@@ -212,6 +217,13 @@ class Scheduler:
             if chunk.layers is not None
         ]
         self.times.observe(seconds, plan.num_decodes, whole, sliced[0] if sliced else None)
+        for chunk in prompts:  # what a layer of a chunk in flight takes, measured
+            if chunk.layers is not None and not chunk.completes:
+                beside = plan.num_decodes or whole
+                others = (self.times.decode_step_s or 0.0) if beside else 0.0
+                others += sum(self.times.prompt_seconds(n, start) for start, n in whole)
+                layers = chunk.layers[1] - chunk.layers[0]
+                chunk.request.slice_layer_s = max(seconds - others, 0.0) / layers or 1e-6
 
     def _layers(self, request: Request, slices: dict[int, int]) -> tuple[int, int, int] | None:
         """The layer slice (first, stop, of how many) of `request`'s chunk this step; None when
@@ -313,6 +325,7 @@ class Scheduler:
             cache.hits += request.num_cached_tokens > 0
             cache.misses += request.num_cached_tokens == 0
             cache.hit_tokens += request.num_cached_tokens
+            cache.host_hit_tokens += request.num_host_tokens
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it first, to recompute its tokens when it returns."""
@@ -320,6 +333,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
         request.slice_tokens = request.slice_layers = 0  # its kept stream is recomputed too
+        request.slice_layer_s = 0.0
         request.num_preemptions += 1
         self.counters.num_preemptions += 1
         self.waiting.appendleft(request)

@@ -17,6 +17,10 @@ class PrefixCacheCounters:
     hits: int = 0
     misses: int = 0
     hit_tokens: int = 0  # prompt tokens whose KV came from the cache (= tokens saved)
+    host_hit_tokens: int = 0  # of those, tokens loaded back from the host tier
+    host_spilled_blocks: int = 0  # evicted device blocks kept in the host tier
+    host_loaded_blocks: int = 0  # host-tier blocks copied back for a hit
+    host_evicted_blocks: int = 0  # host-tier blocks dropped for newer ones
     evictions: int = 0  # cached blocks evicted to make room
     inserted_blocks: int = 0
     skipped_inserts: int = 0  # requests not inserted: under the floor, opted out, or cache off

@@ -19,10 +19,10 @@ import torch
 
 from dgpp.engine.scheduler import StepPlan
 
-# Header fields (decodes, rows, finished, restores, saves), the finished seq ids, the restore
-# and save pairs; then per row: seq_id, start, tokens, sampled, kept blocks, new blocks, state
-# slot, first and stop layer, followed by its tokens and new blocks.
-_HEADER = 5
+# Header fields (decodes, rows, finished, restores, saves, copies), the finished seq ids, the
+# restore and save pairs, the copy triples; then per row: seq_id, start, tokens, sampled, kept
+# blocks, new blocks, state slot, first and stop layer, followed by its tokens and new blocks.
+_HEADER = 6
 _ROW_FIELDS = 9
 
 
@@ -59,13 +59,15 @@ class StepRow:
 class StepMessage:
     """Decode rows first (`num_decodes` of them), then prefill chunks. `finished` seq ids are
     dropped from the tables before the rows apply. `restores` and `saves` are recurrent-state
-    copies (from slot, to slot), before and after the forward."""
+    copies (from slot, to slot), before and after the forward; `copies` the host tier's
+    (`dgpp.engine.host_tier`), run in order before the forward."""
 
     rows: tuple[StepRow, ...]
     num_decodes: int
     finished: tuple[int, ...] = ()
     restores: tuple[tuple[int, int], ...] = ()
     saves: tuple[tuple[int, int], ...] = ()
+    copies: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def has_prefill(self) -> bool:
@@ -83,10 +85,13 @@ class StepMessage:
             len(self.finished),
             len(self.restores),
             len(self.saves),
+            len(self.copies),
             *self.finished,
         ]
         for pair in (*self.restores, *self.saves):
             values += pair
+        for triple in self.copies:
+            values += triple
         for row in self.rows:
             values += [
                 row.seq_id,
@@ -105,13 +110,17 @@ class StepMessage:
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> StepMessage:
         values = tensor.tolist()
-        num_decodes, num_rows, num_finished, num_restores, num_saves = values[:_HEADER]
+        num_decodes, num_rows, num_finished, num_restores, num_saves, num_copies = values[:_HEADER]
         at = _HEADER + num_finished
         finished = tuple(values[_HEADER:at])
         pairs = []
         for _ in range(num_restores + num_saves):
             pairs.append((values[at], values[at + 1]))
             at += 2
+        copies = []
+        for _ in range(num_copies):
+            copies.append((values[at], values[at + 1], values[at + 2]))
+            at += 3
         rows = []
         for _ in range(num_rows):
             seq_id, start, num_tokens, num_sampled, kept, num_new, slot, first, stop = values[
@@ -128,7 +137,7 @@ class StepMessage:
         if at != len(values):
             raise ValueError(f"a step message of {len(values)} values holds {at}")
         restores, saves = tuple(pairs[:num_restores]), tuple(pairs[num_restores:])
-        return cls(tuple(rows), num_decodes, finished, restores, saves)
+        return cls(tuple(rows), num_decodes, finished, restores, saves, tuple(copies))
 
 
 class BlockTables:
@@ -170,7 +179,12 @@ class BlockTables:
                 )
             )
         return StepMessage(
-            tuple(rows), plan.num_decodes, plan.finished_seq_ids, plan.restores, plan.saves
+            tuple(rows),
+            plan.num_decodes,
+            plan.finished_seq_ids,
+            plan.restores,
+            plan.saves,
+            plan.copies,
         )
 
     def apply(self, message: StepMessage) -> None:

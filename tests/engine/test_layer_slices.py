@@ -41,10 +41,10 @@ def test_a_long_only_step_is_a_slice_of_a_large_chunk_at_any_position() -> None:
         {id(long_request): 512}, [long_request], 0, times, now, now, None, slices
     )
     tokens, layers = bounded[id(long_request)], slices[id(long_request)]
-    # The chunk one layer of which fits the step, and as many layers of it as fit.
+    # The chunk one layer of which fits the step, and that one layer first.
     assert slice_seconds(times, tokens, 6000, 1, LAYERS) <= wait
     assert slice_seconds(times, tokens + 1, 6000, 1, LAYERS) > wait
-    assert layers == int(wait / slice_seconds(times, tokens, 6000, 1, LAYERS)) >= 1
+    assert layers == 1
     plain = times.tokens_within(wait - times.decode_step_s, 6000, 512)
     assert tokens >= 5 * plain  # the chunk a plain bounded step could hold is far smaller
     # Early in the prompt the same bound holds a slice of the whole budget: 512 tokens from
@@ -72,6 +72,11 @@ def test_a_chunk_in_flight_goes_on_with_the_layers_that_fit() -> None:
     # holds 3 of its layers, but only 2 are left.
     bounded = policy.bound({id(long_request): 64}, [long_request], 0, times, now, now, None, slices)
     assert bounded == {id(long_request): 300} and slices == {id(long_request): 2}
+    # Once its slices measured a layer (here 30 ms, where the model says 10.4), that decides.
+    long_request.slice_layers, long_request.slice_layer_s = 10, 0.030
+    slices.clear()
+    policy.bound({id(long_request): 64}, [long_request], 0, times, now, now, None, slices)
+    assert slices == {id(long_request): 1}
 
 
 def test_beside_decode_rows_a_slice_waits_for_the_banked_time_of_one_layer() -> None:

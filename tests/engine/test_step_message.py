@@ -26,6 +26,7 @@ rows = st.builds(
     state_slot=st.integers(-1, 2**20),
     layers=st.tuples(st.integers(0, 200), st.integers(0, 200)),
 )
+triples = st.lists(st.tuples(st.integers(0, 1), ints, ints), max_size=4).map(tuple)
 pairs = st.lists(st.tuples(ints, ints), max_size=4).map(tuple)
 messages = st.builds(
     StepMessage,
@@ -34,6 +35,7 @@ messages = st.builds(
     finished=st.lists(ints, max_size=5).map(tuple),
     restores=pairs,
     saves=pairs,
+    copies=triples,
 )
 
 
@@ -131,4 +133,4 @@ def test_a_decode_step_costs_the_same_at_any_context(context: int) -> None:
                 request.block_table.append(90_000 + request.seq_id)
         sizes.append(_send(head, worker, _decode_plan(requests)).to_tensor().numel())
     # header + 4 rows of (9 fields + 1 token), and one new block for each row at the crossing
-    assert sizes == [5 + 4 * 10, 5 + 4 * 11, 5 + 4 * 10]
+    assert sizes == [6 + 4 * 10, 6 + 4 * 11, 6 + 4 * 10]

@@ -1,0 +1,58 @@
+"""The prefix cache's host tier on one rank: a copy of each cache pool in host memory, with
+`num_slots` blocks, and the copies between the pools and it that step messages carry
+(`dgpp.engine.host_tier` records them on rank 0; every rank runs them in order before the
+step's forward). On a CUDA device the host copies are pinned, so the copies go by DMA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.host_tier import SPILL, Copy
+from dgpp.engine.memory_plan import GIB, kv_bytes_per_token, rank_cache_specs
+from dgpp.engine.weight_count import uses_mtp
+
+MIN_SLOTS = 2  # a spill never reuses the slot a load in the same allocation reads (host_tier)
+
+
+def host_slots(config: EngineConfig, model: ModelConfig, tp_size: int) -> int:
+    """Blocks the host tier holds: `prefix_cache_host_gib` over rank 0's bytes per block (it
+    holds the most; every rank keeps as many slots, so rank 0's slot numbers hold everywhere).
+    0 when the tier is off or too small to hold `MIN_SLOTS` blocks."""
+    if config.prefix_cache_host_gib <= 0 or not config.prefix_cache:
+        return 0
+    specs = rank_cache_specs(model, tp_size, 0, uses_mtp(config.speculative, model))
+    block_bytes = kv_bytes_per_token(config, specs) * config.block_size
+    slots = int(config.prefix_cache_host_gib * GIB) // max(block_bytes, 1)
+    return slots if slots >= MIN_SLOTS else 0
+
+
+class HostStore:
+    """`pools` are this rank's cache tensors with the axis of their blocks."""
+
+    def __init__(self, pools: Sequence[tuple[torch.Tensor, int]], num_slots: int) -> None:
+        self.pools = list(pools)
+        pin = any(pool.is_cuda for pool, _ in pools)
+        self.hosts = []
+        for pool, axis in pools:
+            shape = list(pool.shape)
+            shape[axis] = num_slots
+            self.hosts.append(torch.empty(shape, dtype=pool.dtype, pin_memory=pin))
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(host.numel() * host.element_size() for host in self.hosts)
+
+    def run(self, copies: Sequence[Copy]) -> None:
+        """Each copy in order: a device block spilled to a host slot, or a host slot loaded
+        into a device block."""
+        for (pool, axis), host in zip(self.pools, self.hosts, strict=True):
+            for op, source, target in copies:
+                if op == SPILL:
+                    host.select(axis, target).copy_(pool.select(axis, source))
+                else:
+                    pool.select(axis, target).copy_(host.select(axis, source))
