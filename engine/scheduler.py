@@ -217,13 +217,10 @@ class Scheduler:
             if chunk.layers is not None
         ]
         self.times.observe(seconds, plan.num_decodes, whole, sliced[0] if sliced else None)
-        for chunk in prompts:  # what a layer of a chunk in flight takes, measured
-            if chunk.layers is not None and not chunk.completes:
-                beside = plan.num_decodes or whole
-                others = (self.times.decode_step_s or 0.0) if beside else 0.0
-                others += sum(self.times.prompt_seconds(n, start) for start, n in whole)
-                layers = chunk.layers[1] - chunk.layers[0]
-                chunk.request.slice_layer_s = max(seconds - others, 0.0) / layers or 1e-6
+        # What a layer of a chunk in flight takes, measured where the step held nothing else.
+        if len(plan.chunks) == 1 and (chunk := plan.chunks[0]).layers is not None:
+            if not chunk.completes:
+                chunk.request.slice_layer_s = seconds / (chunk.layers[1] - chunk.layers[0])
 
     def _layers(self, request: Request, slices: dict[int, int]) -> tuple[int, int, int] | None:
         """The layer slice (first, stop, of how many) of `request`'s chunk this step; None when

@@ -16,7 +16,7 @@ import pytest
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layer_slices import slice_seconds
 from dgpp.engine.request import Request
-from dgpp.engine.step_policy import ARRIVAL_WAIT, STRETCH, LongCredit, StepPolicy
+from dgpp.engine.step_policy import ARRIVAL_WAIT, MAX_SKIPS, STRETCH, LongCredit, StepPolicy
 from dgpp.engine.step_times import StepTimes
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.test_scheduler import Simulation
@@ -354,3 +354,25 @@ def test_a_chunk_started_beside_decode_rows_fits_a_layer_in_every_step() -> None
     assert slice_seconds(times, tokens, 6000, 1, LAYERS) <= spare
     assert slice_seconds(times, tokens + 1, 6000, 1, LAYERS) > spare
     assert tokens > 4 * times.tokens_within(spare, 6000, 512)
+
+
+def test_a_chunk_in_flight_is_timed_by_the_steps_that_held_it_alone() -> None:
+    sim = Simulation(num_blocks=4096, block_size=4, prefill_chunk_tokens=512)
+    sim.scheduler.policy = StepPolicy(512, short_prompt_tokens=64, num_layers=LAYERS)
+    sim.scheduler.times = _times(0.010, 0.001)
+    long_request = sim.add("long", 4000, num_outputs=1)
+    plan = sim.step()
+    sim.scheduler.observe(plan, 0.042)  # one layer alone: 42 ms, where the model said 17
+    assert long_request.slice_layer_s == pytest.approx(0.042)
+    # A short arrival: a 42-ms layer does not fit beside it (0.75 x its 42-ms solo step, less
+    # the step's base), so the chunk sits the step out.
+    sim.add("short", 32, num_outputs=40)
+    plan = sim.step()
+    assert [c.request.request_id for c in plan.chunks] == ["short"]
+    for _ in range(MAX_SKIPS + 1):  # its decode rows; the slice once its layer's time is banked
+        plan = sim.step()
+        if len(plan.chunks) == 2:
+            break
+    assert len(plan.chunks) == 2 and plan.chunks[1].layers is not None
+    sim.scheduler.observe(plan, 0.001)  # beside other rows: not a measurement of the slice
+    assert long_request.slice_layer_s == pytest.approx(0.042)
