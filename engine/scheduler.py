@@ -218,9 +218,9 @@ class Scheduler:
         ]
         self.times.observe(seconds, plan.num_decodes, whole, sliced[0] if sliced else None)
         # What a layer of a chunk in flight takes, measured where the step held nothing else.
-        if len(plan.chunks) == 1 and (chunk := plan.chunks[0]).layers is not None:
-            if not chunk.completes:
-                chunk.request.slice_layer_s = seconds / (chunk.layers[1] - chunk.layers[0])
+        alone = plan.chunks[0] if len(plan.chunks) == 1 else None
+        if alone is not None and alone.layers is not None and not alone.completes:
+            alone.request.slice_layer_s = seconds / (alone.layers[1] - alone.layers[0])
 
     def _layers(self, request: Request, slices: dict[int, int]) -> tuple[int, int, int] | None:
         """The layer slice (first, stop, of how many) of `request`'s chunk this step; None when
