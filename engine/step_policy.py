@@ -28,6 +28,11 @@ predicted by `step_times`, so no latency-sensitive work waits for a whole long c
   passed, a long-only step may last as long as the quiet time since the hold ended: long chunks
   grow back to the whole budget in a few steps.
 
+In plain decoders (`num_layers`) the oldest long prompt's chunk goes in layer slices instead
+(`layer_slices`): it keeps a size whose fixed costs are small and each step computes the layers
+that fit the bound; its long-only steps stay bounded always (0.75 x a typical solo short step,
+no hold and no growth: a slice is as efficient in a short step as in a long one).
+
 Beside sensitive work, a chunk of the few tokens the bound leaves can be mostly fixed cost; the
 oldest long prompt then sits the step out and banks its time (`LongCredit`), spending it a few
 steps later in one chunk that is at least half its tokens' work: the same share of time, most
