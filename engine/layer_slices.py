@@ -60,5 +60,4 @@ def plan_slice(
         return None
     # One layer first, whatever the model predicts: the slices that follow go by what it took
     # (`Request.slice_layer_s`), so a model fitted on other positions cannot stretch a step.
-    layers = int(allowance / slice_seconds(times, tokens, start, 1, total))
-    return tokens, min(layers, 1)
+    return tokens, int(slice_seconds(times, tokens, start, 1, total) <= allowance)

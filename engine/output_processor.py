@@ -51,13 +51,9 @@ class OutputProcessor:
         counters.num_layer_slices += any(chunk.layers is not None for chunk in plan.chunks)
         for chunk in plan.chunks:
             request = chunk.request
-            if chunk.layers is not None:  # a layer slice: counted once its last one is done
-                more = chunk.layers[1] < chunk.layers[2]
-                request.slice_tokens = chunk.num_tokens if more else 0
-                request.slice_layers = chunk.layers[1] if more else 0
-                request.slice_layer_s = request.slice_layer_s if more else 0.0
-                if more:
-                    continue
+            # A layer slice: its tokens count once its last layer is done.
+            if chunk.layers is not None and request.take_slice(chunk.num_tokens, *chunk.layers[1:]):
+                continue
             if chunk.draft:
                 # The last known token's KV is computed; each draft token's counts once accepted.
                 request.num_computed_tokens += 1

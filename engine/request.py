@@ -103,6 +103,20 @@ class Request:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
 
+    def take_slice(self, tokens: int, stop: int, total: int) -> bool:
+        """A layer slice of a `tokens`-token chunk ran through layer `stop` of `total`: True
+        while layers are left (the chunk stays in flight), False once its last is done."""
+        if stop < total:
+            self.slice_tokens, self.slice_layers = tokens, stop
+            return True
+        self.drop_slice()
+        return False
+
+    def drop_slice(self) -> None:
+        """No chunk in flight: its last layer done, or preempted (recomputed from layer 0)."""
+        self.slice_tokens = self.slice_layers = 0
+        self.slice_layer_s = 0.0
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -329,8 +329,7 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.status = RequestStatus.WAITING
-        request.slice_tokens = request.slice_layers = 0  # its kept stream is recomputed too
-        request.slice_layer_s = 0.0
+        request.drop_slice()  # a chunk in flight is recomputed too
         request.num_preemptions += 1
         self.counters.num_preemptions += 1
         self.waiting.appendleft(request)

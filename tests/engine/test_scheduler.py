@@ -60,12 +60,9 @@ class Simulation:
         sampling = [chunk.request for chunk in plan.chunks if chunk.is_sampling]
         for chunk in plan.chunks:
             request = chunk.request
-            if chunk.layers is not None:  # as the output processor takes in a layer slice
-                more = not chunk.completes
-                request.slice_tokens = chunk.num_tokens if more else 0
-                request.slice_layers = chunk.layers[1] if more else 0
-                if more:
-                    continue
+            # As the output processor takes in a layer slice.
+            if chunk.layers is not None and request.take_slice(chunk.num_tokens, *chunk.layers[1:]):
+                continue
             request.num_computed_tokens += chunk.num_tokens
         for request in sampling:
             request.token_ids.append(FAKE_TOKEN)
