@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from dgpp.engine.disk_tier import DiskTier
 from dgpp.engine.host_tier import Copy, HostTier
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, PrefixCache, block_hashes
 from dgpp.engine.request import Request
@@ -71,6 +72,7 @@ class BlockManager:
         salt: int = 0,
         states: StateBook | None = None,
         host: HostTier | None = None,
+        disk: DiskTier | None = None,
     ) -> None:
         self.pool = BlockPool(num_blocks, cache)
         self.block_size = block_size
@@ -81,6 +83,7 @@ class BlockManager:
         self.host = host if states is None and host is not None and host.num_slots else None
         if self.host is not None and isinstance(self.cache, HashPrefixCache):
             self.cache.on_spill = self.host.spill
+        self.disk = disk if self.host is not None else None  # staged through the host tier
 
     @property
     def cache(self) -> PrefixCache:
@@ -141,6 +144,32 @@ class BlockManager:
         request.num_host_tokens = len(loaded) * size
         return request.num_computed_tokens
 
+    def prefetch(self, request: Request) -> int:
+        """A new request's blocks past those the device and the host tier hold, fetched from
+        the disk tier into host slots (the request waits for them, `disk_pending`); the number
+        of fetches."""
+        if self.disk is None or not request.use_prefix_cache or request.block_table:
+            return 0
+        assert self.host is not None
+        size, tokens = self.block_size, request.token_ids
+        request.block_hashes = self._keys(request)
+        usable = (request.num_tokens - 1) // size
+        blocks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)]
+        start = len(self.cache.match(request.block_hashes[:usable], blocks))
+        while start < usable and self.host.holds(request.block_hashes[start], blocks[start]):
+            start += 1
+        return self.disk.prefetch(request, blocks, start)
+
+    @property
+    def num_fetching(self) -> int:
+        """Fetches from the disk tier every rank was told of and that are not settled."""
+        return len(self.disk.fetching) if self.disk is not None else 0
+
+    def settle_fetches(self, states: list[int]) -> None:
+        """Every rank's word on the oldest fetches (`dgpp.engine.disk_tier.DiskTier.settle`)."""
+        if self.disk is not None and states:
+            self.disk.settle(states)
+
     def _load_from_host(self, request: Request, start: int, usable: int) -> list[int]:
         """The request's blocks `start ..` that the host tier holds, in order until the first
         it does not: each copied into a fresh device block (evicting, and so spilling, another
@@ -154,7 +183,7 @@ class BlockManager:
             if slot is None or self.pool.num_free_blocks == 0:
                 break
             (block,) = self.pool.allocate(1)
-            self.host.load(slot, block)
+            request.num_disk_tokens += size * self.host.load(key, slot, block)
             self.cache.insert(key, block_tokens, block)
             loaded.append(block)
         return loaded
@@ -172,11 +201,14 @@ class BlockManager:
             return 0
         request.block_hashes = self._keys(request)
         added = 0
+        keys = request.block_hashes
         for index in range(request.num_hashed_blocks, full):
             tokens = tuple(request.token_ids[index * size : (index + 1) * size])
-            added += self.cache.insert(
-                request.block_hashes[index], tokens, request.block_table[index]
-            )
+            block = request.block_table[index]
+            if self.cache.insert(keys[index], tokens, block):
+                added += 1
+                if self.disk is not None:  # written on every rank, kept across restarts
+                    self.disk.save(keys[index], keys[index - 1] if index else 0, tokens, block)
         request.num_hashed_blocks = full
         return added
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.detokenizer import IncrementalDetokenizer
+from dgpp.engine.disk_store import DiskStore
+from dgpp.engine.disk_tier import DiskTier
 from dgpp.engine.distributed.control import Command, ControlChannel
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
@@ -20,7 +23,7 @@ from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.mtp_drafter import MtpDrafter
 from dgpp.engine.output_processor import OutputProcessor
 from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache
+from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, stable_salt
 from dgpp.engine.reasoning_budget import ReasoningBudget
 from dgpp.engine.request import FinishReason, PromptIds, Request, RequestOutput
 from dgpp.engine.resolved import ResolvedConfig
@@ -30,8 +33,11 @@ from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler, StepPlan
 from dgpp.engine.speculative import NgramProposer, Proposer
 from dgpp.engine.state_snapshots import StateBook, snapshot_points
-from dgpp.engine.stats import EngineCounters, EngineStats
+from dgpp.engine.stats import EngineCounters, EngineStats, PrefixCacheCounters
+from dgpp.engine.step_message import StepMessage
 from dgpp.engine.step_policy import StepPolicy
+from dgpp.engine.tier_file import file_bytes
+from dgpp.engine.tier_layout import disk_blocks
 from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
 
 
@@ -86,10 +92,10 @@ class LLMEngine:
         if states is not None and isinstance(cache, HashPrefixCache):
             cache.on_evict = states.snapshots.drop  # a snapshot is found through its block
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
-        salt = hash((str(self.checkpoint.resolve()), config.resolved_dtype))
+        salt = stable_salt(str(self.checkpoint.resolve()), config.resolved_dtype)
         host = HostTier(self.runner.host_slots) if self.runner.host_slots else None
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, cache, salt, states, host
+            config.num_kv_blocks, config.block_size, cache, salt, states, host, self._disk(host)
         )
         proposer: Proposer | None = None
         self.drafter: MtpDrafter | None = None
@@ -121,6 +127,16 @@ class LLMEngine:
         self.runner.tables.clear()
         self.runner.streams.clear()
         self._abort_requested: set[str] = set()
+
+    def _disk(self, host: HostTier | None) -> DiskTier | None:
+        """Rank 0's index of the disk tier, from the files it already holds."""
+        store = self.runner.disk
+        if host is None or store is None:
+            return None
+        size = file_bytes(store.payload_bytes, self.config.block_size)
+        disk = DiskTier(host, disk_blocks(self.config, size), store.headers())
+        store.meta, store.unsaved = disk.meta, disk.unsaved.append
+        return disk
 
     def rejoin(self, control: ControlChannel) -> None:
         """Serve a re-formed world through `control`. Whatever was in flight is dropped (its
@@ -235,6 +251,8 @@ class LLMEngine:
         if self.control is not None:
             self.control.send(Command.SHUTDOWN)
             self.control = None
+        if self.runner.disk is not None:  # the prefix blocks queued reach the disk first
+            self.runner.disk.flush()
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its blocks return to the pool at the next step."""
@@ -245,17 +263,37 @@ class LLMEngine:
         outputs = self._reap_aborted()
         plan = self.scheduler.schedule()
         if plan.is_empty:
+            self._run_tiers()
             return outputs
         message = self.runner.message(plan)  # ids, new tokens, block-table changes
+        message = replace(message, poll=self.block_manager.num_fetching)
         if self.control is not None:
             self.control.send(Command.STEP, message)  # every rank, same forward
         started = time.perf_counter()
         logits = self.runner.execute(message)  # [plan.num_sampled, padded_vocab]
+        self.block_manager.settle_fetches(self.runner.fetch_states if message.poll else [])
         outputs += self.processor.update(plan, logits)
         if self.drafter is not None:
             self._draft(plan)
         self.scheduler.observe(plan, time.perf_counter() - started)  # the step-time bound
+        if not self.scheduler.has_unfinished:  # the last blocks' writes go out now
+            self._run_tiers()
         return outputs
+
+    def _run_tiers(self) -> None:
+        """A step of the disk tier's work alone, when no row is scheduled: the ops recorded
+        since the last step (writes, reads) and a look at the fetches (waiting a little)."""
+        manager = self.block_manager
+        if manager.disk is None:
+            return
+        copies, poll = manager.take_copies(), manager.num_fetching
+        if not copies and not poll:
+            return
+        message = StepMessage((), 0, copies=copies, poll=poll)
+        if self.control is not None:
+            self.control.send(Command.STEP, message)
+        self.runner.execute(message)
+        manager.settle_fetches(self.runner.fetch_states if poll else [])
 
     def _draft(self, plan: StepPlan) -> None:
         """The MTP layer's pass over the step just taken in, on every rank: its drafts for the
@@ -279,6 +317,8 @@ class LLMEngine:
             cache.host_spilled_blocks = host.counters.spilled_blocks
             cache.host_loaded_blocks = host.counters.loaded_blocks
             cache.host_evicted_blocks = host.counters.evicted_blocks
+        if (disk := self.block_manager.disk) is not None:
+            _disk_counters(counters.prefix_cache, disk, self.runner.disk)
         return EngineStats(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
@@ -339,3 +379,15 @@ def _step_policy(config: EngineConfig, runner: ModelRunner) -> StepPolicy:
         step_target_ms=config.step_target_ms,
         arrival_hold_s=config.arrival_hold_ms / 1000.0,
     )
+
+
+def _disk_counters(cache: PrefixCacheCounters, disk: DiskTier, store: DiskStore | None) -> None:
+    counters = disk.counters
+    cache.disk_blocks = len(disk)
+    cache.disk_saved_blocks = counters.saved_blocks
+    cache.disk_unsaved_blocks = counters.unsaved_blocks
+    cache.disk_fetched_blocks = counters.fetched_blocks
+    cache.disk_failed_blocks = counters.failed_blocks
+    cache.disk_dropped_blocks = counters.dropped_blocks
+    if store is not None:
+        cache.disk_read_bytes, cache.disk_read_seconds = store.read_bytes, store.read_seconds

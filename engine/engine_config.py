@@ -36,6 +36,11 @@ class EngineConfig:
             lambda low, high: low <= high,
             "{0} ({v0}) must not exceed {1} ({v1})",
         ),
+        Rule(
+            ("prefix_cache_disk_gib", "prefix_cache_host_gib"),
+            lambda disk, host: disk == 0 or host > 0,
+            "{0} ({v0}) needs {1} too: blocks read from disk are staged in the host tier",
+        ),
     )
 
     model: str
@@ -137,6 +142,24 @@ class EngineConfig:
         unit="GiB",
         ge=0.0,
         le=float(1 << 20),  # beyond any machine
+    )
+    prefix_cache_disk_gib: float = knob(
+        0.0,
+        "disk space per rank for prefix-cache blocks, written as they are computed and kept "
+        "across restarts; a later hit reads them back through the host tier (0: off; needs "
+        "the host tier; not for hybrid models)",
+        label="Prefix cache disk tier (GiB)",
+        unit="GiB",
+        ge=0.0,
+        le=float(1 << 30),
+    )
+    prefix_cache_dir: str | None = knob(
+        None,
+        "the disk tier's directory, on the node's local disk (not the weights mount)",
+        label="Prefix cache directory",
+        pattern=r"[/~$][^\x00]*",
+        allowed="an absolute path (or one from ~ or a $VARIABLE)",
+        when_unset="the node's ($DGPP_PREFIX_CACHE_DIR, else ~/.cache/dgpp/prefix)",
     )
     prefix_cache_gib: float = knob(
         4.0,

@@ -7,14 +7,18 @@ step's forward). On a CUDA device the host copies are pinned, so the copies go b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.host_tier import SPILL, Copy
+from dgpp.engine.host_tier import LOAD, SPILL, Copy
 from dgpp.engine.memory_plan import GIB, kv_bytes_per_token, rank_cache_specs
 from dgpp.engine.weight_count import uses_mtp
+
+if TYPE_CHECKING:
+    from dgpp.engine.disk_store import DiskStore
 
 MIN_SLOTS = 2  # a spill never reuses the slot a load in the same allocation reads (host_tier)
 
@@ -42,16 +46,21 @@ class HostStore:
             shape = list(pool.shape)
             shape[axis] = num_slots
             self.hosts.append(torch.empty(shape, dtype=pool.dtype, pin_memory=pin))
+        self.disk: DiskStore | None = None  # the disk tier, whose ops come in the same list
 
     @property
     def num_bytes(self) -> int:
         return sum(host.numel() * host.element_size() for host in self.hosts)
 
     def run(self, copies: Sequence[Copy]) -> None:
-        """Each copy in order: a device block spilled to a host slot, or a host slot loaded
-        into a device block."""
-        for (pool, axis), host in zip(self.pools, self.hosts, strict=True):
-            for op, source, target in copies:
+        """Each copy in order: a device block spilled to a host slot, a host slot loaded into a
+        device block, or one of the disk tier's ops."""
+        for op, source, target in copies:
+            if op not in (SPILL, LOAD):
+                assert self.disk is not None, "a disk-tier op without a disk tier"
+                self.disk.run(op, source, target)
+                continue
+            for (pool, axis), host in zip(self.pools, self.hosts, strict=True):
                 if op == SPILL:
                     host.select(axis, target).copy_(pool.select(axis, source))
                 else:

@@ -9,7 +9,8 @@ tiers are inclusive, so evicting it again costs no copy). The copies are recorde
 (`SPILL`, device block, host slot) and (`LOAD`, host slot, device block), and every rank runs
 them in that order before the step's forward (`HostStore`): a block evicted and reused in one
 step is spilled before its new owner writes it, and a host slot reused in one step is read
-before it is overwritten.
+before it is overwritten. With a disk tier (`dgpp.engine.disk_tier`) its ops go to the same
+ordered list, and a block fetched from disk lands in a host slot reserved for it here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 
 from dgpp.engine.prefix_cache import BlockTokens
 
-SPILL, LOAD = 0, 1
+SPILL, LOAD = 0, 1  # the host tier's copies
+SAVE, FETCH, DROP = 2, 3, 4  # the disk tier's: (SAVE, device block, key), (FETCH, key, host
+# slot), (DROP, key, 0)
 Copy = tuple[int, int, int]  # (SPILL, device block, host slot) or (LOAD, host slot, device block)
 
 
@@ -39,6 +42,7 @@ class HostTier:
         self._free = list(range(num_slots - 1, -1, -1))
         self.copies: list[Copy] = []  # recorded since the last step message took them
         self.counters = TierCounters()
+        self.from_disk: set[int] = set()  # keys whose slots a disk fetch filled, not yet loaded
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -51,14 +55,41 @@ class HostTier:
         if key in self._slots:
             self._slots.move_to_end(key)
             return
-        if self._free:
-            slot = self._free.pop()
-        else:
-            _, (_, slot) = self._slots.popitem(last=False)
-            self.counters.evicted_blocks += 1
+        slot = self.reserve()
+        if slot is None:  # every slot is reserved for a fetch from disk
+            return
         self._slots[key] = (tokens, slot)
         self.copies.append((SPILL, block, slot))
         self.counters.spilled_blocks += 1
+
+    def reserve(self) -> int | None:
+        """A slot for a new block (the least recently used one's when none is free), out of
+        the index until `commit` or `release`; None when every slot is reserved."""
+        if self._free:
+            return self._free.pop()
+        if not self._slots:
+            return None
+        key, (_, slot) = self._slots.popitem(last=False)
+        self.from_disk.discard(key)
+        self.counters.evicted_blocks += 1
+        return slot
+
+    def commit(self, key: int, tokens: BlockTokens, slot: int) -> None:
+        """Reserved `slot` now holds the block of `key`, fetched from disk."""
+        if key in self._slots:  # spilled from the device meanwhile: that copy is as good
+            self.release(slot)
+            return
+        self._slots[key] = (tokens, slot)
+        self.from_disk.add(key)
+
+    def release(self, slot: int) -> None:
+        """A reserved slot goes back unused (its fetch failed)."""
+        self._free.append(slot)
+
+    def holds(self, key: int, tokens: BlockTokens) -> bool:
+        """Whether the tier holds the block of `key` (its tokens confirmed); touches nothing."""
+        held = self._slots.get(key)
+        return held is not None and held[0] == tokens
 
     def find(self, key: int, tokens: BlockTokens) -> int | None:
         """The host slot holding the block of `key` (its tokens confirmed), else None."""
@@ -68,10 +99,15 @@ class HostTier:
         self._slots.move_to_end(key)
         return held[1]
 
-    def load(self, slot: int, block: int) -> None:
-        """Copy host `slot` into device `block` before the next forward."""
+    def load(self, key: int, slot: int, block: int) -> bool:
+        """Copy host `slot` (found for `key`) into device `block` before the next forward; True
+        when a fetch from disk filled the slot."""
         self.copies.append((LOAD, slot, block))
         self.counters.loaded_blocks += 1
+        if key in self.from_disk:
+            self.from_disk.discard(key)
+            return True
+        return False
 
     def take_copies(self) -> tuple[Copy, ...]:
         copies, self.copies = tuple(self.copies), []

@@ -16,6 +16,7 @@ from dgpp.engine.background_packing import BackgroundPacking
 from dgpp.engine.cache_spec import allocate_caches, cache_layers, unique_backends
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.decode_graphs import DecodeGraphs, why_not_graphed
+from dgpp.engine.disk_store import IDLE_WAIT_S, DiskStore, agreed_states
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.host_store import HostStore, host_slots
@@ -38,6 +39,7 @@ from dgpp.engine.state_cache import (
 )
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
+from dgpp.engine.tier_layout import open_disk_store
 from dgpp.kernels.linear import select_packer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -159,9 +161,17 @@ class ModelRunner:
         if config.speculative == "mtp":
             self.mtp = MtpDrafting.build(self, parallel, attention, checkpoint)
         self.host: HostStore | None = None  # the prefix cache's host tier on this rank
+        self.disk: DiskStore | None = None  # and its disk tier, staged through the host tier
         self.host_slots = 0 if recurrent else host_slots(config, model_config, parallel.tp_size)
         if self.host_slots:
-            self.host = HostStore(self._block_pools(layers), self.host_slots)
+            pools = self._block_pools(layers)
+            self.host = HostStore(pools, self.host_slots)
+            self.disk = self.host.disk = open_disk_store(
+                config, model_config, checkpoint, parallel.tp_rank, parallel.tp_size, pools,
+                self.host.hosts,
+            )  # fmt: skip
+        self.parallel = parallel
+        self.fetch_states: list[int] = []  # every rank's word on the fetches the step polled
         self.graphs: DecodeGraphs | None = None
         if graphed:
             scratch_slot = self.state_layout.num_slots
@@ -247,6 +257,13 @@ class ModelRunner:
             if row.is_slice:
                 hidden = self._forward(StepMessage((row,), num_decodes=0), row)
                 logits.append(self._logits(message, (row,), hidden))
+        if message.poll:  # after the forward: the reads went on beside it
+            assert self.disk is not None, "a poll without a disk tier"
+            wait_s = 0.0 if message.rows else IDLE_WAIT_S
+            states = agreed_states(self.disk, message.poll, wait_s, self.parallel, self.device)
+            self.fetch_states = states
+        if not logits:  # the disk tier's ops alone
+            return torch.empty(0, device=self.device)
         return torch.cat(logits) if len(logits) > 1 else logits[0]
 
     def _forward(self, message: StepMessage, sliced: StepRow | None) -> torch.Tensor:

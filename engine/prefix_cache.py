@@ -3,6 +3,9 @@
 A block's key covers its own tokens and, through the parent's key, every token before it (plus
 a salt for anything else that changes the KV, such as the model), so equal keys mean equal
 prefixes; a hit is still confirmed by comparing token ids, which guards against collisions.
+Keys are the same in every process of one Python version (the hash of a tuple of ints is not
+randomized, and the salt is a digest, `stable_salt`), so the disk tier
+(`dgpp.engine.disk_tier`) finds its files again after a restart.
 
 The cache tracks which cached blocks are in use (referenced by a request) and which are
 evictable (unreferenced, kept for future hits, oldest use first). Reference counts and the free
@@ -11,6 +14,7 @@ list stay in the `BlockPool`; `NullPrefixCache` is the cache turned off.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +30,17 @@ class PrefixCacheStats:
     num_evictions: int  # cumulative
 
 
+def stable_salt(*parts: str) -> int:
+    """A salt for block keys from `parts` (the checkpoint, the dtype): a digest, so equal in every
+    process (Python's `hash` of a string is not)."""
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
 def chain_hash(parent: int | None, tokens: BlockTokens, salt: int) -> int:
-    """The key of a full block whose predecessor has key `parent` (None for the first block)."""
-    return hash((parent, tokens, salt))
+    """The key of a full block whose predecessor has key `parent` (None for the first block;
+    hashed as 0, since `hash(None)` differs between processes before Python 3.12)."""
+    return hash((0 if parent is None else parent, tokens, salt))
 
 
 def block_hashes(

@@ -81,6 +81,8 @@ class Request:
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     num_host_tokens: int = 0  # of those, tokens loaded back from the host tier
+    num_disk_tokens: int = 0  # of those, tokens the host tier had fetched from the disk tier
+    disk_pending: int = 0  # fetches from the disk tier it waits for (out of the step till 0)
     prompt_class: str | None = None  # "short" or "long", by the prefill it needed (admission)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block

@@ -130,6 +130,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self.block_manager.prefetch(request)  # blocks on disk start coming back at once
         self.last_arrival = max(self.last_arrival or request.arrival_time, request.arrival_time)
 
     def finish(self, request: Request) -> None:
@@ -235,9 +236,10 @@ class Scheduler:
 
     def _admission_order(self) -> list[Request]:
         """The waiting requests that may start this step (free concurrency slots), in the
-        policy's order."""
+        policy's order; one whose blocks are still coming back from disk waits aside."""
         slots = max(self.max_concurrency - len(self.running), 0)
-        return self.policy.order([], list(self.waiting))[:slots]
+        ready = [request for request in self.waiting if not request.disk_pending]
+        return self.policy.order([], ready)[:slots]
 
     def _prompt_amounts(self, slices: dict[int, int]) -> dict[int, int]:
         """Prompt tokens each prompt may compute this step (by request id), as the policy
@@ -323,6 +325,7 @@ class Scheduler:
             cache.misses += request.num_cached_tokens == 0
             cache.hit_tokens += request.num_cached_tokens
             cache.host_hit_tokens += request.num_host_tokens
+            cache.disk_hit_tokens += request.num_disk_tokens
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it first, to recompute its tokens when it returns."""

@@ -21,6 +21,15 @@ class PrefixCacheCounters:
     host_spilled_blocks: int = 0  # evicted device blocks kept in the host tier
     host_loaded_blocks: int = 0  # host-tier blocks copied back for a hit
     host_evicted_blocks: int = 0  # host-tier blocks dropped for newer ones
+    disk_hit_tokens: int = 0  # of `host_hit_tokens`, tokens the disk tier had fetched
+    disk_blocks: int = 0  # blocks with files now (rank 0's index)
+    disk_saved_blocks: int = 0  # blocks written to the disk tier (queued on every rank)
+    disk_unsaved_blocks: int = 0  # writes skipped: a full backlog or a full disk
+    disk_fetched_blocks: int = 0  # blocks read back into the host tier on every rank
+    disk_failed_blocks: int = 0  # fetches missing, truncated or corrupt on some rank (misses)
+    disk_dropped_blocks: int = 0  # files deleted for newer blocks (the budget)
+    disk_read_bytes: int = 0  # rank 0's bytes read for fetches, and the seconds they took
+    disk_read_seconds: float = 0.0
     evictions: int = 0  # cached blocks evicted to make room
     inserted_blocks: int = 0
     skipped_inserts: int = 0  # requests not inserted: under the floor, opted out, or cache off

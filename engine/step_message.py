@@ -19,10 +19,10 @@ import torch
 
 from dgpp.engine.scheduler import StepPlan
 
-# Header fields (decodes, rows, finished, restores, saves, copies), the finished seq ids, the
+# Header fields (decodes, rows, finished, restores, saves, copies, poll), the finished seq ids, the
 # restore and save pairs, the copy triples; then per row: seq_id, start, tokens, sampled, kept
 # blocks, new blocks, state slot, first and stop layer, followed by its tokens and new blocks.
-_HEADER = 6
+_HEADER = 7
 _ROW_FIELDS = 9
 
 
@@ -60,7 +60,9 @@ class StepMessage:
     """Decode rows first (`num_decodes` of them), then prefill chunks. `finished` seq ids are
     dropped from the tables before the rows apply. `restores` and `saves` are recurrent-state
     copies (from slot, to slot), before and after the forward; `copies` the host tier's
-    (`dgpp.engine.host_tier`), run in order before the forward."""
+    (`dgpp.engine.host_tier`) and the disk tier's ops, run in order before the forward; after
+    it every rank reports on the `poll` oldest fetches from disk (`dgpp.engine.cache_tiers`).
+    A message without rows only runs the copies and the poll (waiting a little for fetches)."""
 
     rows: tuple[StepRow, ...]
     num_decodes: int
@@ -68,6 +70,7 @@ class StepMessage:
     restores: tuple[tuple[int, int], ...] = ()
     saves: tuple[tuple[int, int], ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
+    poll: int = 0
 
     @property
     def has_prefill(self) -> bool:
@@ -86,6 +89,7 @@ class StepMessage:
             len(self.restores),
             len(self.saves),
             len(self.copies),
+            self.poll,
             *self.finished,
         ]
         for pair in (*self.restores, *self.saves):
@@ -110,7 +114,8 @@ class StepMessage:
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> StepMessage:
         values = tensor.tolist()
-        num_decodes, num_rows, num_finished, num_restores, num_saves, num_copies = values[:_HEADER]
+        header = values[:_HEADER]
+        num_decodes, num_rows, num_finished, num_restores, num_saves, num_copies, poll = header
         at = _HEADER + num_finished
         finished = tuple(values[_HEADER:at])
         pairs = []
@@ -137,7 +142,7 @@ class StepMessage:
         if at != len(values):
             raise ValueError(f"a step message of {len(values)} values holds {at}")
         restores, saves = tuple(pairs[:num_restores]), tuple(pairs[num_restores:])
-        return cls(tuple(rows), num_decodes, finished, restores, saves, tuple(copies))
+        return cls(tuple(rows), num_decodes, finished, restores, saves, tuple(copies), poll)
 
 
 class BlockTables:

@@ -31,7 +31,15 @@ from dgpp.webui.knob_form import knob_fields
 from scripts.knob_table import CLASSES, DOC, rendered
 
 # Strings have no generic "another valid value": these are.
-STRINGS = {"device": "cuda:1", "host": "127.0.0.2", "tokenizer": "/tok", "resident_cache_dir": "/r"}
+STRINGS = {
+    "device": "cuda:1",
+    "host": "127.0.0.2",
+    "tokenizer": "/tok",
+    "resident_cache_dir": "/r",
+    "prefix_cache_dir": "/var/cache/dgpp/prefix",
+}
+# Knobs a rule (`Rule`) ties to another: that one's value goes with theirs.
+COMPANIONS: dict[str, dict[str, Any]] = {"prefix_cache_disk_gib": {"prefix_cache_host_gib": 2.0}}
 ALL = [each for cls in CLASSES for each in knobs_of(cls)]
 OWNER = {each.name: cls for cls in CLASSES for each in knobs_of(cls)}
 
@@ -88,7 +96,7 @@ def test_every_knob_is_checked_by_its_own_dataclass() -> None:
     for each in ALL:
         cls = OWNER[each.name]
         kwargs = {"model": "m"} if cls is EngineConfig else {}
-        config = cls(**kwargs, **{each.name: sample(each)})
+        config = cls(**kwargs, **COMPANIONS.get(each.name, {}), **{each.name: sample(each)})
         assert getattr(config, each.name) == sample(each)
     assert {each.name for each in knobs_of(EngineConfig)} == _KNOBS  # LLM(**knobs)
 
@@ -100,14 +108,21 @@ def test_a_knob_set_in_the_deployment_reaches_its_dataclass(each: Knob) -> None:
     assert getattr(getattr(default, section), key) == each.default_value
     value = sample(each)
     plain = list(value) if isinstance(value, tuple) else value
-    deployment = parse_deployment({"model": "m", section: {key: plain}})
+    deployment = parse_deployment(
+        {"model": "m", section: {key: plain, **COMPANIONS.get(each.name, {})}}
+    )
     assert configured(deployment, each) == value
 
 
 @pytest.mark.parametrize("each", [e for e in ALL if e.flag], ids=lambda e: e.name)
 def test_a_knob_set_by_its_flag_reaches_its_dataclass(each: Knob) -> None:
     value = sample(each)
-    args = build_parser().parse_args(["serve", *flag_args(each, value)])
+    companions = [
+        arg
+        for name, other in COMPANIONS.get(each.name, {}).items()
+        for arg in flag_args(next(e for e in ALL if e.name == name), other)
+    ]
+    args = build_parser().parse_args(["serve", *flag_args(each, value), *companions])
     assert configured(serve_deployment(args), each) == value
     unset = build_parser().parse_args(["serve"])
     assert getattr(unset, each.name) is None  # an unset flag leaves the deployment's value

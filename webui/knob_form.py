@@ -32,7 +32,7 @@ KNOBS: tuple[tuple[str, str, str], ...] = tuple(
     if each.label and each.deployment is not None
 )
 
-Kind = Literal["int", "float", "bool", "choice", "names", "json"]
+Kind = Literal["int", "float", "bool", "choice", "names", "json", "text"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ def _kind(annotation: Any) -> tuple[Kind, bool, tuple[str, ...]]:
         return "int", optional, ()
     if annotation is float:
         return "float", optional, ()
+    if annotation is str:
+        return "text", optional, ()
     if origin in (list, tuple):
         return "names", optional, ()
     if origin is dict:
@@ -160,6 +162,8 @@ def _convert(field: KnobField, text: str) -> Any:
         return text
     if field.kind == "names":
         return [name.strip() for name in text.split(",") if name.strip()]
+    if field.kind == "text":
+        return text
     try:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as err:

@@ -70,6 +70,8 @@ def serve_commands(runner: ModelRunner, channel: ControlChannel) -> None:
     while True:
         command, message = channel.receive()
         if command is Command.SHUTDOWN:
+            if runner.disk is not None:  # the prefix blocks queued reach the disk first
+                runner.disk.flush()
             return
         if command is Command.STEP:
             assert message is not None

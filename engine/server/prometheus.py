@@ -24,7 +24,7 @@ from prometheus_client.utils import floatToGoString
 from dgpp.engine.server.histogram import Histogram
 from dgpp.engine.server.metrics import ServiceMetrics
 from dgpp.engine.server.process_memory import MemoryReading, read_memory
-from dgpp.engine.stats import EngineStats
+from dgpp.engine.stats import EngineStats, PrefixCacheCounters
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,21 @@ def _counter(name: str, doc: str, model: str, value: float) -> CounterMetricFami
     return family
 
 
+def _tier_hits(model: str, cache: PrefixCacheCounters) -> CounterMetricFamily:
+    """Prefix-cache hit tokens by the tier that held them: still on the device, loaded back
+    from host memory, or read back from disk (through the host tier)."""
+    family = CounterMetricFamily(
+        "dgpp:prefix_cache_tier_hits",
+        "Prompt tokens whose KV came from the prefix cache, by tier (tokens).",
+        labels=[*LABELS, "tier"],
+    )
+    host = cache.host_hit_tokens - cache.disk_hit_tokens
+    family.add_metric([model, "device"], cache.hit_tokens - cache.host_hit_tokens)
+    family.add_metric([model, "host"], host)
+    family.add_metric([model, "disk"], cache.disk_hit_tokens)
+    return family
+
+
 def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
     counters = stats.counters
     yield _gauge(
@@ -114,6 +129,7 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
         model,
         counters.prefix_cache.hit_tokens,
     )
+    yield _tier_hits(model, counters.prefix_cache)
     yield _counter(
         "dgpp:prompt_tokens",
         "Prompt tokens of admitted requests.",

@@ -29,7 +29,7 @@ def test_the_host_tier_keeps_the_newest_blocks_and_records_copies_in_order() -> 
     assert tier.find(10, (9, 9, 9, 9)) is None  # a key whose tokens differ is a miss
     slot = tier.find(10, BLOCK)
     assert slot == 0
-    tier.load(slot, block=3)
+    tier.load(10, slot, block=3)
     tier.spill(13, BLOCK, block=4)  # 10 was just found: 12 gives its slot, not 10
     assert tier.take_copies() == ((LOAD, 0, 3), (SPILL, 4, 1))
     assert HostTier(0).find(10, BLOCK) is None

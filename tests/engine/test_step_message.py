@@ -133,4 +133,4 @@ def test_a_decode_step_costs_the_same_at_any_context(context: int) -> None:
                 request.block_table.append(90_000 + request.seq_id)
         sizes.append(_send(head, worker, _decode_plan(requests)).to_tensor().numel())
     # header + 4 rows of (9 fields + 1 token), and one new block for each row at the crossing
-    assert sizes == [6 + 4 * 10, 6 + 4 * 11, 6 + 4 * 10]
+    assert sizes == [7 + 4 * 10, 7 + 4 * 11, 7 + 4 * 10]

@@ -1,0 +1,85 @@
+"""Where the prefix cache's disk tier keeps its files and what keeps them valid.
+
+A block file is usable only by a process whose KV for the same tokens has the same bytes: the
+same checkpoint files and config (as the resident images key them), dtype and prefill
+precision, cache pools (shapes, dtypes, the MTP layer's), block size, tensor-parallel world and
+rank, and the Python version (block keys are Python hashes of tuples). The layout digest covers
+all of it except the rank, which names the folder below it, so the ranks of one world on one
+node share a layout and another model's or world's files are foreign to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from dgpp.engine.config import ModelConfig
+from dgpp.engine.disk_store import DiskStore
+from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.memory_plan import GIB
+from dgpp.engine.resident_cache import image_key
+from dgpp.engine.tier_file import MAGIC
+from dgpp.kernels.cache_dir import dgpp_cache_dir
+
+
+def prefix_cache_root(config: EngineConfig) -> Path:
+    """`prefix_cache_dir`, else $DGPP_PREFIX_CACHE_DIR, else ~/.cache/dgpp/prefix (the node's)."""
+    configured = config.prefix_cache_dir or os.environ.get("DGPP_PREFIX_CACHE_DIR")
+    if configured:
+        return Path(os.path.expandvars(configured)).expanduser()
+    return dgpp_cache_dir() / "prefix"
+
+
+def layout_digest(
+    config: EngineConfig,
+    model: ModelConfig,
+    checkpoint: Path,
+    tp_size: int,
+    device_type: str,
+    pools: Sequence[tuple[torch.Tensor, int]],
+) -> str:
+    weights = image_key(
+        checkpoint, 0, tp_size, config.resolved_dtype, device_type, model.architecture
+    )
+    shapes = [
+        (tuple(pool.shape[:axis]) + tuple(pool.shape[axis + 1 :]), str(pool.dtype), axis)
+        for pool, axis in pools
+    ]
+    parts = (
+        MAGIC.decode(),
+        f"python {sys.version_info.major}.{sys.version_info.minor}",
+        weights.digest,
+        config.prefill_precision,
+        f"block {config.block_size}",
+        repr(shapes),
+    )
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def open_disk_store(
+    config: EngineConfig,
+    model: ModelConfig,
+    checkpoint: Path,
+    tp_rank: int,
+    tp_size: int,
+    pools: Sequence[tuple[torch.Tensor, int]],
+    hosts: Sequence[torch.Tensor],
+) -> DiskStore | None:
+    """This rank's disk tier (`prefix_cache_disk_gib`; it stages its reads in the host tier,
+    `hosts`), or None when off."""
+    if config.prefix_cache_disk_gib <= 0 or not hosts:
+        return None
+    device_type = pools[0][0].device.type
+    digest = layout_digest(config, model, checkpoint, tp_size, device_type, pools)
+    budget = int(config.prefix_cache_disk_gib * GIB)
+    return DiskStore(prefix_cache_root(config), digest, pools, hosts, budget, tp_rank)
+
+
+def disk_blocks(config: EngineConfig, file_bytes: int) -> int:
+    """Blocks rank 0's index holds: the budget over rank 0's bytes per file (the largest)."""
+    return int(config.prefix_cache_disk_gib * GIB) // max(file_bytes, 1)
