@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -214,6 +215,8 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     code = outcome[0] if outcome else EXIT_OK
     notifier.notify(stopping=True, status=f"stopping with exit code {code}")
     log.info("rank %d exiting with %d", spec.rank, code)
+    if (disk_store := sys.modules.get("dgpp.engine.disk_store")) is not None:
+        disk_store.flush_open_stores()  # prefix-cache blocks queued for the disk
     logging.shutdown()
     # Not a normal interpreter exit: the rank's thread may still be inside a collective, and
     # tearing its process group down under it aborts the process.

@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,6 +49,16 @@ MAX_BACKLOG_BYTES = 256 << 20  # block copies waiting to be written, at most
 FULL_PAUSE_S = 30.0  # after the disk filled up, no write is tried for this long
 CLOSE_TIMEOUT_S = 10.0  # at exit, the writes queued get this long to finish
 IDLE_WAIT_S = 0.05  # a step of fetches alone waits this long for them (then rank 0 looks again)
+_OPEN: weakref.WeakSet[DiskStore] = weakref.WeakSet()
+
+
+@atexit.register
+def flush_open_stores(timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Let every open store's queued writes reach the disk (up to `timeout_s` in all): at a
+    normal exit, and before a server process leaves with `os._exit`."""
+    deadline = time.monotonic() + timeout_s
+    for store in list(_OPEN):
+        store.flush(max(deadline - time.monotonic(), 0.0))
 
 
 class DiskStore:
@@ -88,7 +99,7 @@ class DiskStore:
         self.fetches: list[Future] = []  # in the order rank 0 told every rank
         self.read_bytes = 0
         self.read_seconds = 0.0
-        atexit.register(self.close)  # the writes queued go out before the process ends
+        _OPEN.add(self)
 
     def headers(self) -> list[BlockHeader]:
         """Rank 0: the headers of this layout's files, oldest first (for its index); a file
@@ -146,7 +157,7 @@ class DiskStore:
         self._jobs.put(None)
         self._writer.join(timeout_s)
         self._readers.shutdown(wait=False, cancel_futures=True)
-        atexit.unregister(self.close)
+        _OPEN.discard(self)
 
     def _save(self, block: int, key: int) -> None:
         meta = self.meta(key)

@@ -228,6 +228,10 @@ def test_every_rank_gets_its_environment_file(cluster: Cluster):
         assert env["DGPP_BOUNDARY_TIMEOUT_MS"] == "90000"
         assert ("DGPP_DEPLOYMENT" in env) == (host is cluster.head)
         assert env["DGPP_CLUSTER_SECRET_FILE"] == "/etc/dgpp/cluster-secret"
+        # The disk tier's folder: on the node's disk, the ranks' alone.
+        assert env["DGPP_PREFIX_CACHE_DIR"] == "/var/cache/dgpp/prefix"
+        folder = host.path("/var/cache/dgpp/prefix")
+        assert folder.is_dir() and stat.S_IMODE(folder.stat().st_mode) == 0o700
         mode = host.path(f"/etc/dgpp/rank{host.rank}.env").stat().st_mode
         assert stat.S_IMODE(mode) == 0o640
     assert env_file(cluster.head)["DGPP_DEPLOYMENT"] == "/etc/dgpp/deployment.json"
