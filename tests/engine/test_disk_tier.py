@@ -302,3 +302,30 @@ def test_the_disk_tier_needs_the_host_tier() -> None:
         EngineConfig(model="m", prefix_cache_disk_gib=1.0)
     with pytest.raises(ConfigError, match="prefix_cache_dir"):
         EngineConfig(model="m", prefix_cache_dir="relative/path")
+
+
+def test_a_request_reading_from_disk_waits_aside_while_others_step(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Its reads start when it arrives; the steps go on for the request already running (which
+    gets a token every step) and it is admitted once every read is settled, then hits."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+    folder = tmp_path / "prefix"
+    turn, other = list(range(100, 140)), list(range(600, 610))
+    expected, first = _run(checkpoint, [turn + [7, 8]], **_tiers(folder))
+    _stop(first)
+    _, llm = _run(checkpoint, [], **_tiers(folder))
+    engine = llm.engine
+    running = engine.add_request(other, SamplingParams(temperature=0.0, max_tokens=30))
+    engine.step()
+    reading = engine.add_request(turn + [7, 8], PARAMS)
+    assert reading.disk_pending == 10  # the 10 usable blocks, every one on disk
+    produced = len(running.output_token_ids)
+    engine.step()
+    assert reading not in engine.scheduler.running  # not admitted in the step of its arrival
+    assert len(running.output_token_ids) == produced + 1
+    outputs = {}
+    while engine.has_unfinished():
+        outputs |= {output.request_id: output for output in engine.step() if output.finished}
+    assert list(outputs[reading.request_id].outputs[0].token_ids) == expected[0]
+    assert engine.stats().counters.prefix_cache.disk_hit_tokens == 40
