@@ -9,6 +9,7 @@ from dgpp.engine.disk_tier import DiskTier
 from dgpp.engine.host_tier import Copy, HostTier
 from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, PrefixCache, block_hashes
 from dgpp.engine.request import Request
+from dgpp.engine.snapshot_tiers import SnapshotTiers
 from dgpp.engine.state_snapshots import StateBook
 
 
@@ -73,14 +74,21 @@ class BlockManager:
         states: StateBook | None = None,
         host: HostTier | None = None,
         disk: DiskTier | None = None,
+        state_tiers: tuple[HostTier, DiskTier | None] | None = None,
     ) -> None:
+        """`host` and `disk`: the prefix cache's tiers below the device; `state_tiers` the
+        host and disk tiers of a hybrid model's snapshots (without them such a model keeps
+        neither: its hits need a snapshot)."""
         self.pool = BlockPool(num_blocks, cache)
         self.block_size = block_size
         self.salt = salt  # mixed into every block key: whatever else changes the KV (the model)
         self.states = states
-        # The host tier keeps evicted blocks (not with recurrent states: their snapshots stay
-        # on the device).
-        self.host = host if states is None and host is not None and host.num_slots else None
+        self.snapshot_tiers: SnapshotTiers | None = None
+        if states is not None and state_tiers is not None and state_tiers[0].num_slots:
+            self.snapshot_tiers = SnapshotTiers(states.snapshots, *state_tiers)
+        tiered = states is None or self.snapshot_tiers is not None
+        # The host tier keeps evicted blocks.
+        self.host = host if tiered and host is not None and host.num_slots else None
         if self.host is not None and isinstance(self.cache, HashPrefixCache):
             self.cache.on_spill = self.host.spill
         self.disk = disk if self.host is not None else None  # staged through the host tier
@@ -125,24 +133,39 @@ class BlockManager:
         size = self.block_size
         request.block_hashes = self._keys(request)
         usable = (request.num_tokens - 1) // size
-        tokens = request.token_ids
-        found = self.cache.match(
-            request.block_hashes[:usable],
-            [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)],
-        )
+        tokens, keys = request.token_ids, request.block_hashes
+        blocks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)]
+        found = self.cache.match(keys[:usable], blocks)
+        reach = len(found)  # and on in the host tier, which loads them back
+        while (
+            self.host is not None and reach < usable and self.host.holds(keys[reach], blocks[reach])
+        ):
+            reach += 1
         if self.states is not None:  # only as deep as a snapshot of the recurrent state
-            snapshot = self.states.snapshots.find(request.block_hashes[: len(found)])
-            self._snapshot_branch(request, len(found) * size)
-            found = found[: snapshot[0]] if snapshot else []
+            self._snapshot_branch(request, reach * size)
+            snapshot = self._find_snapshot(keys[:reach])
+            reach = snapshot[0] if snapshot else 0
             request.restore_from = snapshot[1] if snapshot else None
+        found = found[:reach]
         for block in found:
             self.pool.acquire(block)
-        loaded = self._load_from_host(request, len(found), usable) if self.host is not None else []
-        request.block_table = [*found, *loaded]
-        request.num_computed_tokens = len(request.block_table) * size
-        request.num_hashed_blocks = len(request.block_table)
+        loaded = self._load_from_host(request, len(found), reach) if self.host is not None else []
+        table = [*found, *(block for block, _ in loaded)]
+        if self.states is not None and len(table) < reach:  # the pool ran short: a miss
+            self.pool.release(table)
+            table, loaded, request.restore_from = [], [], None
+        request.block_table = table
+        request.num_computed_tokens = len(table) * size
+        request.num_hashed_blocks = len(table)
         request.num_host_tokens = len(loaded) * size
+        request.num_disk_tokens = sum(from_disk for _, from_disk in loaded) * size
         return request.num_computed_tokens
+
+    def _find_snapshot(self, keys: list[int]) -> tuple[int, int] | None:
+        assert self.states is not None
+        if self.snapshot_tiers is not None:
+            return self.snapshot_tiers.find(keys)
+        return self.states.snapshots.find(keys)
 
     def prefetch(self, request: Request) -> int:
         """A new request's blocks past those the device and the host tier hold, fetched from
@@ -158,7 +181,10 @@ class BlockManager:
         start = len(self.cache.match(request.block_hashes[:usable], blocks))
         while start < usable and self.host.holds(request.block_hashes[start], blocks[start]):
             start += 1
-        return self.disk.prefetch(request, blocks, start)
+        count = self.disk.prefetch(request, blocks, start)
+        if self.snapshot_tiers is not None and start + count:  # and a snapshot that deep
+            count += self.snapshot_tiers.prefetch(request, request.block_hashes[: start + count])
+        return count
 
     @property
     def num_fetching(self) -> int:
@@ -170,27 +196,37 @@ class BlockManager:
         if self.disk is not None and states:
             self.disk.settle(states)
 
-    def _load_from_host(self, request: Request, start: int, usable: int) -> list[int]:
-        """The request's blocks `start ..` that the host tier holds, in order until the first
+    def _load_from_host(self, request: Request, start: int, stop: int) -> list[tuple[int, bool]]:
+        """The request's blocks `start .. stop` that the host tier holds, in order until the first
         it does not: each copied into a fresh device block (evicting, and so spilling, another
-        when the free list is empty) and cached on the device again."""
+        when the free list is empty) and cached on the device again: (block, whether a fetch
+        from disk had filled its host slot)."""
         assert self.host is not None
         size, tokens, loaded = self.block_size, request.token_ids, []
-        for index in range(start, usable):
+        chunks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(start, stop)]
+        for index in range(stop - 1, start - 1, -1):  # all the newest: no spill below reuses one
+            self.host.find(request.block_hashes[index], chunks[index - start])
+        for index in range(start, stop):
             key = request.block_hashes[index]
-            block_tokens = tuple(tokens[index * size : (index + 1) * size])
-            slot = self.host.find(key, block_tokens)  # the newest now: no spill reuses it below
+            block_tokens = chunks[index - start]
+            slot = self.host.find(key, block_tokens)
             if slot is None or self.pool.num_free_blocks == 0:
                 break
             (block,) = self.pool.allocate(1)
-            request.num_disk_tokens += size * self.host.load(key, slot, block)
+            from_disk = self.host.load(key, slot, block)
             self.cache.insert(key, block_tokens, block)
-            loaded.append(block)
+            loaded.append((block, from_disk))
         return loaded
 
     def take_copies(self) -> tuple[Copy, ...]:
         """The host-tier copies recorded since the last step message (every rank runs them)."""
         return self.host.take_copies() if self.host is not None else ()
+
+    def record_snapshot_writes(self) -> None:
+        """The snapshots the last step saved go to the disk tier (at the start of the next
+        step's plan, before anything there reuses their slots)."""
+        if self.snapshot_tiers is not None:
+            self.snapshot_tiers.record_writes()
 
     def cache_computed_blocks(self, request: Request) -> int:
         """Offer the request's newly computed full blocks to the cache; returns how many were
@@ -285,8 +321,13 @@ class BlockManager:
             return None
         depth = end // self.block_size
         request.block_hashes = self._keys(request)
-        slot = self.states.snapshots.reserve(request.block_hashes[depth - 1], depth)
-        return None if slot is None else (request.state_slot, slot)
+        key = request.block_hashes[depth - 1]
+        slot = self.states.snapshots.reserve(key, depth)
+        if slot is None:
+            return None
+        if self.snapshot_tiers is not None:
+            self.snapshot_tiers.saved(key, slot)
+        return request.state_slot, slot
 
     def _keys(self, request: Request) -> list[int]:
         return block_hashes(request.token_ids, self.block_size, self.salt, request.block_hashes)

@@ -70,10 +70,14 @@ class DiskStore:
         hosts: Sequence[torch.Tensor],
         budget: int,
         rank: int = 0,
+        kind: str = "blocks",
+        fetches: list[Future] | None = None,
     ) -> None:
         """`pools`: this rank's cache tensors with their block axis; `hosts`: the host tier's
-        copies of them, which fetches fill."""
-        self.folder = root / layout / f"rank{rank}"
+        copies of them, which fetches fill. `kind`: "blocks", or "states" for a hybrid model's
+        snapshots (their own folder, `fetches` shared with the blocks' store: rank 0 settles
+        them in one order)."""
+        self.folder = root / layout / (f"rank{rank}" if kind == "blocks" else f"rank{rank}-{kind}")
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         for folder in (root, root / layout):  # mkdir's mode stops at existing parents
             if folder.stat().st_uid == os.getuid():
@@ -96,7 +100,8 @@ class DiskStore:
         self._writer = threading.Thread(target=self._write_loop, name="dgpp-disk-tier", daemon=True)
         self._writer.start()
         self._readers = ThreadPoolExecutor(2, thread_name_prefix="dgpp-disk-read")
-        self.fetches: list[Future] = []  # in the order rank 0 told every rank
+        # In the order rank 0 told every rank (a list shared by both stores of a hybrid model).
+        self.fetches: list[Future] = fetches if fetches is not None else []
         self.read_bytes = 0
         self.read_seconds = 0.0
         _OPEN.add(self)

@@ -46,11 +46,20 @@ class Fetch:
     tokens: BlockTokens
     slot: int
     request: Request
+    tier: DiskTier  # whose index and host tier it settles into
 
 
 class DiskTier:
-    def __init__(self, host: HostTier, num_blocks: int, found: Iterable[BlockHeader] = ()) -> None:
-        """`found`: the headers of the files rank 0 already holds (oldest first)."""
+    def __init__(
+        self,
+        host: HostTier,
+        num_blocks: int,
+        found: Iterable[BlockHeader] = (),
+        fetching: list[Fetch] | None = None,
+    ) -> None:
+        """`found`: the headers of the files rank 0 already holds (oldest first); `fetching`:
+        the fetches in flight, a list shared with the other disk tier (a hybrid model's
+        snapshots), in the order every rank was told."""
         self.host = host
         self.num_blocks = num_blocks
         self._index: OrderedDict[int, tuple[int, BlockTokens]] = OrderedDict()
@@ -58,7 +67,7 @@ class DiskTier:
             self._index[header.key] = (header.parent, header.tokens)
         while len(self._index) > num_blocks:
             self._forget(next(iter(self._index)))
-        self.fetching: list[Fetch] = []  # in the order every rank was told
+        self.fetching: list[Fetch] = fetching if fetching is not None else []
         self.unsaved: deque[int] = deque()  # keys rank 0's store did not write (its thread)
         self.counters = DiskCounters()
 
@@ -81,7 +90,7 @@ class DiskTier:
             self._forget(next(iter(self._index)))
             self.counters.dropped_blocks += 1
         self._index[key] = (parent, tokens)
-        self.host.copies.append((SAVE, block, key))
+        self.host.record(SAVE, block, key)
         self.counters.saved_blocks += 1
 
     def prefetch(self, request: Request, blocks: list[BlockTokens], start: int) -> int:
@@ -93,40 +102,55 @@ class DiskTier:
         count = 0
         for index in range(start, len(blocks)):
             key, parent = keys[index], keys[index - 1] if index else 0
-            if self._index.get(key) != (parent, blocks[index]):
+            if not self.holds(key, parent, blocks[index]):
                 break  # not on disk (or a key collision: another chain, other tokens)
-            slot = self.host.reserve()
-            if slot is None:
+            if not self.fetch(request, key, blocks[index]):
                 break
-            self._index.move_to_end(key)
-            self.host.copies.append((FETCH, key, slot))
-            self.fetching.append(Fetch(key, blocks[index], slot, request))
             count += 1
-        request.disk_pending += count
         return count
 
+    def holds(self, key: int, parent: int = 0, tokens: BlockTokens = ()) -> bool:
+        return self._index.get(key) == (parent, tokens)
+
+    def fetch(self, request: Request, key: int, tokens: BlockTokens) -> bool:
+        """Read the indexed block of `key` into a reserved host slot for `request` (which waits
+        for it); False when no host slot is left."""
+        slot = self.host.reserve()
+        if slot is None:
+            return False
+        self._index.move_to_end(key)
+        self.host.record(FETCH, key, slot)
+        self.fetching.append(Fetch(key, tokens, slot, request, self))
+        request.disk_pending += 1
+        return True
+
     def settle(self, states: list[int]) -> None:
-        """Every rank's word on the oldest `len(states)` fetches: each OK, PENDING or FAILED."""
+        """Every rank's word on the oldest `len(states)` fetches (of every disk tier sharing
+        the list): each OK, PENDING or FAILED."""
         assert len(states) <= len(self.fetching), "a fetch settled twice"
         waiting = []
         for fetch, state in zip(self.fetching, states, strict=False):
             if state == PENDING:
                 waiting.append(fetch)
-                continue
-            fetch.request.disk_pending -= 1
-            if state == OK:
-                self.host.commit(fetch.key, fetch.tokens, fetch.slot)
-                self.counters.fetched_blocks += 1
-            else:  # missing, truncated or corrupt on some rank: a miss, and its files go
-                self.host.release(fetch.slot)
-                self.counters.failed_blocks += 1
-                if fetch.key in self._index:
-                    self._forget(fetch.key)
+            else:
+                fetch.request.disk_pending -= 1
+                fetch.tier._settled(fetch, state == OK)
         self.fetching[: len(states)] = waiting
+
+    def _settled(self, fetch: Fetch, ok: bool) -> None:
+        if ok:
+            self.host.commit(fetch.key, fetch.tokens, fetch.slot)
+            self.counters.fetched_blocks += 1
+            return
+        # Missing, truncated or corrupt on some rank: a miss, and its files go.
+        self.host.release(fetch.slot)
+        self.counters.failed_blocks += 1
+        if fetch.key in self._index:
+            self._forget(fetch.key)
 
     def _forget(self, key: int) -> None:
         del self._index[key]
-        self.host.copies.append((DROP, key, 0))
+        self.host.record(DROP, key, 0)
 
     def _take_unsaved(self) -> None:
         while self.unsaved:

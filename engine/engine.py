@@ -12,13 +12,10 @@ import torch
 
 from dgpp.engine.block_manager import BlockManager
 from dgpp.engine.detokenizer import IncrementalDetokenizer
-from dgpp.engine.disk_store import DiskStore
-from dgpp.engine.disk_tier import DiskTier
 from dgpp.engine.distributed.control import Command, ControlChannel
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
 from dgpp.engine.grammar import Grammars
-from dgpp.engine.host_tier import HostTier
 from dgpp.engine.model_runner import ModelRunner
 from dgpp.engine.mtp_drafter import MtpDrafter
 from dgpp.engine.output_processor import OutputProcessor
@@ -33,11 +30,10 @@ from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import Scheduler, StepPlan
 from dgpp.engine.speculative import NgramProposer, Proposer
 from dgpp.engine.state_snapshots import StateBook, snapshot_points
-from dgpp.engine.stats import EngineCounters, EngineStats, PrefixCacheCounters
+from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.engine.step_message import StepMessage
 from dgpp.engine.step_policy import StepPolicy
-from dgpp.engine.tier_file import file_bytes
-from dgpp.engine.tier_layout import disk_blocks
+from dgpp.engine.tier_setup import rank0_tiers, report_tiers
 from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
 
 
@@ -93,9 +89,9 @@ class LLMEngine:
             cache.on_evict = states.snapshots.drop  # a snapshot is found through its block
         # Keys also cover the checkpoint and dtype: blocks of another model never match.
         salt = stable_salt(str(self.checkpoint.resolve()), config.resolved_dtype)
-        host = HostTier(self.runner.host_slots) if self.runner.host_slots else None
+        host, disk, state_tiers = rank0_tiers(self.runner, config)
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, cache, salt, states, host, self._disk(host)
+            config.num_kv_blocks, config.block_size, cache, salt, states, host, disk, state_tiers
         )
         proposer: Proposer | None = None
         self.drafter: MtpDrafter | None = None
@@ -127,16 +123,6 @@ class LLMEngine:
         self.runner.tables.clear()
         self.runner.streams.clear()
         self._abort_requested: set[str] = set()
-
-    def _disk(self, host: HostTier | None) -> DiskTier | None:
-        """Rank 0's index of the disk tier, from the files it already holds."""
-        store = self.runner.disk
-        if host is None or store is None:
-            return None
-        size = file_bytes(store.payload_bytes, self.config.block_size)
-        disk = DiskTier(host, disk_blocks(self.config, size), store.headers())
-        store.meta, store.unsaved = disk.meta, disk.unsaved.append
-        return disk
 
     def rejoin(self, control: ControlChannel) -> None:
         """Serve a re-formed world through `control`. Whatever was in flight is dropped (its
@@ -286,6 +272,7 @@ class LLMEngine:
         manager = self.block_manager
         if manager.disk is None:
             return
+        manager.record_snapshot_writes()
         copies, poll = manager.take_copies(), manager.num_fetching
         if not copies and not poll:
             return
@@ -312,13 +299,7 @@ class LLMEngine:
         states = self.block_manager.states
         counters = copy.deepcopy(self.counters)
         counters.prefix_cache.evictions = self.block_manager.cache.num_evictions
-        if (host := self.block_manager.host) is not None:
-            cache = counters.prefix_cache
-            cache.host_spilled_blocks = host.counters.spilled_blocks
-            cache.host_loaded_blocks = host.counters.loaded_blocks
-            cache.host_evicted_blocks = host.counters.evicted_blocks
-        if (disk := self.block_manager.disk) is not None:
-            _disk_counters(counters.prefix_cache, disk, self.runner.disk)
+        report_tiers(counters.prefix_cache, self.block_manager, self.runner)
         return EngineStats(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
@@ -379,15 +360,3 @@ def _step_policy(config: EngineConfig, runner: ModelRunner) -> StepPolicy:
         step_target_ms=config.step_target_ms,
         arrival_hold_s=config.arrival_hold_ms / 1000.0,
     )
-
-
-def _disk_counters(cache: PrefixCacheCounters, disk: DiskTier, store: DiskStore | None) -> None:
-    counters = disk.counters
-    cache.disk_blocks = len(disk)
-    cache.disk_saved_blocks = counters.saved_blocks
-    cache.disk_unsaved_blocks = counters.unsaved_blocks
-    cache.disk_fetched_blocks = counters.fetched_blocks
-    cache.disk_failed_blocks = counters.failed_blocks
-    cache.disk_dropped_blocks = counters.dropped_blocks
-    if store is not None:
-        cache.disk_read_bytes, cache.disk_read_seconds = store.read_bytes, store.read_seconds

@@ -13,7 +13,7 @@ import torch
 
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.host_tier import LOAD, SPILL, Copy
+from dgpp.engine.host_tier import LOAD, SPILL, STATES, Copy
 from dgpp.engine.memory_plan import GIB, kv_bytes_per_token, rank_cache_specs
 from dgpp.engine.weight_count import uses_mtp
 
@@ -23,16 +23,27 @@ if TYPE_CHECKING:
 MIN_SLOTS = 2  # a spill never reuses the slot a load in the same allocation reads (host_tier)
 
 
-def host_slots(config: EngineConfig, model: ModelConfig, tp_size: int) -> int:
-    """Blocks the host tier holds: `prefix_cache_host_gib` over rank 0's bytes per block (it
-    holds the most; every rank keeps as many slots, so rank 0's slot numbers hold everywhere).
-    0 when the tier is off or too small to hold `MIN_SLOTS` blocks."""
+STATE_SHARE = 0.5  # of a hybrid model's host tier, what its snapshots get (blocks the rest)
+
+
+def host_slots(
+    config: EngineConfig, model: ModelConfig, tp_size: int, state_slot_bytes: int = 0
+) -> tuple[int, int]:
+    """Blocks and snapshots the host tier holds: `prefix_cache_host_gib` over rank 0's bytes
+    per block (it holds the most; every rank keeps as many slots, so rank 0's slot numbers hold
+    everywhere), and for a hybrid model (`state_slot_bytes`: one snapshot's) `STATE_SHARE` of
+    it over a snapshot's bytes. (0, 0) when the tier is off or too small to hold `MIN_SLOTS`
+    of each."""
     if config.prefix_cache_host_gib <= 0 or not config.prefix_cache:
-        return 0
+        return 0, 0
+    budget = int(config.prefix_cache_host_gib * GIB)
+    states = int(budget * STATE_SHARE) // state_slot_bytes if state_slot_bytes else 0
+    if state_slot_bytes and states < MIN_SLOTS:
+        return 0, 0
     specs = rank_cache_specs(model, tp_size, 0, uses_mtp(config.speculative, model))
     block_bytes = kv_bytes_per_token(config, specs) * config.block_size
-    slots = int(config.prefix_cache_host_gib * GIB) // max(block_bytes, 1)
-    return slots if slots >= MIN_SLOTS else 0
+    blocks = (budget - states * state_slot_bytes) // max(block_bytes, 1)
+    return (blocks, states) if blocks >= MIN_SLOTS else (0, 0)
 
 
 class HostStore:
@@ -47,6 +58,7 @@ class HostStore:
             shape[axis] = num_slots
             self.hosts.append(torch.empty(shape, dtype=pool.dtype, pin_memory=pin))
         self.disk: DiskStore | None = None  # the disk tier, whose ops come in the same list
+        self.states: HostStore | None = None  # a hybrid model's snapshots' (ops from STATES)
 
     @property
     def num_bytes(self) -> int:
@@ -56,6 +68,10 @@ class HostStore:
         """Each copy in order: a device block spilled to a host slot, a host slot loaded into a
         device block, or one of the disk tier's ops."""
         for op, source, target in copies:
+            if op >= STATES:
+                assert self.states is not None, "a snapshot op without a snapshot tier"
+                self.states.run(((op - STATES, source, target),))
+                continue
             if op not in (SPILL, LOAD):
                 assert self.disk is not None, "a disk-tier op without a disk tier"
                 self.disk.run(op, source, target)

@@ -24,6 +24,9 @@ SPILL, LOAD = 0, 1  # the host tier's copies
 SAVE, FETCH, DROP = 2, 3, 4  # the disk tier's: (SAVE, device block, key), (FETCH, key, host
 # slot), (DROP, key, 0)
 Copy = tuple[int, int, int]  # (SPILL, device block, host slot) or (LOAD, host slot, device block)
+# Hybrid models tier their recurrent-state snapshots too, with the same ops on state slots:
+# those ops are numbered from STATES (STATES + SPILL: device snapshot slot -> host slot, ...).
+STATES = 8
 
 
 @dataclass
@@ -36,11 +39,15 @@ class TierCounters:
 
 
 class HostTier:
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, base: int = 0, copies: list[Copy] | None = None) -> None:
+        """`base`: what the ops it records are numbered from (0, or STATES for snapshots);
+        `copies`: the ordered list it records into, shared with the other tiers."""
         self.num_slots = num_slots
+        self.base = base
         self._slots: OrderedDict[int, tuple[BlockTokens, int]] = OrderedDict()  # key -> slot
         self._free = list(range(num_slots - 1, -1, -1))
-        self.copies: list[Copy] = []  # recorded since the last step message took them
+        # Recorded since the last step message took them.
+        self.copies: list[Copy] = copies if copies is not None else []
         self.counters = TierCounters()
         self.from_disk: set[int] = set()  # keys whose slots a disk fetch filled, not yet loaded
 
@@ -59,7 +66,7 @@ class HostTier:
         if slot is None:  # every slot is reserved for a fetch from disk
             return
         self._slots[key] = (tokens, slot)
-        self.copies.append((SPILL, block, slot))
+        self.record(SPILL, block, slot)
         self.counters.spilled_blocks += 1
 
     def reserve(self) -> int | None:
@@ -102,13 +109,17 @@ class HostTier:
     def load(self, key: int, slot: int, block: int) -> bool:
         """Copy host `slot` (found for `key`) into device `block` before the next forward; True
         when a fetch from disk filled the slot."""
-        self.copies.append((LOAD, slot, block))
+        self.record(LOAD, slot, block)
         self.counters.loaded_blocks += 1
         if key in self.from_disk:
             self.from_disk.discard(key)
             return True
         return False
 
+    def record(self, op: int, a: int, b: int) -> None:
+        self.copies.append((self.base + op, a, b))
+
     def take_copies(self) -> tuple[Copy, ...]:
-        copies, self.copies = tuple(self.copies), []
+        copies = tuple(self.copies)
+        self.copies.clear()  # the list the other tiers record into too
         return copies

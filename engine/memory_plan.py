@@ -268,9 +268,10 @@ def _plan(
     tables = ple_table_bytes(model, DTYPE_BYTES.get(model.checkpoint_dtype or "", 2))
     held = tables if config.ngram_tables_in_memory else 0
     host_tier = 0
-    if config.prefix_cache and config.prefix_cache_host_gib > 0 and not states.total_bytes:
+    if config.prefix_cache and config.prefix_cache_host_gib > 0:
         block = kv_bytes_per_token(config, specs) * config.block_size
-        host_tier = int(config.prefix_cache_host_gib * GIB) // block * block
+        host_tier = int(config.prefix_cache_host_gib * GIB)  # a hybrid model's: both kinds
+        host_tier = host_tier // block * block if not states.total_bytes else host_tier
     held += host_tier if config.device == "cpu" else 0
     return MemoryPlan(
         weights_bytes=weights,

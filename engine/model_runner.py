@@ -39,7 +39,7 @@ from dgpp.engine.state_cache import (
 )
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
-from dgpp.engine.tier_layout import open_disk_store
+from dgpp.engine.tier_layout import open_disk_stores
 from dgpp.kernels.linear import select_packer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -162,14 +162,12 @@ class ModelRunner:
             self.mtp = MtpDrafting.build(self, parallel, attention, checkpoint)
         self.host: HostStore | None = None  # the prefix cache's host tier on this rank
         self.disk: DiskStore | None = None  # and its disk tier, staged through the host tier
-        self.host_slots = 0 if recurrent else host_slots(config, model_config, parallel.tp_size)
+        state_bytes = self.state_layout.slot_bytes if recurrent else 0
+        self.host_slots, self.state_host_slots = host_slots(
+            config, model_config, parallel.tp_size, state_bytes
+        )
         if self.host_slots:
-            pools = self._block_pools(layers)
-            self.host = HostStore(pools, self.host_slots)
-            self.disk = self.host.disk = open_disk_store(
-                config, model_config, checkpoint, parallel.tp_rank, parallel.tp_size, pools,
-                self.host.hosts,
-            )  # fmt: skip
+            self._open_tiers(config, model_config, checkpoint, parallel, layers)
         self.parallel = parallel
         self.fetch_states: list[int] = []  # every rank's word on the fetches the step polled
         self.graphs: DecodeGraphs | None = None
@@ -178,6 +176,29 @@ class ModelRunner:
             self.attach_decode_graphs(
                 config.cuda_graph_max_batch, config.num_kv_blocks, True, scratch_slot
             )
+
+    def _open_tiers(
+        self,
+        config: EngineConfig,
+        model: ModelConfig,
+        checkpoint: Path,
+        parallel: ParallelContext,
+        layers: list,
+    ) -> None:
+        """The host tier (and a hybrid model's snapshots' beside it), and the disk tier's
+        stores, which stage their reads there."""
+        pools = self._block_pools(layers)
+        self.host = HostStore(pools, self.host_slots)
+        state_pools = [(pool, 1) for pool in self.state_pools]  # [layers, slots, numel]
+        if self.state_host_slots:
+            self.host.states = HostStore(state_pools, self.state_host_slots)
+        stores = open_disk_stores(
+            config, model, checkpoint, parallel.tp_rank, parallel.tp_size, self.host
+        )
+        if stores is not None:
+            self.disk = self.host.disk = stores[0]
+            if self.host.states is not None:
+                self.host.states.disk = stores[1]
 
     def _block_pools(self, layers: list) -> list[tuple[torch.Tensor, int]]:
         """Every cache pool (the MTP layer's too) with the axis of its blocks."""

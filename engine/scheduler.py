@@ -145,6 +145,7 @@ class Scheduler:
         self._finished_seq_ids.append(request.seq_id)
 
     def schedule(self) -> StepPlan:
+        self.block_manager.record_snapshot_writes()  # the last step's, before any slot reuse
         decodes: list[ScheduledChunk] = []  # verify rows included
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
@@ -191,6 +192,14 @@ class Scheduler:
         chunks = tuple(decodes + prefills)
         finished: tuple[int, ...] = ()
         copies: tuple[Copy, ...] = ()
+        # Snapshot slots reserved first: a snapshot dropped for the slot is copied out (to the
+        # host tier) by this step's copies, before the forward saves into the slot.
+        saves = [
+            save
+            for chunk in prefills
+            if chunk.completes
+            and (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
+        ]
         if chunks:  # an empty plan is not sent: the next one carries these
             copies = self.block_manager.take_copies()
             finished = tuple(self._finished_seq_ids)
@@ -198,12 +207,6 @@ class Scheduler:
             # Verify rows' states at their last accepted token first (hybrid models).
             accepted = (self.block_manager.take_accepted_state(r) for r in self.running)
             restores = [pair for pair in accepted if pair is not None] + restores
-        saves = [
-            save
-            for chunk in prefills
-            if chunk.completes
-            and (save := self.block_manager.snapshot_save(chunk.request, chunk.end)) is not None
-        ]
         return StepPlan(
             chunks, len(decodes), tuple(preempted), finished, tuple(restores), tuple(saves), copies
         )

@@ -18,7 +18,7 @@ recently used snapshot goes first, and one whose last block left the KV cache go
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dgpp.engine.state_cache import StateLayout
@@ -63,6 +63,9 @@ class SnapshotCache:
         self._depth_of: dict[int, int] = {}  # key -> blocks covered
         self._saved = self._evicted = self._hits = 0
         self._hits_by_depth: Counter[int] = Counter()
+        # Told each snapshot dropped, (key, slot), before its slot is reused: the host tier
+        # keeps it (`dgpp.engine.snapshot_tiers`).
+        self.on_spill: Callable[[int, int], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -105,6 +108,8 @@ class SnapshotCache:
         slot = self._slot_of.pop(key, None)
         if slot is None:
             return
+        if self.on_spill is not None:
+            self.on_spill(key, slot)
         del self._depth_of[key]
         self._free.append(slot)
         self._evicted += 1

@@ -21,6 +21,7 @@ import torch
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.disk_store import DiskStore
 from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.host_store import STATE_SHARE, HostStore
 from dgpp.engine.memory_plan import GIB
 from dgpp.engine.resident_cache import image_key
 from dgpp.engine.tier_file import MAGIC
@@ -61,25 +62,41 @@ def layout_digest(
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def open_disk_store(
+def open_disk_stores(
     config: EngineConfig,
     model: ModelConfig,
     checkpoint: Path,
     tp_rank: int,
     tp_size: int,
-    pools: Sequence[tuple[torch.Tensor, int]],
-    hosts: Sequence[torch.Tensor],
-) -> DiskStore | None:
-    """This rank's disk tier (`prefix_cache_disk_gib`; it stages its reads in the host tier,
-    `hosts`), or None when off."""
-    if config.prefix_cache_disk_gib <= 0 or not hosts:
+    host: HostStore,
+) -> tuple[DiskStore, DiskStore | None] | None:
+    """This rank's disk tier (`prefix_cache_disk_gib`), staging its reads in `host`: the
+    blocks' store, and a hybrid model's snapshots' (which gets `STATE_SHARE` of the budget and
+    shares the blocks' reads in flight); None when off."""
+    if config.prefix_cache_disk_gib <= 0:
         return None
+    states = host.states
+    pools = host.pools + (states.pools if states is not None else [])
     device_type = pools[0][0].device.type
     digest = layout_digest(config, model, checkpoint, tp_size, device_type, pools)
+    root = prefix_cache_root(config)
+    budget, share = disk_budgets(config, states is not None)
+    blocks = DiskStore(root, digest, host.pools, host.hosts, budget, tp_rank)
+    if states is None:
+        return blocks, None
+    snapshots = DiskStore(
+        root, digest, states.pools, states.hosts, share, tp_rank, "states", blocks.fetches
+    )
+    return blocks, snapshots
+
+
+def disk_budgets(config: EngineConfig, hybrid: bool) -> tuple[int, int]:
+    """Bytes of the disk tier's blocks and (hybrid models) snapshots, per rank."""
     budget = int(config.prefix_cache_disk_gib * GIB)
-    return DiskStore(prefix_cache_root(config), digest, pools, hosts, budget, tp_rank)
+    share = int(budget * STATE_SHARE) if hybrid else 0
+    return budget - share, share
 
 
-def disk_blocks(config: EngineConfig, file_bytes: int) -> int:
-    """Blocks rank 0's index holds: the budget over rank 0's bytes per file (the largest)."""
-    return int(config.prefix_cache_disk_gib * GIB) // max(file_bytes, 1)
+def disk_blocks(budget: int, file_bytes: int) -> int:
+    """Files rank 0's index holds: `budget` over rank 0's bytes per file (the largest)."""
+    return budget // max(file_bytes, 1)

@@ -155,8 +155,11 @@ def _tiers(folder: Path) -> dict[str, object]:
 
 def _stop(llm: LLM) -> None:
     """The process's end, as far as the disk tier sees it: its queued writes finish."""
-    assert llm.engine.runner.disk is not None
-    llm.engine.runner.disk.close()
+    runner = llm.engine.runner
+    assert runner.disk is not None and runner.host is not None
+    runner.disk.close()
+    if runner.host.states is not None and runner.host.states.disk is not None:
+        runner.host.states.disk.close()
 
 
 @pytest.mark.parametrize(
@@ -183,6 +186,28 @@ def test_after_a_restart_the_next_turn_hits_from_disk(
     assert cache.hit_tokens == cache.disk_hit_tokens == 48
     assert cache.disk_fetched_blocks == 12 and cache.disk_failed_blocks == 0
     assert cache.disk_read_bytes > 0 and second.engine.block_manager.num_used_blocks == 0
+
+
+def test_a_hybrid_models_turn_after_a_restart_hits_from_disk(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Qwen3-Next: the attention layers' blocks and the recurrent-state snapshot at the hit's
+    depth both come back from disk (the snapshots in their own files, beside the blocks')."""
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, "Qwen3NextForCausalLM", mlp_only_layers=[1]
+    )
+    expected, _ = _run(checkpoint, _turns(), prefix_cache_gib=2e-5)
+    folder = tmp_path / "prefix"
+    knobs = {**_tiers(folder), "prefix_cache_host_gib": 1e-3, "prefix_cache_gib": 2e-5}
+    got, first = _run(checkpoint, _turns(), **knobs)
+    assert got == expected
+    _stop(first)
+    assert len(list(folder.rglob("rank0-states/*.kv"))) == 3  # one snapshot per prompt
+    got, second = _run(checkpoint, _turns()[2:], **knobs)
+    assert got == expected[2:]
+    cache = second.engine.stats().counters.prefix_cache
+    assert cache.hit_tokens == cache.disk_hit_tokens == 48 and cache.disk_failed_blocks == 0
+    assert cache.disk_fetched_blocks == 12 + 1  # the blocks, and the snapshot at their end
 
 
 def test_a_corrupt_or_truncated_block_file_is_a_miss(

@@ -1,7 +1,8 @@
 """The prefix cache's host tier (`dgpp.engine.host_tier`, `dgpp.engine.host_store`): blocks the
 KV pool evicts are kept in host memory and loaded back on a later hit. Greedy outputs equal a
-run without the tier while its hits replace recomputation (paged KV and MLA latents, world 1
-and world 2); the copies keep their order; hybrid models keep no host tier."""
+run without the tier while its hits replace recomputation (paged KV, MLA latents, and a hybrid
+model's blocks with its recurrent-state snapshots; world 1 and world 2); the copies keep their
+order."""
 
 from __future__ import annotations
 
@@ -82,13 +83,31 @@ def test_a_turn_whose_blocks_were_evicted_hits_the_host_tier(
     assert engine.block_manager.num_used_blocks == 0
 
 
-def test_hybrid_models_keep_no_host_tier(tmp_path: Path, tokenizer_dir: Path) -> None:
-    """Their hits need the recurrent-state snapshots, which stay on the device."""
+# One device snapshot slot (16,896 bytes each in the tiny Qwen3-Next): the second turn's
+# snapshot drops the first's, which only a tier keeps.
+HYBRID = {"prefix_cache_gib": 2e-5, "prefix_cache_host_gib": 1e-3}
+
+
+def test_a_hybrid_models_snapshots_and_blocks_come_back_from_the_host_tier(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Qwen3-Next: its hits need the recurrent-state snapshot at their depth as well as the
+    attention layers' blocks. The device keeps one snapshot; the first conversation's goes to
+    the host tier with its blocks, and the third turn restores both."""
     checkpoint = build_tiny_checkpoint(
         tmp_path, tokenizer_dir, "Qwen3NextForCausalLM", mlp_only_layers=[1]
     )
-    llm = LLM(str(checkpoint), kv_capacity=256, block_size=4, prefix_cache_host_gib=1.0)
-    assert llm.engine.runner.host is None and llm.engine.block_manager.host is None
+    expected, plain = _run(checkpoint, prefix_cache_gib=HYBRID["prefix_cache_gib"])
+    got, llm = _run(checkpoint, **HYBRID)
+    assert got == expected
+    runner = llm.engine.runner
+    assert runner.host is not None and runner.host.states is not None
+    assert runner.state_host_slots == int(1e-3 * (1 << 30)) // 2 // runner.state_layout.slot_bytes
+    cache = llm.engine.stats().counters.prefix_cache
+    assert cache.hit_tokens == cache.host_hit_tokens + 8 == 40  # 2 blocks still on the device
+    assert plain.engine.stats().counters.prefix_cache.hit_tokens == 0  # its snapshot was gone
+    snapshots = llm.engine.block_manager.snapshot_tiers
+    assert snapshots is not None and snapshots.host.counters.loaded_blocks == 1
 
 
 def test_world_of_two_equals_world_of_one_through_the_host_tier(
