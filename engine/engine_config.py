@@ -137,7 +137,8 @@ class EngineConfig:
     prefix_cache_host_gib: float = knob(
         0.0,
         "host memory per rank for prefix-cache blocks the KV pool evicts: kept there and "
-        "loaded back on a later hit instead of recomputed (0: off; not for hybrid models)",
+        "loaded back on a later hit instead of recomputed (0: off; hybrid models give half to "
+        "their recurrent-state snapshots)",
         label="Prefix cache host tier (GiB)",
         unit="GiB",
         ge=0.0,
@@ -147,7 +148,7 @@ class EngineConfig:
         0.0,
         "disk space per rank for prefix-cache blocks, written as they are computed and kept "
         "across restarts; a later hit reads them back through the host tier (0: off; needs "
-        "the host tier; not for hybrid models)",
+        "the host tier; hybrid models give half to their snapshots)",
         label="Prefix cache disk tier (GiB)",
         unit="GiB",
         ge=0.0,

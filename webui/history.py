@@ -25,6 +25,10 @@ class Sample:
     gen_tps: float | None = None  # generated tokens per second since the previous sample
     prompt_tps: float | None = None  # prompt tokens admitted per second
     prefix_hit_rate: float | None = None  # hit tokens / prompt tokens since the previous sample
+    # Of those, by the tier that held them: the KV pool, host memory, disk (docs/runtime.md).
+    prefix_device_rate: float | None = None
+    prefix_host_rate: float | None = None
+    prefix_disk_rate: float | None = None
     kv_in_use: int | None = None  # KV blocks held by requests
     kv_total: int | None = None
     kv_used_pct: float | None = None  # kv_in_use / kv_total, in percent

@@ -33,6 +33,8 @@ class Snapshot:
     tokens_generated: int
     prompt_tokens: int
     hit_tokens: int
+    host_hit_tokens: int  # of `hit_tokens`, loaded back from the host tier
+    disk_hit_tokens: int  # of `host_hit_tokens`, read back from disk
     drafted: int
     accepted: int
     # Per prompt class: (requests, queue seconds summed, TTFT seconds summed).
@@ -82,6 +84,8 @@ def snapshot_of(ts: float, metrics: dict[str, Any], exposition: str | None = Non
         int(scheduler.get("tokens_generated", 0)),
         int(scheduler.get("prompt_tokens_total", 0)),
         int(cache.get("hit_tokens", 0)),
+        int(cache.get("host_hit_tokens", 0)),
+        int(cache.get("disk_hit_tokens", 0)),
         int(spec.get("drafted", 0)),
         int(spec.get("accepted", 0)),
         _classes(metrics),
@@ -102,6 +106,26 @@ def _ratio(part_now: int, part_before: int, whole_now: int, whole_before: int) -
     if whole <= 0 or part < 0:
         return None
     return part / whole
+
+
+def _tier_rates(now: Snapshot, before: Snapshot) -> dict[str, float | None]:
+    """Hit tokens by tier over prompt tokens, between two snapshots: device (still in the
+    pool), host (loaded back from host memory), disk (read back from disk)."""
+    tiers = {
+        "device": (
+            now.hit_tokens - now.host_hit_tokens,
+            before.hit_tokens - before.host_hit_tokens,
+        ),
+        "host": (
+            now.host_hit_tokens - now.disk_hit_tokens,
+            before.host_hit_tokens - before.disk_hit_tokens,
+        ),
+        "disk": (now.disk_hit_tokens, before.disk_hit_tokens),
+    }
+    return {
+        f"prefix_{tier}_rate": _ratio(part, part0, now.prompt_tokens, before.prompt_tokens)
+        for tier, (part, part0) in tiers.items()
+    }
 
 
 def _outcome_rates(now: Snapshot, before: Snapshot, seconds: float) -> dict[str, float | None]:
@@ -163,6 +187,7 @@ def sample_of(
             "prefix_hit_rate": _ratio(
                 now.hit_tokens, previous.hit_tokens, now.prompt_tokens, previous.prompt_tokens
             ),
+            **_tier_rates(now, previous),
             "spec_acceptance": _ratio(
                 now.accepted, previous.accepted, now.drafted, previous.drafted
             ),

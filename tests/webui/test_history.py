@@ -27,6 +27,19 @@ def _metrics(tokens: int, prompt: int, hits: int, drafted: int = 0, accepted: in
     }
 
 
+def test_hits_are_split_by_the_tier_that_held_them() -> None:
+    """Of 200 prompt tokens in the interval, 150 hit: 30 from disk (through the host tier), 50
+    more from host memory, the other 70 still in the pool."""
+    before = _metrics(10, 100, 0)
+    now = _metrics(50, 300, 150)
+    now["prefix_cache"] |= {"host_hit_tokens": 80, "disk_hit_tokens": 30}
+    _, snapshot = sample_of(100.0, before, True, None)
+    sample, _ = sample_of(102.0, now, True, snapshot)
+    assert sample.prefix_hit_rate == pytest.approx(0.75)
+    rates = (sample.prefix_device_rate, sample.prefix_host_rate, sample.prefix_disk_rate)
+    assert rates == pytest.approx((0.35, 0.25, 0.15))
+
+
 def test_rates_come_from_two_snapshots() -> None:
     first, snapshot = sample_of(100.0, _metrics(10, 100, 0), True, None)
     assert first.gen_tps is None and first.running == 2 and first.kv_total == 80
