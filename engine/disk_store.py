@@ -151,6 +151,12 @@ class DiskStore:
         kept = [f for f, state in zip(head, states, strict=True) if state == PENDING]
         self.fetches[: len(states)] = kept
 
+    def drain(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Forget every fetch in flight (a new world starts with none), once the reads are
+        done: none may land in a host slot after the slot has a new owner."""
+        wait_futures(self.fetches, timeout=timeout_s)
+        self.fetches.clear()
+
     def flush(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
         """Wait (up to `timeout_s`) for the writes queued so far; False if they did not end."""
         done = threading.Event()

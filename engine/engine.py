@@ -122,6 +122,8 @@ class LLMEngine:
         )
         self.runner.tables.clear()
         self.runner.streams.clear()
+        if self.runner.disk is not None:  # no read from disk in flight (a new world)
+            self.runner.disk.drain()
         self._abort_requested: set[str] = set()
 
     def rejoin(self, control: ControlChannel) -> None:

@@ -67,6 +67,8 @@ def serve_commands(runner: ModelRunner, channel: ControlChannel) -> None:
     """A worker rank's life in one world: run each step rank 0 sends, until it leaves in order.
     A dead rank 0 or a missed deadline surfaces as the collective's exception."""
     runner.tables.clear()  # a new world: rank 0 starts from empty tables too
+    if runner.disk is not None:  # and with no read from disk in flight
+        runner.disk.drain()
     while True:
         command, message = channel.receive()
         if command is Command.SHUTDOWN:
