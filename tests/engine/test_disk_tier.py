@@ -26,6 +26,7 @@ from dgpp.engine.host_tier import DROP, FETCH, SAVE, HostTier
 from dgpp.engine.request import Request
 from dgpp.engine.tier_file import BlockFileError, file_name, read_header, read_payload, write_block
 from tests.conftest import build_tiny_checkpoint
+from tests.engine.test_host_tier import _run, _turns
 
 BLOCK = (1, 2, 3, 4)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -123,26 +124,6 @@ def test_a_store_writes_reads_and_reclaims_other_layouts_files_first(tmp_path: P
     new.run(DROP, 2, 0)
     assert new.flush() and not (tmp_path / "new" / "rank0" / file_name(2)).exists()
     new.close()
-
-
-def _turns() -> list[list[int]]:
-    """A conversation of 40 tokens, another of 60 (evicting most of the first's blocks), and
-    the first again, 10 tokens longer (as `test_host_tier`)."""
-    first, second = list(range(100, 140)), list(range(500, 560))
-    return [first, second, first + list(range(900, 910))]
-
-
-def _run(checkpoint: Path, turns: list[list[int]], **knobs: object) -> tuple[list, LLM]:
-    llm = LLM(
-        str(checkpoint),
-        kv_capacity=80,
-        block_size=4,
-        prefix_min_tokens=4,
-        max_model_len=80,
-        **knobs,
-    )
-    outputs = [list(llm.generate([turn], PARAMS)[0].outputs[0].token_ids) for turn in turns]
-    return outputs, llm
 
 
 def _tiers(folder: Path) -> dict[str, object]:

@@ -43,8 +43,11 @@ def _turns() -> list[list[int]]:
     return [first, second, first + list(range(900, 910))]
 
 
-def _run(checkpoint: Path, **knobs: object) -> tuple[list[list[int]], LLM]:
-    # 20 blocks of 4 tokens: the second conversation evicts the first one's cached blocks.
+def _run(
+    checkpoint: Path, turns: list[list[int]] | None = None, **knobs: object
+) -> tuple[list[list[int]], LLM]:
+    """Greedy outputs of `turns` (`_turns()` by default), one after another, and the LLM.
+    20 blocks of 4 tokens: the second conversation evicts the first one's cached blocks."""
     llm = LLM(
         str(checkpoint),
         kv_capacity=80,
@@ -54,7 +57,8 @@ def _run(checkpoint: Path, **knobs: object) -> tuple[list[list[int]], LLM]:
         **knobs,
     )
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    outputs = [list(llm.generate([turn], params)[0].outputs[0].token_ids) for turn in _turns()]
+    turns = _turns() if turns is None else turns
+    outputs = [list(llm.generate([turn], params)[0].outputs[0].token_ids) for turn in turns]
     return outputs, llm
 
 
