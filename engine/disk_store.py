@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -91,7 +91,8 @@ class DiskStore:
         self.meta: Callable[[int], tuple[int, tuple[int, ...]] | None] = lambda key: (0, ())
         self.unsaved: Callable[[int], None] = lambda key: None  # rank 0: its index forgets it
         self._own: OrderedDict[int, int] = OrderedDict()  # key -> file bytes, oldest first
-        self._foreign: list[tuple[Path, int]] = []  # other layouts' files, oldest first
+        self._foreign: deque[tuple[Path, int]] = deque()  # other layouts' files, oldest first
+        self._used = 0  # bytes of both
         self._lock = threading.Lock()
         self._scan(root)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -143,7 +144,10 @@ class DiskStore:
         futures = self.fetches[:count]
         if wait_s > 0 and futures:
             wait_futures(futures, timeout=wait_s)
-        return [(OK if f.result() else FAILED) if f.done() else PENDING for f in futures]
+        return [
+            (OK if f.exception() is None and f.result() else FAILED) if f.done() else PENDING
+            for f in futures
+        ]
 
     def settle(self, states: Sequence[int]) -> None:
         """Every rank agreed on `states` of the oldest fetches: forget those settled."""
@@ -200,9 +204,9 @@ class DiskStore:
             meta, parts = data
             try:
                 self._write(key, meta, parts)
-            except OSError as problem:
+            except Exception as problem:  # never the thread's end: the next block may fit
                 self.unsaved(key)
-                if problem.errno in (errno.ENOSPC, errno.EDQUOT):
+                if isinstance(problem, OSError) and problem.errno in (errno.ENOSPC, errno.EDQUOT):
                     log.warning(
                         "prefix cache: %s is full; not writing blocks for %.0f s",
                         self.folder,
@@ -221,27 +225,26 @@ class DiskStore:
         self._make_room(file_bytes(self.payload_bytes, len(tokens)))
         written = write_block(self.folder / file_name(key), key, parent, tokens, views)
         with self._lock:
-            self._own.pop(key, None)
+            self._used += written - self._own.pop(key, 0)
             self._own[key] = written
 
     def _make_room(self, size: int) -> None:
         """Delete files, other layouts' oldest first, until `size` more bytes fit the budget
         (this rank's own oldest go only when its index and rank 0's disagree: rank 0 drops)."""
-        with self._lock:
-            used = sum(self._own.values()) + sum(size for _, size in self._foreign)
-        while used + size > self.budget and (self._foreign or self._own):
+        while self._used + size > self.budget and (self._foreign or self._own):
             if self._foreign:
-                path, freed = self._foreign.pop(0)
+                path, freed = self._foreign.popleft()
                 path.unlink(missing_ok=True)
+                with self._lock:
+                    self._used -= freed
             else:
                 with self._lock:
-                    key, freed = next(iter(self._own.items()))
+                    key = next(iter(self._own))
                 self._delete_own(key)
-            used -= freed
 
     def _delete_own(self, key: int) -> None:
         with self._lock:
-            self._own.pop(key, None)
+            self._used -= self._own.pop(key, 0)
         (self.folder / file_name(key)).unlink(missing_ok=True)
 
     def _fetch(self, key: int, slot: int) -> bool:
@@ -251,18 +254,18 @@ class DiskStore:
         started = time.perf_counter()
         try:
             payload = read_payload(path, key, self.payload_bytes)
+            data = torch.frombuffer(payload, dtype=torch.uint8)
+            at = 0
+            for host, (_, axis) in zip(self.hosts, self.pools, strict=True):
+                target = host.select(axis, slot)
+                size = target.numel() * target.element_size()
+                target.copy_(data[at : at + size].view(target.dtype).view(target.shape))
+                at += size
         except FileNotFoundError:
             return False
-        except (OSError, BlockFileError) as problem:
+        except Exception as problem:  # a miss, whatever went wrong: never the step's end
             log.warning("prefix cache: block file %s is unusable (a miss): %s", path, problem)
             return False
-        data = torch.frombuffer(payload, dtype=torch.uint8)
-        at = 0
-        for host, (_, axis) in zip(self.hosts, self.pools, strict=True):
-            target = host.select(axis, slot)
-            size = target.numel() * target.element_size()
-            target.copy_(data[at : at + size].view(target.dtype).view(target.shape))
-            at += size
         with self._lock:
             self.read_bytes += len(payload)
             self.read_seconds += time.perf_counter() - started
@@ -295,7 +298,8 @@ class DiskStore:
                             foreign.append((stat.st_mtime, Path(folder, name), stat.st_size))
         for _, key, size in sorted(own, key=lambda item: item[0]):
             self._own[key] = size
-        self._foreign = [(path, size) for _, path, size in sorted(foreign, key=lambda f: f[0])]
+        self._foreign = deque((path, size) for _, path, size in sorted(foreign, key=lambda f: f[0]))
+        self._used = sum(self._own.values()) + sum(size for _, size in self._foreign)
         self._make_room(0)
 
 

@@ -24,6 +24,7 @@ from dgpp.engine.disk_store import DiskStore
 from dgpp.engine.disk_tier import FAILED, OK, PENDING, DiskTier
 from dgpp.engine.host_tier import DROP, FETCH, SAVE, HostTier
 from dgpp.engine.request import Request
+from dgpp.engine.server.prometheus import _tier_hits
 from dgpp.engine.tier_file import BlockFileError, file_name, read_header, read_payload, write_block
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.test_host_tier import _run, _turns
@@ -167,6 +168,12 @@ def test_after_a_restart_the_next_turn_hits_from_disk(
     assert cache.hit_tokens == cache.disk_hit_tokens == 48
     assert cache.disk_fetched_blocks == 12 and cache.disk_failed_blocks == 0
     assert cache.disk_read_bytes > 0 and second.engine.block_manager.num_used_blocks == 0
+    family = _tier_hits("m", cache)  # Prometheus: dgpp:prefix_cache_tier_hits_total by tier
+    assert {s.labels["tier"]: s.value for s in family.samples} == {
+        "device": 0,
+        "host": 0,
+        "disk": 48,
+    }
 
 
 def test_a_hybrid_models_turn_after_a_restart_hits_from_disk(

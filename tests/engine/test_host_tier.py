@@ -127,3 +127,33 @@ def test_world_of_two_equals_world_of_one_through_the_host_tier(
     knobs = {**tp.KNOBS, "kv_capacity": 160, "prefix_min_tokens": 4, "prefix_cache_host_gib": 1e-4}
     hits = tp._check_world_of_two(checkpoint, knobs, waves=(first, second, first))
     assert hits >= 2 * 36  # both prompts of the third wave, from the host tier
+
+
+def test_world_of_two_equals_world_of_one_for_a_hybrid_model_through_the_tiers(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Qwen3-Next in a world of two: each rank spills and loads its shard of the blocks and of
+    the snapshots (ops from STATES), and writes both to disk; the third wave extends the
+    first's prompts (a hit needs the snapshot at the end of the earlier prompt), whose blocks
+    and snapshots the second pushed out of the device."""
+    from tests.engine import test_tensor_parallel as tp
+
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, "Qwen3NextForCausalLM", mlp_only_layers=[1]
+    )
+    first = [list(range(300, 340)), list(range(1000, 1040))]
+    second = [list(range(2000, 2040)), list(range(3000, 3040))]
+    knobs = {
+        **tp.KNOBS,
+        **HYBRID,
+        "kv_capacity": 160,
+        "prefix_min_tokens": 4,
+        # Two device snapshots (a rank's slot is half the world-1 one): the second wave's
+        # push the first wave's out, so the third wave's hits restore them from the host tier.
+        "prefix_cache_disk_gib": 0.01,
+        "prefix_cache_dir": str(tmp_path / "prefix"),
+    }
+    third = [prompt + [7, 8, 9, 10] for prompt in first]
+    hits = tp._check_world_of_two(checkpoint, knobs, waves=(first, second, third))
+    assert hits == 2 * 40  # both prompts of the third wave, their snapshots from the host tier
+    assert len(list((tmp_path / "prefix").rglob("rank1-states/*.kv"))) >= 4
