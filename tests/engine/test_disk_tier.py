@@ -296,7 +296,9 @@ def test_world_of_two_equals_world_of_one_through_a_restart_from_disk(
     tmp_path: Path, tokenizer_dir: Path
 ) -> None:
     """Each rank writes and reads its own shard; rank 0 decides the hits with every rank's word
-    on each read. A second world, started afresh, hits the first one's files."""
+    on each read. A second world, started afresh, hits the first one's files; a third, whose
+    rank 1 lost its files, reads rank 0's well but takes none of them (a miss on any rank is a
+    miss for all: otherwise rank 1 would attend over a slot it never filled)."""
     from tests.engine import test_tensor_parallel as tp
 
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
@@ -305,6 +307,9 @@ def test_world_of_two_equals_world_of_one_through_a_restart_from_disk(
     assert tp._check_world_of_two(checkpoint, knobs, waves=(prompts,)) == 0
     assert len(list((tmp_path / "prefix").rglob("rank1/*.kv"))) >= 2 * 10
     assert tp._check_world_of_two(checkpoint, knobs, waves=(prompts,)) == 2 * 36
+    for path in (tmp_path / "prefix").rglob("rank1/*.kv"):
+        path.unlink()
+    assert tp._check_world_of_two(checkpoint, knobs, waves=(prompts,)) == 0
 
 
 def test_the_disk_tier_needs_the_host_tier() -> None:
