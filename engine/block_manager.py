@@ -7,7 +7,13 @@ from collections import deque
 
 from dgpp.engine.disk_tier import DiskTier
 from dgpp.engine.host_tier import Copy, HostTier
-from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, PrefixCache, block_hashes
+from dgpp.engine.prefix_cache import (
+    BlockTokens,
+    HashPrefixCache,
+    NullPrefixCache,
+    PrefixCache,
+    block_hashes,
+)
 from dgpp.engine.request import Request
 from dgpp.engine.snapshot_tiers import SnapshotTiers
 from dgpp.engine.state_snapshots import StateBook
@@ -131,16 +137,7 @@ class BlockManager:
         if not request.use_prefix_cache or not self.cache.enabled:
             return 0
         size = self.block_size
-        request.block_hashes = self._keys(request)
-        usable = (request.num_tokens - 1) // size
-        tokens, keys = request.token_ids, request.block_hashes
-        blocks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)]
-        found = self.cache.match(keys[:usable], blocks)
-        reach = len(found)  # and on in the host tier, which loads them back
-        while (
-            self.host is not None and reach < usable and self.host.holds(keys[reach], blocks[reach])
-        ):
-            reach += 1
+        keys, blocks, found, reach = self._lookup(request)
         if self.states is not None:  # only as deep as a snapshot of the recurrent state
             self._snapshot_branch(request, reach * size)
             snapshot = self._find_snapshot(keys[:reach])
@@ -149,7 +146,9 @@ class BlockManager:
         found = found[:reach]
         for block in found:
             self.pool.acquire(block)
-        loaded = self._load_from_host(request, len(found), reach) if self.host is not None else []
+        loaded = []
+        if self.host is not None:
+            loaded = self._load_from_host(request, blocks, len(found), reach)
         table = [*found, *(block for block, _ in loaded)]
         if self.states is not None and len(table) < reach:  # the pool ran short: a miss
             self.pool.release(table)
@@ -160,6 +159,22 @@ class BlockManager:
         request.num_host_tokens = len(loaded) * size
         request.num_disk_tokens = sum(from_disk for _, from_disk in loaded) * size
         return request.num_computed_tokens
+
+    def _lookup(self, request: Request) -> tuple[list[int], list[BlockTokens], list[int], int]:
+        """The request's block keys and tokens (its usable full blocks: the last known token is
+        always recomputed), the device blocks of its longest cached prefix, and how many blocks
+        deep the prefix reaches with those the host tier holds after them."""
+        size = self.block_size
+        request.block_hashes = keys = self._keys(request)
+        usable = (request.num_tokens - 1) // size
+        tokens = request.token_ids
+        blocks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)]
+        found = self.cache.match(keys[:usable], blocks)
+        reach = len(found)
+        host = self.host
+        while host is not None and reach < usable and host.holds(keys[reach], blocks[reach]):
+            reach += 1
+        return keys, blocks, found, reach
 
     def _find_snapshot(self, keys: list[int]) -> tuple[int, int] | None:
         assert self.states is not None
@@ -173,17 +188,10 @@ class BlockManager:
         of fetches."""
         if self.disk is None or not request.use_prefix_cache or request.block_table:
             return 0
-        assert self.host is not None
-        size, tokens = self.block_size, request.token_ids
-        request.block_hashes = self._keys(request)
-        usable = (request.num_tokens - 1) // size
-        blocks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(usable)]
-        start = len(self.cache.match(request.block_hashes[:usable], blocks))
-        while start < usable and self.host.holds(request.block_hashes[start], blocks[start]):
-            start += 1
+        keys, blocks, _, start = self._lookup(request)
         count = self.disk.prefetch(request, blocks, start)
         if self.snapshot_tiers is not None and start + count:  # and a snapshot that deep
-            count += self.snapshot_tiers.prefetch(request, request.block_hashes[: start + count])
+            count += self.snapshot_tiers.prefetch(request, keys[: start + count])
         return count
 
     @property
@@ -196,19 +204,19 @@ class BlockManager:
         if self.disk is not None and states:
             self.disk.settle(states)
 
-    def _load_from_host(self, request: Request, start: int, stop: int) -> list[tuple[int, bool]]:
-        """The request's blocks `start .. stop` that the host tier holds, in order until the first
-        it does not: each copied into a fresh device block (evicting, and so spilling, another
-        when the free list is empty) and cached on the device again: (block, whether a fetch
-        from disk had filled its host slot)."""
+    def _load_from_host(
+        self, request: Request, blocks: list[BlockTokens], start: int, stop: int
+    ) -> list[tuple[int, bool]]:
+        """The request's blocks `start .. stop` (tokens `blocks[i]`) that the host tier holds,
+        in order until the first it does not: each copied into a fresh device block (evicting,
+        and so spilling, another when the free list is empty) and cached on the device again:
+        (block, whether a fetch from disk had filled its host slot)."""
         assert self.host is not None
-        size, tokens, loaded = self.block_size, request.token_ids, []
-        chunks = [tuple(tokens[i * size : (i + 1) * size]) for i in range(start, stop)]
+        keys, loaded = request.block_hashes, []
         for index in range(stop - 1, start - 1, -1):  # all the newest: no spill below reuses one
-            self.host.find(request.block_hashes[index], chunks[index - start])
+            self.host.find(keys[index], blocks[index])
         for index in range(start, stop):
-            key = request.block_hashes[index]
-            block_tokens = chunks[index - start]
+            key, block_tokens = keys[index], blocks[index]
             slot = self.host.find(key, block_tokens)
             if slot is None or self.pool.num_free_blocks == 0:
                 break

@@ -9,10 +9,11 @@ reads its files' headers back into this index and an agent's next turn hits. The
 
 A new request's blocks past those the device and the host tier hold are looked up here when it
 arrives: each block found gets a reserved host slot and a `FETCH` (every rank reads its file
-there, in the background), and the request waits, out of the step, until every fetch of its has
-been settled. Settling takes every rank's word (`dgpp.engine.cache_tiers.poll`): a block read
-and checked on every rank becomes a host-tier block (the request's admission loads it like any
-other), one missing, truncated or corrupt on any rank is a miss, and its files are dropped.
+there, in the background), and the request waits, out of the step, until every fetch of its
+has been settled. Settling takes every rank's word (`dgpp.engine.disk_store.agreed_states`): a
+block read and checked on every rank becomes a host-tier block (the request's admission loads
+it like any other), one missing, truncated or corrupt on any rank is a miss, and its files are
+dropped.
 """
 
 from __future__ import annotations

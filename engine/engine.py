@@ -254,7 +254,8 @@ class LLMEngine:
             self._run_tiers()
             return outputs
         message = self.runner.message(plan)  # ids, new tokens, block-table changes
-        message = replace(message, poll=self.block_manager.num_fetching)
+        if self.block_manager.num_fetching:  # every rank reports on the reads from disk
+            message = replace(message, poll=self.block_manager.num_fetching)
         if self.control is not None:
             self.control.send(Command.STEP, message)  # every rank, same forward
         started = time.perf_counter()
