@@ -232,6 +232,12 @@ class EngineConfig:
         ge=0,
         le=512,
     )
+    native_decode: bool = knob(
+        True,
+        "CPU decode steps of the plain Llama-family decoder run every layer in one native call "
+        "(kernels/cpu/decoder_step.cpp); off: the PyTorch layer path, for comparison",
+        label="Native CPU decode",
+    )
     mlock: bool = knob(
         False,
         "pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from dgpp.engine import native_decode
 from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow, StepMetadata
 from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.background_packing import BackgroundPacking
@@ -106,10 +107,16 @@ class ModelRunner:
         # Rotary tables stay float32 whatever the weights' dtype.
         self.model.model.rotary.float()
         packer = select_packer(self.device, self.dtype)
+        native = config.native_decode and native_decode.applies(
+            self.model, self.device, self.dtype, parallel.tp_size, self.block_size
+        )
+        kept = set(map(id, native_decode.covered_linears(self.model))) if native else set()
+        if native:  # 16-bit checkpoints: their layers' weights read at 16-bit bandwidth
+            native_decode.narrow_weights(self.model, native_decode.sixteen_bit_dtype(model_config))
         packable = [
             module
             for module in self.model.modules()
-            if isinstance(module, PackableLinear | ParallelLMHead)
+            if isinstance(module, PackableLinear | ParallelLMHead) and id(module) not in kept
         ]
         for module in packable:
             if isinstance(module, PackableLinear):
@@ -154,6 +161,8 @@ class ModelRunner:
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
+        # The fused decode step over the layers and their bound caches (CPU, Llama family).
+        self.native = native_decode.NativeDecode(self.model) if native else None
         # The residual stream a layer slice left, by seq id, for the request's next slice.
         self.streams: dict[int, torch.Tensor] = {}
         self.max_model_len = max_model_len
@@ -301,6 +310,8 @@ class ModelRunner:
             prefill_softmax_fp32=fp32,
         )
         input_ids, positions = _token_inputs(message, self.device)
+        if sliced is None and self.native is not None and self.native.takes(layout):
+            return self.native.forward(input_ids, positions, layout)
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
         if sliced is None:
             # Prefix hits' snapshots, and verify rows' states at their last accepted token.

@@ -128,7 +128,10 @@ class PackableLinear(nn.Module):
             assert self.weight is not None
             y = ggml_linear_cpu(x, self.weight, self.weight_format, self.in_features)
             return y if bias is None else y + bias
-        return F.linear(x, self.weight, bias)
+        weight = self.weight
+        if weight is not None and weight.dtype != x.dtype:  # 16-bit weights of the native step
+            weight = weight.to(x.dtype)
+        return F.linear(x, weight, bias)
 
 
 class ColumnParallelLinear(PackableLinear):

@@ -21,13 +21,16 @@
 #include <vector>
 
 #include "tile_gemm.h"
+#include "vec_math.h"
 
 namespace {
 
 using dgpp_tile::load;
+using dgpp_tile::splat;
+using dgpp_tile::store;
+using dgpp_tile::vexp;
 using dgpp_tile::vec;
 using dgpp_tile::VW;
-typedef int32_t ivec __attribute__((vector_size(VW * sizeof(int32_t))));
 
 constexpr int RV_MAX = 3;              // row vectors per tile
 constexpr int ROWS = RV_MAX * VW;      // 48 rows with AVX-512, 24 with 8-float vectors
@@ -41,30 +44,7 @@ constexpr int DB = 2;
 #endif
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
-inline vec splat(float x) { return vec{} + x; }
 
-// e^x lane by lane (Cephes' expf); arguments below -87.3 give 2^-126, callers zero those lanes.
-inline vec vexp(vec x) {
-  x = x < splat(-87.3365447f) ? splat(-87.3365447f) : x;
-  x = x > splat(88.3762626f) ? splat(88.3762626f) : x;
-  const vec fx = x * 1.44269504088896341f + 0.5f;
-  vec fn = __builtin_convertvector(__builtin_convertvector(fx, ivec), vec);
-  fn = fn > fx ? fn - 1.0f : fn;  // floor
-  x = x - fn * 0.693359375f + fn * 2.12194440e-4f;
-  const vec z = x * x;
-  vec y = splat(1.9875691500e-4f);
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * z + x + 1.0f;
-  const ivec bits = (__builtin_convertvector(fn, ivec) + 127) << 23;
-  vec scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
 
 struct Shape {
   const float* k;  // [blocks, BS, Hkv, D]

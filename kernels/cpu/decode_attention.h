@@ -1,0 +1,140 @@
+// Attention of decode rows (one query each) over the paged KV cache, read in place through the
+// block tables, float32 with a max-subtracted softmax like the PyTorch twin's
+// (`paged_attention_torch`), up to summation order and a polynomial exp (vec_math.h).
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "tile_gemm.h"
+#include "vec_math.h"
+
+namespace dgpp_decode {
+
+using dgpp_tile::vec;
+using dgpp_tile::VW;
+
+inline float dot(const float* a, const float* b, int64_t D) {
+  vec acc = vec{};
+  int64_t d = 0;
+  for (; d + VW <= D; d += VW) acc += dgpp_tile::load(a + d) * dgpp_tile::load(b + d);
+  float s = dgpp_tile::hsum(acc);
+  for (; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+struct Attention {
+  const float *q, *kc, *vc;  // q [B, H, D]; caches [blocks * block_size, H_kv, D]
+  const int64_t *table, *lens;
+  int64_t width, block_size, heads, kv_heads, D;
+  float scale;
+};
+
+// One span of a decode row's keys, p0 .. p1, for the query heads of KV head g: the unnormalized
+// sum of e^(s - top) v into acc [group, D], top and the sum of e^(s - top) into m and l [group].
+void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p1, float* acc,
+                 float* m, float* l, std::vector<float>& scores, std::vector<int64_t>& where) {
+  const int64_t group = a.heads / a.kv_heads, ld = a.kv_heads * a.D, D = a.D, n = p1 - p0;
+  const int64_t padded = (n + VW - 1) / VW * VW;
+  const int64_t* table = a.table + b * a.width;
+  const float* qg = a.q + (b * a.heads + g * group) * D;
+  scores.resize(group * padded);
+  // each key's row in the caches, walked block by block (no division per key)
+  std::vector<int64_t>& rows = where;
+  rows.resize(n);
+  for (int64_t p = p0, i = 0; p < p1; ++i) {
+    const int64_t block = p / a.block_size, in = p % a.block_size;
+    const int64_t take = std::min(a.block_size - in, p1 - p), base = table[block] * a.block_size + in;
+    for (int64_t j = 0; j < take; ++j) rows[i + j] = (base + j) * ld + g * D;
+    p += take;
+    i += take - 1;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = a.kc + rows[i];
+    for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot(qg + h * D, k, D) * a.scale;
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    float* s = scores.data() + h * padded;
+    const float top = *std::max_element(s, s + n);
+    vec total = vec{};
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+      const vec e = dgpp_tile::vexp(dgpp_tile::load(s + i) - top);
+      std::memcpy(s + i, &e, sizeof e);
+      total += e;
+    }
+    float rest = 0.0f;
+    for (; i < n; ++i) rest += s[i] = std::exp(s[i] - top);
+    m[h] = top;
+    l[h] = dgpp_tile::hsum(total) + rest;
+    std::fill(acc + h * D, acc + (h + 1) * D, 0.0f);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* v = a.vc + rows[i];
+    for (int64_t h = 0; h < group; ++h) {
+      float* o = acc + h * D;
+      const float w = scores[h * padded + i];
+      int64_t d = 0;
+      for (; d + VW <= D; d += VW) {
+        const vec sum = dgpp_tile::load(o + d) + w * dgpp_tile::load(v + d);
+        std::memcpy(o + d, &sum, sizeof sum);
+      }
+      for (; d < D; ++d) o[d] += w * v[d];
+    }
+  }
+}
+
+// out [B, H, D] = softmax(q k^T * scale) v for B decode rows over their cached positions,
+// float32 and max-subtracted like the twin's. Each (row, KV head) is cut into spans of keys so
+// every thread has work (a single row's few KV heads would leave threads idle); each key and
+// value is read once for its group of query heads; the spans are merged by their maxima.
+void decode_attention(const Attention& a, int64_t B, float* out) {
+  const int64_t group = a.heads / a.kv_heads, D = a.D;
+  struct Span { int64_t b, g, p0, p1, first, count; };
+  std::vector<Span> spans;
+  const int64_t want = 4 * at::get_num_threads(), pairs = B * a.kv_heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < a.kv_heads; ++g) {
+      const int64_t n = a.lens[b];
+      const int64_t cuts = std::max<int64_t>(1, std::min((want + pairs - 1) / pairs, n / 64));
+      const int64_t len = (n + cuts - 1) / cuts, first = static_cast<int64_t>(spans.size());
+      for (int64_t p0 = 0; p0 < n; p0 += len)
+        spans.push_back({b, g, p0, std::min(n, p0 + len), first, (n + len - 1) / len});
+    }
+  const int64_t S = static_cast<int64_t>(spans.size());
+  std::vector<float> acc(S * group * D), m(S * group), l(S * group);
+  at::parallel_for(0, S, 1, [&](int64_t s0, int64_t s1) {
+    std::vector<float> scores;
+    std::vector<int64_t> where;
+    for (int64_t s = s0; s < s1; ++s) {
+      const Span& sp = spans[s];
+      attend_span(a, sp.b, sp.g, sp.p0, sp.p1, acc.data() + s * group * D, m.data() + s * group,
+                  l.data() + s * group, scores, where);
+    }
+  });
+  for (const Span& sp : spans) {
+    if (sp.p0 != 0) continue;  // each (row, KV head) once, from its first span
+    for (int64_t h = 0; h < group; ++h) {
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t s = sp.first; s < sp.first + sp.count; ++s) top = std::max(top, m[s * group + h]);
+      float total = 0.0f;
+      float* o = out + (sp.b * a.heads + sp.g * group + h) * D;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t s = sp.first; s < sp.first + sp.count; ++s) {
+        const float w = std::exp(m[s * group + h] - top);
+        total += w * l[s * group + h];
+        const float* as = acc.data() + (s * group + h) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * as[d];
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] /= total;
+    }
+  }
+}
+
+}  // namespace dgpp_decode
