@@ -271,13 +271,22 @@ def test_a_warm_start_serves_at_once_and_packs_on_the_side(
     checkpoint: Path, tmp_path: Path
 ) -> None:
     """Warm weights are memory-mapped: the runner is ready before its linears are packed, serves
-    on the dense weights meanwhile, and every layer ends up packed with the same tokens."""
+    on the dense weights meanwhile, and every layer ends up packed with the same tokens (the
+    layer path's linears: the native decode step, off here, reads the mapped weights as they
+    are and packs none, below)."""
     from dgpp.engine.layers.linear import PackableLinear
+    from dgpp.engine.native_decode import covered_linears
     from dgpp.kernels.linear import select_packer
 
     cache = tmp_path / "cache"
     cold = _tokens(checkpoint, cache)
-    llm = LLM(str(checkpoint), resident_cache_dir=str(cache), **KNOBS)
+    native = LLM(str(checkpoint), resident_cache_dir=str(cache), **KNOBS)
+    if native.engine.runner.native is not None:
+        covered = covered_linears(native.engine.runner.model)
+        assert all(m.packed is None and m.weight is not None for m in covered)
+        warm = [list(out.outputs[0].token_ids) for out in native.generate(PROMPTS, GREEDY)]
+        assert warm == cold
+    llm = LLM(str(checkpoint), resident_cache_dir=str(cache), native_decode=False, **KNOBS)
     runner = llm.engine.runner
     if select_packer(runner.device, runner.dtype) is None:
         pytest.skip("no packed kernel on this CPU")
