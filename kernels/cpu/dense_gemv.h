@@ -23,7 +23,10 @@ enum Kind : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, BF16 = 30 
 
 typedef uint16_t hvec __attribute__((vector_size(VW * sizeof(uint16_t))));
 typedef uint32_t uvec __attribute__((vector_size(VW * sizeof(uint32_t))));
-#if defined(__F16C__) || defined(__aarch64__)
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__)
 typedef _Float16 fvec16 __attribute__((vector_size(VW * sizeof(_Float16))));
 #define DGPP_FLOAT16_VECTORS 1
 #endif
@@ -41,7 +44,19 @@ inline vec load_weights(const uint8_t* p) {
     std::memcpy(&v, &bits, sizeof v);
     return v;
   } else {
-#ifdef DGPP_FLOAT16_VECTORS
+#if defined(__AVX512F__)
+    static_assert(VW == 16, "16-float vectors under AVX-512");
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    vec out;
+    std::memcpy(&out, &v, sizeof out);
+    return out;
+#elif defined(__F16C__)
+    static_assert(VW == 8, "8-float vectors under AVX2");
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    vec out;
+    std::memcpy(&out, &v, sizeof out);
+    return out;
+#elif defined(DGPP_FLOAT16_VECTORS)
     fvec16 h;
     std::memcpy(&h, p, sizeof h);
     return __builtin_convertvector(h, vec);
@@ -62,13 +77,37 @@ inline float weight_at(const uint8_t* row, int64_t k) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// Rows n0 .. n1 of y [MB, ldy] = x [MB, K] W^T for dense W (row_bytes apart), MB <= 8.
+// Rows n0 .. n1 of y [MB, ldy] = x [MB, K] W^T for dense W (row_bytes apart), MB <= 8. One or
+// two rows of x take four rows of W a step: four streams from memory and four accumulation
+// chains in flight (one row at a time left float32 weights well below the memory's rate).
 template <int64_t kind, int MB>
 void dense_chunk(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0,
                  int64_t n1, float* y, int64_t ldy) {
   constexpr int64_t size = kind == F32 ? 4 : 2;
+  constexpr int RB = MB <= 2 ? 4 : 1;
   const int64_t full = K / VW * VW;
-  for (int64_t n = n0; n < n1; ++n) {
+  int64_t n = n0;
+  for (; n + RB <= n1; n += RB) {
+    vec acc[RB][MB];
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m) acc[r][m] = vec{};
+    for (int64_t k = 0; k < full; k += VW) {
+      vec xv[MB];
+      for (int m = 0; m < MB; ++m) xv[m] = dgpp_tile::load(x + m * K + k);
+      for (int r = 0; r < RB; ++r) {
+        const vec wv = load_weights<kind>(w + (n + r) * row_bytes + k * size);
+        for (int m = 0; m < MB; ++m) acc[r][m] += wv * xv[m];
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int m = 0; m < MB; ++m) {
+        float s = dgpp_tile::hsum(acc[r][m]);
+        const uint8_t* row = w + (n + r) * row_bytes;
+        for (int64_t k = full; k < K; ++k) s += weight_at<kind>(row, k) * x[m * K + k];
+        y[m * ldy + n + r] = s;
+      }
+  }
+  for (; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     vec acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = vec{};
