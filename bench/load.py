@@ -98,14 +98,20 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         "warning",
         *args.server_arg,
     ]
+    return launch(command, f"http://127.0.0.1:{port}/health", log, args.start_timeout)
+
+
+def launch(command: list[str], ready_url: str, log: Path, timeout_s: float) -> subprocess.Popen:
+    """`command` started (its output in `log`, killed with this process) and returned once
+    `ready_url` answers 200; killed, with its log's tail in the error, if it never does."""
     with log.open("wb") as sink:
         server = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
-    deadline = time.monotonic() + args.start_timeout
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and server.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            if httpx.get(ready_url, timeout=1).status_code == 200:
                 return server
         except httpx.TransportError:
             pass
@@ -113,7 +119,7 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
     server.kill()
     server.wait()
     tail = log.read_text(errors="replace")[-3000:]
-    raise RuntimeError(f"dgpp serve did not become healthy:\n{tail}")
+    raise RuntimeError(f"{Path(command[0]).name} did not become ready:\n{tail}")
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:

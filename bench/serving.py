@@ -18,10 +18,8 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import torch
 
 from dgpp.appliance.default_model import install_default
@@ -29,7 +27,7 @@ from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gguf_decode import peer_python
-from load import _die_with_parent, free_port, stop_server
+from load import free_port, launch, stop_server
 
 GUIDELLM = "guidellm==0.8.1"
 # guidellm depends on torch; the CPU build keeps its environment small (a plain torch is CUDA's)
@@ -53,28 +51,10 @@ def guidellm() -> Path:
 def peer_server_python() -> Path:
     """llama-cpp-python's venv with its server's extra (the build is bench/gguf_decode.py's)."""
     python = peer_python()
-    check = [str(python), "-c", "import llama_cpp.server"]
+    check = [str(python), "-c", "import llama_cpp.server.app, uvicorn"]
     if subprocess.run(check, capture_output=True).returncode != 0:
         subprocess.run([str(python), "-m", "pip", "install", "-q", PEER_SERVER], check=True)
     return python
-
-
-def start(command: list[str], port: int, log: Path, timeout_s: float = 600) -> subprocess.Popen:
-    """`command` serving on loopback `port`, once its /v1/models answers."""
-    with log.open("wb") as sink:
-        server = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    stop_server(server)
-    raise RuntimeError(f"{command[0]} did not serve:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def load(args: argparse.Namespace, port: int, out: Path) -> list[dict[str, float]]:
@@ -87,7 +67,8 @@ def load(args: argparse.Namespace, port: int, out: Path) -> list[dict[str, float
         str(guidellm()),
         "run",
         "--backend",
-        f"kind=openai_http,target=http://127.0.0.1:{port},request_format=/v1/completions",
+        f"kind=openai_http,target=http://127.0.0.1:{port},request_format=/v1/completions,"
+        "validate_backend=false",  # its check is GET /health, which llama.cpp's server lacks
         "--profile",
         "kind=concurrent",
         "--override",
@@ -168,7 +149,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name, command in servers.items():
             port = free_port()
-            server = start([*command, "--port", str(port)], port, Path(scratch) / f"{name}.log")
+            log, url = Path(scratch) / f"{name}.log", f"http://127.0.0.1:{port}/v1/models"
+            server = launch([*command, "--port", str(port)], url, log, 600)
             try:
                 results[name] = load(args, port, Path(scratch) / f"{name}.json")
             finally:

@@ -27,6 +27,7 @@
 #include "decode_attention.h"
 #include "dense_gemv.h"
 #include "ggml_gemv.h"
+#include "rms_norm_row.h"
 #include "tile_gemm.h"
 
 namespace {
@@ -120,14 +121,7 @@ struct Layer {
   torch::Tensor key_cache, value_cache;  // [blocks, block_size, H_kv, D]
 };
 
-void rms_norm_row(const float* x, const float* w, float* y, int64_t K, float eps) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t k = 0; k < K; ++k) s += x[k] * x[k];
-  const float inv = 1.0f / std::sqrt(s / static_cast<float>(K) + eps);
-#pragma omp simd
-  for (int64_t k = 0; k < K; ++k) y[k] = w[k] * (x[k] * inv);
-}
+using dgpp_norm::rms_norm_row;
 
 // x * cos + roll(x, D / 2) * signed sin, in place (the rotate-half layout).
 void rotate(float* x, const float* cos, const float* sin, int64_t D) {

@@ -9,20 +9,13 @@
 #include <cstdint>
 #include <tuple>
 
+#include "rms_norm_row.h"
+
 namespace {
 
 void normalize_rows(const float* x, const float* w, float* y, int64_t rows, int64_t K, float eps) {
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * K;
-      float* yr = y + r * K;
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t k = 0; k < K; ++k) s += xr[k] * xr[k];
-      const float inv = 1.0f / std::sqrt(s / static_cast<float>(K) + eps);
-#pragma omp simd
-      for (int64_t k = 0; k < K; ++k) yr[k] = w[k] * (xr[k] * inv);
-    }
+    for (int64_t r = r0; r < r1; ++r) dgpp_norm::rms_norm_row(x + r * K, w, y + r * K, K, eps);
   });
 }
 
