@@ -29,9 +29,9 @@ constexpr int MR = 3;  // 12 accumulators of 16 AVX2 registers (or 32 NEON ones,
 #endif
 constexpr int NR = 4;  // rows of W per tile
 // From how many rows of x the tile GEMM beats decoding blocks in registers once per 8 rows
-// (bench/ggml_linear.py on this project's 2-core Xeon: 16 with AVX2 alone, and 16 with AVX-512
-// since the 16-float block decoder of ggml_gemv.h, which is 1.6-1.8x the tile GEMM at 8 rows and
-// even with it at 16).
+// (this project's 2-core Xeon: 16 with AVX2 alone, bench/ggml_linear.py; 16 with AVX-512 too
+// since the 16-float block decoder of ggml_gemv.h, which measured 1.6-1.8x the tile GEMM at 8
+// rows and even with it at 16 in a scratch A/B of both builds in one process, stop 57).
 constexpr int64_t FROM_ROWS = 16;
 
 typedef float vec __attribute__((vector_size(VW * sizeof(float))));

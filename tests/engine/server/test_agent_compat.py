@@ -189,7 +189,10 @@ def test_anthropic_max_tokens_beyond_the_context_is_clamped(http: httpx.Client) 
     usage = answer["usage"]
     total = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["output_tokens"]
     assert total <= MAX_MODEL_LEN
-    assert answer["stop_reason"] == ("max_tokens" if total == MAX_MODEL_LEN else "end_turn")
+    if total < MAX_MODEL_LEN:  # it ended its turn before the limit
+        assert answer["stop_reason"] == "end_turn"
+    else:  # clamped at the limit, or its end of turn was the last token that fit
+        assert answer["stop_reason"] in ("max_tokens", "end_turn")
 
 
 def test_rejecting_policy_refuses_what_does_not_fit(
