@@ -286,7 +286,9 @@ class DecoderStep {
       at::parallel_for(0, L.N, 64, [&](int64_t n0, int64_t n1) { epilogue(n0, n1); });
       return;
     }
-    if (L.ggml()) dgpp_ggml::block_sums(x, B, L.K, xsum);
+#ifdef DGPP_AVX2
+    if (dgpp_ggml::USES_BLOCK_SUMS && L.ggml()) dgpp_ggml::block_sums(x, B, L.K, xsum);
+#endif
     at::parallel_for(0, L.N, 16, [&](int64_t n0, int64_t n1) {
       L.rows(x, B, xsum, n0, n1, y, L.N);
       epilogue(n0, n1);
@@ -309,7 +311,9 @@ class DecoderStep {
       at::parallel_for(0, I, 64, finish);
       return;
     }
-    if (L.ggml()) dgpp_ggml::block_sums(x, B, L.K, xsum);
+#ifdef DGPP_AVX2
+    if (dgpp_ggml::USES_BLOCK_SUMS && L.ggml()) dgpp_ggml::block_sums(x, B, L.K, xsum);
+#endif
     at::parallel_for(0, I, 16, [&](int64_t n0, int64_t n1) {
       L.rows(x, B, xsum, n0, n1, y, L.N);
       L.rows(x, B, xsum, I + n0, I + n1, y, L.N);

@@ -248,8 +248,10 @@ void gemv_chunk_wide(const float* x, int64_t K, const uint8_t* w, int64_t row_by
   }
 }
 #define DGPP_GEMV_CHUNK(MB) gemv_chunk_wide<MB>(xc, K, w, row_bytes, format, n0, n1, yc, N)
+constexpr bool USES_BLOCK_SUMS = false;  // the 16-float path folds each block's offset in
 #else
 #define DGPP_GEMV_CHUNK(MB) gemv_chunk_avx2<MB>(xc, K, w, row_bytes, format, ts, n0, n1, yc, N, sc)
+constexpr bool USES_BLOCK_SUMS = true;  // whether gemv_rows_avx2 reads x's block sums
 #endif
 
 // Rows n0 .. n1 of y for any M: the rows of x in chunks of up to 8.

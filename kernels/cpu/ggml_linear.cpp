@@ -52,9 +52,9 @@ torch::Tensor ggml_linear(torch::Tensor x, torch::Tensor w, int64_t format, int6
   if (M < gemm_rows) {
 #ifdef DGPP_AVX2
     {
-      // Per-block sums of x, for the offset term.
-      std::vector<float> xsum(M * (K / QK));
-      block_sums(xp, M, K, xsum.data());
+      // Per-block sums of x, for the 8-float path's offset term.
+      std::vector<float> xsum(USES_BLOCK_SUMS ? M * (K / QK) : 0);
+      if (USES_BLOCK_SUMS) block_sums(xp, M, K, xsum.data());
       at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
         gemv_rows_avx2(xp, M, K, wp, row_bytes, format, ts, n0, n1, yp, N, xsum.data());
       });
