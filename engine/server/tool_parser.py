@@ -7,9 +7,10 @@ formats of Hermes/Qwen and Llama 3 models:
 - Hermes/Qwen tags: `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`, any number of
   them, after optional content. A block becomes a call once its closing tag arrives and its body is
   a JSON object with a non-empty string "name" and "arguments" (or "parameters") that is an object
-  or a string (absent means `{}`). Anything else — bad JSON, no name, an unclosed block at the end
-  — comes out unchanged as content. Whitespace right after a call (the newlines between calls) is
-  dropped.
+  or a string (absent means `{}`). A closing tag inside one of that object's strings (a path or a
+  shell command may hold one) does not close the block. Anything else — bad JSON, no name, an
+  unclosed block at the end — comes out unchanged as content. Whitespace right after a call (the
+  newlines between calls) is dropped.
 - Llama 3 JSON: when the content, after leading whitespace, starts with "{", all of it is held until
   `finish`, which turns it into calls if it is one or more `{"name": ..., "parameters": {...}}`
   objects (or "arguments") separated by ";", and returns it unchanged as content otherwise. A JSON
@@ -144,6 +145,22 @@ def _llama_calls(text: str) -> list[tuple[str, str]] | None:
     return calls or None
 
 
+def inside_json_string(text: str) -> bool:
+    """True when `text` starts a JSON value (after spaces) and ends inside one of its strings."""
+    start = _WHITESPACE.match(text).end()
+    if not text.startswith(("{", "["), start):
+        return False
+    inside = escaped = False
+    for char in text[start:]:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside
+
+
 def first_tag(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
     """`(offset, tag)` of the tag that occurs first in `text` (the longest on a tie); -1 if none."""
     best, found = -1, ""
@@ -258,6 +275,9 @@ class ToolCallParser:
             self._scan_from = max(0, len(self._buffer) - len(self._close) + 1)
             return False
         body = self._buffer[:at]
+        if inside_json_string(body):
+            self._scan_from = at + 1  # the tag is text inside an argument: the block goes on
+            return True
         self._buffer = self._buffer[at + len(self._close) :]
         self._mode = _Mode.TEXT
         found = self._decode(body)

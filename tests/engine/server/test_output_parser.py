@@ -112,6 +112,12 @@ CASES = [
     Case(
         "unicode-arguments", block("f", '{"city": "Zürich"}'), calls=(("f", '{"city": "Zürich"}'),)
     ),
+    Case(
+        "closing-tag-inside-an-argument",
+        block("ls", '{"path": "a}}</tool_call>\\"</tool_call>"}') + "\nok",
+        content="ok",
+        calls=(("ls", '{"path": "a}}</tool_call>\\"</tool_call>"}'),),
+    ),
     Case("invalid-json-block", f"Hi {BAD_BLOCK} bye", content=f"Hi {BAD_BLOCK} bye"),
     Case("block-without-name", block("", "{}"), content=block("", "{}")),
     Case(
