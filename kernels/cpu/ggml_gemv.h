@@ -196,9 +196,15 @@ inline void block_weights_avx512(const uint8_t* block, __m512& lo, __m512& hi) {
   hi = _mm512_fmadd_ps(d, hi, offset);
 }
 
+// How far ahead of the block being decoded its weights are fetched into L1: the hardware
+// prefetcher alone left one core at 4.4 GB/s on the default model's products with one row of x;
+// 2 KiB ahead runs them 1.25-1.4x faster (one thread, weights beyond L2; 256 B gave nothing).
+constexpr int64_t PREFETCH = 2048;
+
 // gemv_chunk_avx2 with 16-float vectors and the format a constant: each block's weights are
 // decoded once (as the dequantizer computes them) and meet every row of x in two FMAs; one or two
-// rows take two blocks a step, so enough accumulation chains are in flight.
+// rows take two blocks a step, so enough accumulation chains are in flight; the weights 2 KiB
+// ahead are prefetched.
 template <int64_t FMT, int MB>
 void gemv_chunk_avx512(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0,
                        int64_t n1, float* y, int64_t N) {
@@ -214,6 +220,7 @@ void gemv_chunk_avx512(const float* x, int64_t K, const uint8_t* w, int64_t row_
     for (; b + U <= nb; b += U)
       for (int u = 0; u < U; ++u) {
         __m512 lo, hi;
+        _mm_prefetch(reinterpret_cast<const char*>(row + (b + u) * ts + PREFETCH), _MM_HINT_T0);
         block_weights_avx512<FMT>(row + (b + u) * ts, lo, hi);
         for (int m = 0; m < MB; ++m) {
           const float* xb = x + m * K + (b + u) * QK;
