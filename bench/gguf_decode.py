@@ -6,8 +6,10 @@ and llama.cpp alternating, the median of `--rounds` (3) runs of each:
     python bench/gguf_decode.py [--rounds N] [--formats Q4_1,Q8_0,F16,F32] [--threads N]
 
 Measured: greedy decode of 128 tokens after the same chat prompt (token ids, after an 8-token
-warm-up), a 1,000-token prefill, dgpp's aggregate decode of 8 concurrent requests (64 tokens
-each; llama-cpp-python decodes one sequence at a time, so its single stream is its aggregate),
+warm-up; the rate of the tokens after the first, the prompt's prefill left out on both sides), a
+1,000-token prefill, dgpp's aggregate decode of 8 concurrent requests (64 tokens each, the same
+way; and end to end, their eight 38-token prefills included; llama-cpp-python decodes one
+sequence at a time, so its single stream is its aggregate),
 and the resident set after all of them; dgpp also reports where its decode step's time went at
 batch 1 and 8 (the native step's per-phase clock, `phase_seconds`). llama.cpp is
 llama-cpp-python 0.3.36, built from source once (about 7 minutes on 2 cores) into a virtual
@@ -81,19 +83,29 @@ def _profile(llm: LLM, steps: int) -> list[float] | None:
     return [seconds / steps * 1e3 for seconds in native.step.phase_seconds()]
 
 
+def decode_rate(outs: list) -> float:
+    """Tokens per second after each request's first token, the prompt's prefill left out (as
+    the peer's timing starts after its prompt is evaluated): every token but the first, over the
+    time from the last first token to the last finish."""
+    first = max(out.timings.first_token for out in outs)
+    finished = max(out.timings.finished for out in outs)
+    tokens = sum(len(out.outputs[0].token_ids) - 1 for out in outs)
+    return tokens / (finished - first)
+
+
 def measure(model: str, prompt: list[int], prefill: list[int]) -> dict[str, object]:
     llm = LLM(model, kv_capacity=2048)
     llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     _profile(llm, 1)
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    started = time.perf_counter()
     out = llm.generate([prompt], params)[0]
-    decode = 128 / (time.perf_counter() - started)
+    decode = decode_rate([out])
     profile_1 = _profile(llm, 127)
     batch = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     started = time.perf_counter()
-    llm.generate([prompt] * 8, batch)
-    aggregate = 8 * 64 / (time.perf_counter() - started)
+    outs = llm.generate([prompt] * 8, batch)
+    end_to_end = 8 * 64 / (time.perf_counter() - started)
+    aggregate = decode_rate(outs)
     profile_8 = _profile(llm, 63)
     started = time.perf_counter()
     llm.generate([prefill], SamplingParams(temperature=0, max_tokens=1))
@@ -103,6 +115,7 @@ def measure(model: str, prompt: list[int], prefill: list[int]) -> dict[str, obje
         "decode": decode,
         "prefill": rate,
         "aggregate": aggregate,
+        "end_to_end": end_to_end,
         "rss": rss,
         "text": out.outputs[0].text[:60],
         "profile": [profile_1, profile_8],
@@ -153,10 +166,10 @@ def report(results: dict, args: argparse.Namespace, prompt_tokens: int) -> None:
     print(f"{args.threads} threads, {prompt_tokens}-token prompt, median of {args.rounds} runs")
     print(
         "| file | dgpp decode | llama.cpp decode | ratio | dgpp prefill 1,000 | llama.cpp "
-        "prefill | ratio | dgpp 8 concurrent | / dgpp single | / llama.cpp | dgpp RSS | "
-        "llama.cpp RSS |"
+        "prefill | ratio | dgpp 8 concurrent | / dgpp single | / llama.cpp | 8 end to end | "
+        "dgpp RSS | llama.cpp RSS |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for fmt, sides in results.items():
         ours, peer = sides["dgpp"], sides["llama.cpp"]
         decode, peer_decode = median(ours, "decode"), median(peer, "decode")
@@ -167,6 +180,7 @@ def report(results: dict, args: argparse.Namespace, prompt_tokens: int) -> None:
             f" | **{decode / peer_decode:.2f}x**"
             f" | {prefill:.0f} tok/s | {peer_prefill:.0f} tok/s | {prefill / peer_prefill:.2f}x"
             f" | {aggregate:.1f} tok/s | {aggregate / decode:.2f}x | {aggregate / peer_decode:.2f}x"
+            f" | {median(ours, 'end_to_end'):.1f} tok/s"
             f" | {median(ours, 'rss'):.0f} MiB | {median(peer, 'rss'):.0f} MiB |"
         )
     print("\nfirst words (last run): ")

@@ -2,6 +2,7 @@
 transformers `from_pretrained` + first token, each as a fresh process on the same checkpoint.
 
     .venv/bin/python bench/startup.py [--models default,llama-1.5b] [--repeats 2] [--threads 2]
+        [--serve-args "--no-native-decode"]
 
 `ready` is process start to `/health` 200; `first token` adds one greedy completion token through
 HTTP. The transformers figure is process start to its first generated token. The ~1.5B model is a
@@ -14,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -44,12 +47,15 @@ LLAMA_15B = {
     "hidden_act": "silu",
 }
 
+# The default install is a GGUF file beside its tokenizer: transformers reads it with `gguf_file`.
 HF_SCRIPT = """
-import sys, time, torch
+import os, sys, time, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 torch.set_num_threads(int(sys.argv[2]))
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+gguf = "model.gguf" if os.path.isfile(os.path.join(sys.argv[1], "model.gguf")) else None
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, gguf_file=gguf)
+model.eval()
 ids = tokenizer("Hello", return_tensors="pt").input_ids
 with torch.inference_mode():
     model.generate(ids, max_new_tokens=1, do_sample=False)
@@ -124,13 +130,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def dgpp_start(checkpoint: Path, resident: Path, threads: int) -> tuple[float, float, str]:
+def dgpp_start(
+    checkpoint: Path, resident: Path, threads: int, extra: Sequence[str] = ()
+) -> tuple[float, float, str]:
     """(ready s, first token s, the ready log line) of one `dgpp serve` process."""
     port = free_port()
     env = {**os.environ, "DGPP_RESIDENT_DIR": str(resident)}
     command = [sys.executable, "-m", "dgpp.appliance.cli", "serve", "--model", str(checkpoint)]
     command += ["--port", str(port), "--kv-capacity", "4096", "--threads", str(threads)]
-    command += ["--served-model-name", "m"]
+    command += ["--served-model-name", "m", *extra]
     with tempfile.TemporaryFile() as log:
         started = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -169,14 +177,16 @@ def hf_start(checkpoint: Path, threads: int) -> float:
     return time.perf_counter() - started
 
 
-def bench(name: str, checkpoint: Path, repeats: int, threads: int) -> None:
+def bench(
+    name: str, checkpoint: Path, repeats: int, threads: int, extra: Sequence[str] = ()
+) -> None:
     print(f"\n## {name}: {checkpoint}")
     colds, warms = [], []
     for _ in range(repeats):
         resident = Path(tempfile.mkdtemp(prefix="dgpp-resident-"))
         try:
-            colds.append(dgpp_start(checkpoint, resident, threads))
-            warms.append(dgpp_start(checkpoint, resident, threads))
+            colds.append(dgpp_start(checkpoint, resident, threads, extra))
+            warms.append(dgpp_start(checkpoint, resident, threads, extra))
         finally:
             shutil.rmtree(resident, ignore_errors=True)
     cold, warm = min(colds), min(warms)
@@ -195,6 +205,7 @@ def main() -> None:
     parser.add_argument("--models", default="default,llama-1.5b")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--serve-args", default="", help="more `dgpp serve` options, one string")
     args = parser.parse_args()
     from dgpp.appliance.default_model import install_default
 
@@ -206,7 +217,7 @@ def main() -> None:
             checkpoint = write_llama_15b(BENCH_CACHE / "llama-1.5b", default)
         else:
             checkpoint = Path(name)
-        bench(name, checkpoint, args.repeats, args.threads)
+        bench(name, checkpoint, args.repeats, args.threads, shlex.split(args.serve_args))
 
 
 if __name__ == "__main__":
