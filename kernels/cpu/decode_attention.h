@@ -29,6 +29,11 @@ inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
+// How many positions ahead of the one being scored its keys and values are prefetched: a decode
+// row's positions sit in scattered blocks that the weights streamed since the last step have
+// pushed out of L2.
+constexpr int64_t AHEAD = 4;
+
 struct Attention {
   const float *q, *kc, *vc;  // q [B, H, D]; caches [blocks * block_size, H_kv, D]
   const int64_t *table, *lens;
@@ -56,6 +61,12 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
     i += take - 1;
   }
   for (int64_t i = 0; i < n; ++i) {
+    if (i + AHEAD < n) {  // the keys a few positions on, and their values for the second pass
+      for (int64_t d = 0; d < D; d += 16) {
+        __builtin_prefetch(a.kc + rows[i + AHEAD] + d);
+        __builtin_prefetch(a.vc + rows[i + AHEAD] + d);
+      }
+    }
     const float* k = a.kc + rows[i];
     for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot(qg + h * D, k, D) * a.scale;
   }
