@@ -6,7 +6,8 @@ in a directory and under a module name that carry a hash of the source, the head
 path and the torch version: an edited source or header, or another torch, never loads a stale
 build, and each checkout keeps its own.
 `-march=native` because the build is for this machine only (the cache is per machine); OpenMP
-for ATen's parallel_for.
+for ATen's parallel_for. `PORTABLE_FLAGS` build the code paths a CPU without AVX2 takes (the
+baseline instruction set: SSE2 on x86-64, NEON on Arm), which the tests check on this machine.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ import torch
 from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 FLAGS = ("-O3", "-march=native", "-fopenmp")
+PORTABLE_FLAGS = ("-O3", "-fopenmp")
 
 
 def load_cpu_extension(
-    source: Path, tag: str, what: str, log: logging.Logger, fallback: str
+    source: Path,
+    tag: str,
+    what: str,
+    log: logging.Logger,
+    fallback: str,
+    flags: tuple[str, ...] = FLAGS,
 ) -> ModuleType | None:
     """`source` built and imported as `dgpp_<tag>_<digest>`; None, with one warning on `log`
     ("<what> unavailable (<error>); <fallback>"), when it cannot be built. Callers cache it."""
@@ -36,6 +43,8 @@ def load_cpu_extension(
     # the headers beside the source are part of it: an edited header rebuilds too
     parts = [source, *sorted(source.parent.glob("*.h"))]
     content = b"".join(part.read_bytes() for part in parts) + torch.__version__.encode()
+    if flags != FLAGS:  # another build of the same source
+        content += " ".join(flags).encode()
     # and where it lives: PyTorch's builder rebuilds when a build directory's sources move, so
     # two checkouts sharing one directory would rebuild each other's kernel at every switch
     content += str(source.resolve()).encode()
@@ -46,7 +55,7 @@ def load_cpu_extension(
         return load(
             name=f"dgpp_{tag}_{digest}",
             sources=[str(source)],
-            extra_cflags=list(FLAGS),
+            extra_cflags=list(flags),
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             verbose=False,

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from dgpp.kernels.cpu_build import load_cpu_extension
+from dgpp.kernels.cpu_build import PORTABLE_FLAGS, load_cpu_extension
 from dgpp.kernels.ggml_blocks import FORMATS
 
 SOURCE = Path(__file__).with_name("cpu") / "decoder_step.cpp"
@@ -32,6 +32,15 @@ def cpu_extension() -> ModuleType | None:
     """The compiled step, built on first use; None (logged once) when it cannot be."""
     return load_cpu_extension(
         SOURCE, "step", "fused CPU decode step", log, "decode runs the PyTorch layer path"
+    )
+
+
+@cache
+def portable_extension() -> ModuleType | None:
+    """The step built for the baseline instruction set: the paths a CPU without AVX2 runs (Arm's
+    are these with NEON vectors), for the tests to hold against the twin on any machine."""
+    return load_cpu_extension(
+        SOURCE, "step_portable", "portable CPU decode step", log, "none", PORTABLE_FLAGS
     )
 
 
