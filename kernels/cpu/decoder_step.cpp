@@ -329,8 +329,10 @@ class DecoderStep {
   std::array<double, PHASES> seconds_{};
 };
 
+// module_local: another build of this source in the same process (the portable build the tests
+// load beside it, or a checkout's rebuilt kernel) registers its own DecoderStep, not a clash.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  pybind11::class_<DecoderStep>(m, "DecoderStep")
+  pybind11::class_<DecoderStep>(m, "DecoderStep", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &DecoderStep::add_layer)
       .def("forward", &DecoderStep::forward)
