@@ -37,3 +37,16 @@ def max_logit_difference(
     for position, logits in teacher_forced_logits(llm.engine, prompt, continuation):
         worst = max(worst, (logits[:vocab] - reference[position]).abs().max().item())
     return worst
+
+
+def engines_logit_difference(
+    one: LLM, other: LLM, prompt: list[int], continuation: list[int]
+) -> float:
+    """The largest difference between two dgpp engines' logits at every position while
+    `prompt + continuation` is teacher-forced through each (same weights, two paths)."""
+    pairs = zip(
+        teacher_forced_logits(one.engine, prompt, continuation),
+        teacher_forced_logits(other.engine, prompt, continuation),
+        strict=True,
+    )
+    return max((a[1] - b[1]).abs().max().item() for a, b in pairs)

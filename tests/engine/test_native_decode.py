@@ -15,9 +15,9 @@ import torch
 
 from dgpp.engine import LLM, SamplingParams, native_decode
 from dgpp.engine.backends.base import BatchLayout, BatchRow
-from dgpp.engine.teacher_force import teacher_forced_logits
 from dgpp.kernels import decoder_step_cpu
 from tests.conftest import build_tiny_checkpoint
+from tests.engine.parity import engines_logit_difference
 
 pytestmark = pytest.mark.skipif(
     decoder_step_cpu.cpu_extension() is None, reason="no C++ toolchain for the native step"
@@ -56,12 +56,7 @@ def test_native_step_equals_the_layer_path(
         want = [o.outputs[0].token_ids for o in twin.generate(batch, params)]
         assert got == want, f"a batch of {len(batch)}"
     prompt, forced = prompts[-1], prompts[7][:12]
-    pairs = zip(
-        teacher_forced_logits(native.engine, prompt, forced),
-        teacher_forced_logits(twin.engine, prompt, forced),
-        strict=True,
-    )
-    worst = max((a[1] - b[1]).abs().max().item() for a, b in pairs)
+    worst = engines_logit_difference(native, twin, prompt, forced)
     assert worst < 1e-4, worst
     assert native.engine.block_manager.num_used_blocks == 0
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.teacher_force import teacher_forced_logits
 from dgpp.kernels import decoder_step_cpu
 from tests.conftest import tiny_model
+from tests.engine.parity import engines_logit_difference
 from tests.engine.quant.gguf_build import write_gguf
 
 PROMPTS = [[1, 504, 3458, 314, 253, 2018, 28], list(range(600, 640)), [7]]
@@ -57,10 +57,5 @@ def test_the_portable_step_equals_the_layer_path(
     got = [o.outputs[0].token_ids for o in native.generate(PROMPTS, params)]
     assert got == [o.outputs[0].token_ids for o in twin.generate(PROMPTS, params)]
     prompt, forced = PROMPTS[1], PROMPTS[0]
-    pairs = zip(
-        teacher_forced_logits(native.engine, prompt, forced),
-        teacher_forced_logits(twin.engine, prompt, forced),
-        strict=True,
-    )
-    worst = max((a[1] - b[1]).abs().max().item() for a, b in pairs)
+    worst = engines_logit_difference(native, twin, prompt, forced)
     assert worst < 1e-4, worst
