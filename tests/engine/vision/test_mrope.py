@@ -1,0 +1,89 @@
+"""M-RoPE positions and angles against transformers' Qwen3-VL (`get_rope_index` and its text
+rotary embedding) for prompts that mix text and images of different grids."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dgpp.engine.vision.mrope import IMAGE, TEXT, mrope_angles, mrope_positions
+
+MERGE = 2
+
+
+def _prompt(parts: list[object]) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Token types for parts that are text lengths (int) or image grids (tuple)."""
+    types: list[int] = []
+    grids = []
+    for part in parts:
+        if isinstance(part, int):
+            types += [TEXT] * part
+        else:
+            grids.append(part)
+            t, h, w = part
+            types += [IMAGE] * (t * (h // MERGE) * (w // MERGE))
+    return types, grids
+
+
+def _reference(types: list[int], grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, int]:
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    owner = SimpleNamespace(
+        config=SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=MERGE)),
+        get_vision_position_ids=lambda *a, **k: Qwen3VLModel.get_vision_position_ids(None, *a, **k),
+    )
+    ids = torch.zeros(1, len(types), dtype=torch.long)
+    positions, deltas = Qwen3VLModel.get_rope_index(
+        owner, ids, torch.tensor([types]), image_grid_thw=torch.tensor(grids) if grids else None
+    )
+    return positions[:, 0], int(deltas[0, 0])
+
+
+PROMPTS = [
+    [7],
+    [3, (1, 4, 6), 5],
+    [2, (1, 8, 4), 4, (1, 4, 4), 1],
+    [(1, 6, 2), 3],
+    [4, (1, 2, 2)],
+]
+
+
+@pytest.mark.parametrize("parts", PROMPTS, ids=str)
+def test_positions_equal_transformers(parts: list[object]) -> None:
+    types, grids = _prompt(parts)
+    positions, delta = mrope_positions(types, grids, MERGE)
+    want, want_delta = _reference(types, grids)
+    assert torch.equal(positions, want)
+    assert delta == want_delta
+
+
+def test_angles_equal_transformers_rotary() -> None:
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    section = (8, 4, 4)
+    config = Qwen3VLTextConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "mrope_section": section},
+    )
+    rotary = Qwen3VLTextRotaryEmbedding(config)
+    positions, _ = mrope_positions(*_prompt([3, (1, 8, 4), 4]), MERGE)
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[:, None])
+    angles = mrope_angles(positions, rotary.inv_freq, section)
+    full = torch.cat((angles, angles), dim=-1)
+    torch.testing.assert_close(full.cos(), cos[0])
+    torch.testing.assert_close(full.sin(), sin[0])
+
+
+def test_mismatched_placeholders_are_refused() -> None:
+    types, grids = _prompt([2, (1, 4, 4), 2])
+    with pytest.raises(ValueError, match="do not match"):
+        mrope_positions(types, [(1, 8, 8)], MERGE)
+    with pytest.raises(ValueError, match="more images"):
+        mrope_positions(types, [*grids, (1, 4, 4)], MERGE)
+    with pytest.raises(ValueError, match="do not match"):
+        mrope_positions(types, [], MERGE)
