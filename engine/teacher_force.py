@@ -24,18 +24,21 @@ def teacher_forced_logits(
     request = Request("teacher-forced", list(prompt), SamplingParams(max_tokens=1), max_tokens=1)
     chunk_size = engine.config.prefill_chunk_tokens
     try:
-        with torch.inference_mode():
-            while request.num_pending_tokens:
-                num = min(request.num_pending_tokens, chunk_size)
-                assert engine.block_manager.allocate_slots(request, num)
-                chunk = ScheduledChunk(request, request.num_computed_tokens, num)
+        while request.num_pending_tokens:
+            num = min(request.num_pending_tokens, chunk_size)
+            assert engine.block_manager.allocate_slots(request, num)
+            chunk = ScheduledChunk(request, request.num_computed_tokens, num)
+            # inference mode around the step only, never across a `yield`: a generator suspended
+            # inside the block leaves the mode on in its caller, and two interleaved (zipped)
+            # generators restored it out of order, leaving it on for good
+            with torch.inference_mode():
                 logits = engine.runner.run(StepPlan((chunk,), num_decodes=int(num == 1)))
-                request.num_computed_tokens += num
-                if not chunk.is_sampling:
-                    continue
-                yield request.num_tokens - 1, logits[0].float()
-                if request.num_tokens == len(sequence):
-                    return
-                request.token_ids.append(sequence[request.num_tokens])
+            request.num_computed_tokens += num
+            if not chunk.is_sampling:
+                continue
+            yield request.num_tokens - 1, logits[0].float()
+            if request.num_tokens == len(sequence):
+                return
+            request.token_ids.append(sequence[request.num_tokens])
     finally:
         engine.block_manager.free(request)

@@ -49,4 +49,8 @@ def engines_logit_difference(
         teacher_forced_logits(other.engine, prompt, continuation),
         strict=True,
     )
-    return max((a[1] - b[1]).abs().max().item() for a, b in pairs)
+    worst = max((a[1] - b[1]).abs().max().item() for a, b in pairs)
+    # the two generators interleaved: inference mode must not outlive them (it once did, and
+    # a later test's host pool, made in it, refused in-place copies from a reader thread)
+    assert not torch.is_inference_mode_enabled()
+    return worst
