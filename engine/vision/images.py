@@ -104,21 +104,22 @@ def decode_image(data: bytes, limits: ImageLimits) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=FORMATS)
-            width, height = image.size
-            if width * height > limits.max_source_pixels:
-                raise ImageInputError(
-                    f"the image has {width}x{height} pixels, more than "
-                    f"{limits.max_source_pixels} (max_source_pixels)"
-                )
-            image.seek(0)
-            return image.convert("RGB")
     except UnidentifiedImageError:
         raise ImageInputError(
             f"the image could not be decoded (supported: {', '.join(FORMATS)})"
         ) from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        if isinstance(err, ImageInputError):
-            raise
+        raise ImageInputError(f"the image could not be decoded ({err})") from None
+    width, height = image.size  # from the header: nothing decoded yet
+    if width * height > limits.max_source_pixels:
+        raise ImageInputError(
+            f"the image has {width}x{height} pixels, more than {limits.max_source_pixels} "
+            "(max_source_pixels)"
+        )
+    try:
+        image.seek(0)
+        return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as err:  # a truncated or corrupt payload
         raise ImageInputError(f"the image could not be decoded ({err})") from None
 
 
@@ -136,11 +137,6 @@ class ImagePreparer:
             **{key: processor_config[key] for key in keys if key in processor_config}
         )
         self.quality = quality
-
-    @property
-    def pixels_per_token(self) -> int:
-        side = self.processor.patch_size * self.processor.merge_size
-        return side * side
 
     def prepare(self, image: Any, quality: ImageQuality | None = None) -> PreparedImage:
         bounds = self.quality.within(quality)

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.layers.rotary import RopeAngles, apply_rotary
+
 _ACTIVATIONS = {
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
@@ -97,12 +99,11 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=True)
         self.proj = nn.Linear(c.hidden_size, c.hidden_size, bias=True)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: RopeAngles, lengths: list[int]) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, -1).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        # rotated in float32, as the reference does whatever the activations' dtype
+        q, k = (apply_rotary(t.float(), angles).to(t.dtype) for t in (q, k))
         outs = []
         for qs, ks, vs in zip(*(t.split(lengths) for t in (q, k, v)), strict=True):
             out = F.scaled_dot_product_attention(
@@ -110,15 +111,6 @@ class VisionAttention(nn.Module):
             )
             outs.append(out.transpose(0, 1))
         return self.proj(torch.cat(outs).reshape(n, -1))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding over the whole head (`rotate_half` convention), in float32."""
-    dtype = x.dtype
-    x = x.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos[:, None] + rotated * sin[:, None]).to(dtype)
 
 
 class VisionMLP(nn.Module):
@@ -140,10 +132,8 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(c)
         self.mlp = VisionMLP(c)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
-    ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, lengths)
+    def forward(self, x: torch.Tensor, angles: RopeAngles, lengths: list[int]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), angles, lengths)
         return x + self.mlp(self.norm2(x))
 
 
@@ -190,11 +180,11 @@ class QwenVisionEncoder(nn.Module):
         _check(self.config, pixel_values, grids)
         x = self.patch_embed(pixel_values)
         x = x + self._positions(grids).to(x.dtype)
-        cos, sin = self._rotary(grids)
+        angles = self._rotary(grids)
         lengths = [h * w for t, h, w in grids for _ in range(t)]  # attention within each frame
         deepstack = []
         for index, block in enumerate(self.blocks):
-            x = block(x, cos, sin, lengths)
+            x = block(x, angles, lengths)
             if index in self.config.deepstack_visual_indexes:
                 at = self.config.deepstack_visual_indexes.index(index)
                 deepstack.append(self.deepstack_merger_list[at](x))
@@ -212,7 +202,8 @@ class QwenVisionEncoder(nn.Module):
             out.append(grid.reshape(h * w, dim).repeat(t, 1))
         return torch.cat(out)
 
-    def _rotary(self, grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotary(self, grids: list[tuple[int, int, int]]) -> RopeAngles:
+        """(cos, signed sin) [N, 1, head] of each patch's (row, column), as the layers rotate."""
         m = self.config.spatial_merge_size
         rows, cols = [], []
         for t, h, w in grids:
@@ -222,8 +213,8 @@ class QwenVisionEncoder(nn.Module):
             cols.append(c.reshape(shape).transpose(1, 2).flatten().repeat(t))
         angles = [torch.cat(p)[:, None].float() * self.inv_freq for p in (rows, cols)]
         half = torch.cat(angles, dim=-1)
-        full = torch.cat((half, half), dim=-1)
-        return full.cos(), full.sin()
+        cos, sin = half.cos(), half.sin()
+        return torch.cat((cos, cos), -1)[:, None], torch.cat((-sin, sin), -1)[:, None]
 
 
 def _check(c: VisionConfig, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> None:
