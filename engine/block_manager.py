@@ -17,6 +17,7 @@ from dgpp.engine.prefix_cache import (
 from dgpp.engine.request import Request
 from dgpp.engine.snapshot_tiers import SnapshotTiers
 from dgpp.engine.state_snapshots import StateBook
+from dgpp.engine.vision.spans import block_images, chunk_end
 
 
 class BlockPool:
@@ -317,7 +318,11 @@ class BlockManager:
         next snapshot point (its state there is saved after the step)."""
         for point in request.snapshot_points:
             if start < point < start + num_tokens:
-                return point - start
+                num_tokens = point - start
+                break
+        if request.images:  # and never inside an image (its tokens are encoded together)
+            spans = [image.span for image in request.images]
+            return chunk_end(spans, start, start + num_tokens) - start
         return num_tokens
 
     def snapshot_save(self, request: Request, end: int) -> tuple[int, int] | None:
@@ -338,4 +343,12 @@ class BlockManager:
         return request.state_slot, slot
 
     def _keys(self, request: Request) -> list[int]:
-        return block_hashes(request.token_ids, self.block_size, self.salt, request.block_hashes)
+        """Each full block's key: its tokens' (and those before), and the digests of the
+        images it holds (placeholder tokens are the same for every image)."""
+        images = None
+        if request.images:
+            spans = [image.span for image in request.images]
+            images = block_images(spans, self.block_size, len(request.token_ids) // self.block_size)
+        return block_hashes(
+            request.token_ids, self.block_size, self.salt, request.block_hashes, images
+        )

@@ -45,6 +45,8 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    # M-RoPE (Qwen vision-language): frequencies per time/height/width axis, interleaved
+    mrope_section: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,7 @@ class ModelConfig:
                 o_proj_bias=bool(raw.get("attention_bias", False))
                 and architecture not in ("Qwen2ForCausalLM", "Glm4MoeForCausalLM"),
                 mlp_bias=bool(raw.get("mlp_bias", False)),
-                qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-                or bool(raw.get("use_qk_norm", False)),
+                qk_norm=architecture in _QK_NORM or bool(raw.get("use_qk_norm", False)),
                 hidden_act=str(raw.get("hidden_act", "silu")),
                 partial_rotary_factor=float(
                     (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
@@ -207,6 +208,14 @@ def read_generation_config(checkpoint: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
+_QK_NORM = (
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+)
+
+
 def _text_view(raw: dict[str, Any]) -> dict[str, Any]:
     """A vision-language config (Qwen3.5) as its language model's: the nested `text_config`'s
     keys over the top level's, but the top level's architectures and tied embeddings."""
@@ -250,4 +259,5 @@ def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
         mscale_all_dim=params.get("mscale_all_dim"),
         attention_factor=params.get("attention_factor"),
         truncate=bool(params.get("truncate", True)),
+        mrope_section=tuple(params["mrope_section"]) if params.get("mrope_section") else None,
     )

@@ -196,7 +196,7 @@ class DecodeGraphs:
         for index, (row, table) in enumerate(zip(rows, held, strict=True)):
             pos = row.start
             step[_IDS][index] = row.token_ids[0]
-            step[_POSITIONS][index] = pos
+            step[_POSITIONS][index] = pos + row.shift  # after a prompt's images: shifted
             step[_LENS][index] = pos + 1
             step[_SLOTS][index] = table[pos // block_size] * block_size + pos % block_size
             step[_STATES][index] = row.state_slot

@@ -120,8 +120,7 @@ class LLMEngine:
             self.eos_token_ids,
             self.max_model_len,
         )
-        self.runner.tables.clear()
-        self.runner.streams.clear()
+        self.runner.forget_world()
         if self.runner.disk is not None:  # no read from disk in flight (a new world)
             self.runner.disk.drain()
         self._abort_requested: set[str] = set()
@@ -188,6 +187,9 @@ class LLMEngine:
         if isinstance(prompt, PromptIds) and not cache_hints:
             cache_hints = prompt.cache_hints
         prompt_ids = self._prompt_ids(prompt)
+        images = prompt.images if isinstance(prompt, PromptIds) else ()
+        if images:
+            self.runner.check_images(prompt_ids, images)
         if params.logit_bias:
             check_token_ids(list(params.logit_bias), self.model_config.vocab_size, "logit_bias")
         num_prompt = len(prompt_ids)
@@ -223,6 +225,7 @@ class LLMEngine:
             reasoning=ReasoningBudget(params.reasoning_budget, params.reasoning_end)
             if params.reasoning_budget is not None
             else None,
+            images=images,
         )
         if arrival_time is not None:
             request.arrival_time = min(arrival_time, request.arrival_time)

@@ -134,6 +134,14 @@ class EngineConfig:
         unit="tokens",
         ge=0,
     )
+    image_cache_tokens: int = knob(
+        32768,
+        "vision-language models: image tokens of encoder output kept per rank by image "
+        "content, so a repeated image (a screenshot in an agent's history) is encoded once",
+        label="Image encoder cache",
+        unit="tokens",
+        ge=0,
+    )
     prefix_cache_host_gib: float = knob(
         0.0,
         "host memory per rank for prefix-cache blocks the KV pool evicts: kept there and "

@@ -12,7 +12,7 @@ from dgpp.engine.engine import LLMEngine
 from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
 from dgpp.engine.quant.gguf_view import view_for
-from dgpp.engine.request import RequestOutput
+from dgpp.engine.request import PromptIds, RequestOutput
 from dgpp.engine.resolved import resolve
 from dgpp.engine.sampling_params import SamplingParams
 
@@ -143,12 +143,15 @@ def checkpoint_directory(model: str) -> Path:
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, PromptIds):
+        return [prompts]
     if isinstance(prompts, list | tuple) and prompts and all(isinstance(p, int) for p in prompts):
         return [list(prompts)]  # one prompt of token ids
     if isinstance(prompts, list | tuple):
         if not prompts:
             raise InvalidRequestError("no prompts given", param="prompt")
-        return [p if isinstance(p, str) else list(p) for p in prompts]
+        # a PromptIds (ids with cache hints or images) goes as it is
+        return [p if isinstance(p, str | PromptIds) else list(p) for p in prompts]
     raise InvalidRequestError(
         f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}",
         param="prompt",

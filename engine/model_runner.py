@@ -41,6 +41,13 @@ from dgpp.engine.state_cache import (
 from dgpp.engine.state_plan import engine_state_layout
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
 from dgpp.engine.tier_layout import open_disk_stores
+from dgpp.engine.vision.runner_glue import (
+    check_prompt_images,
+    image_inputs,
+    vision_for,
+    with_encodes,
+)
+from dgpp.engine.vision.spans import PromptImage
 from dgpp.kernels.linear import select_packer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -161,6 +168,7 @@ class ModelRunner:
             self.backends.append(recurrent[0].state_backend)
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
+        self.vision = vision_for(self.model, config, self.device, self.dtype)
         # The fused decode step over the layers and their bound caches (CPU, Llama family).
         self.native = native_decode.NativeDecode(self.model) if native else None
         # The residual stream a layer slice left, by seq id, for the request's next slice.
@@ -251,8 +259,21 @@ class ModelRunner:
         return self.graphs
 
     def message(self, plan: StepPlan) -> StepMessage:
-        """Rank 0: the step message of `plan`, against the block tables every rank holds."""
-        return self.tables.message(plan)
+        """Rank 0: the step message of `plan`, against the block tables every rank holds (and
+        the images its rows hold that the encoder cache lacks, with their pixels)."""
+        message = self.tables.message(plan)
+        return with_encodes(self.vision, message, plan) if self.vision else message
+
+    def forget_world(self) -> None:
+        """A new world: the other ranks hold no block table, stream or encoded image."""
+        self.tables.clear()
+        self.streams.clear()
+        if self.vision is not None:
+            self.vision.cache.clear()
+
+    def check_images(self, prompt_ids: list[int], images: tuple[PromptImage, ...]) -> None:
+        """Refuse a prompt's images that this model cannot take (InvalidRequestError)."""
+        check_prompt_images(self.model, self.vision, prompt_ids, images)
 
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Forward the plan on this rank alone (a world of one); logits as `execute`."""
@@ -263,6 +284,10 @@ class ModelRunner:
         """The forward every rank runs for the same message (collectives inside must match):
         float32 logits [message.num_sampled, padded_vocab], in row order."""
         self.tables.apply(message)
+        if message.encode:
+            assert self.vision is not None, "images to encode on a model without vision"
+            spans = [span for row in message.rows for span in row.images]
+            self.vision.encode(message.encode, message.pixels, spans)
         # A one-token prompt is a decode row from position 0: its slot may hold an earlier
         # request's state, and a decode row reads its state (a prefill chunk from 0 does not).
         fresh = [row.state_slot for row in message.rows[: message.num_decodes] if row.start == 0]
@@ -309,18 +334,22 @@ class ModelRunner:
             self.block_size,
             prefill_softmax_fp32=fp32,
         )
-        input_ids, positions = _token_inputs(message, self.device)
-        if sliced is None and self.native is not None and self.native.takes(layout):
+        input_ids, positions = message.token_inputs(self.device)
+        images = image_inputs(self.vision, message, fresh=set(message.encode))
+        if images is not None:
+            positions, vision = images
+        if images is None and self.native is not None and self.native.takes(layout):
             return self.native.forward(input_ids, positions, layout)
+        extra = {"vision": vision} if images is not None else {}
         metadata = {backend.name: backend.prepare(layout) for backend in self.backends}
         if sliced is None:
             # Prefix hits' snapshots, and verify rows' states at their last accepted token.
             copy_slots(self.state_pools, message.restores)
-            return self.model(input_ids, positions, metadata)
+            return self.model(input_ids, positions, metadata, **extra)
         first, stop = sliced.layers
         stream = self.streams.pop(sliced.seq_id, None) if first else None
         hidden = self.model.model.forward_layers(
-            input_ids, stream, positions, metadata, (first, stop)
+            input_ids, stream, positions, metadata, (first, stop), **extra
         )
         if stop < len(self.model.model.layers):
             self.streams[sliced.seq_id] = hidden
@@ -358,17 +387,3 @@ class ModelRunner:
         if self.graphs is not None:
             with torch.inference_mode():
                 self.graphs.capture_all()
-
-
-def _token_inputs(message: StepMessage, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids and positions [T] of the message's rows."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    for row in message.rows:
-        input_ids.extend(row.token_ids)
-        positions.extend(range(row.start, row.seq_len))
-
-    def tensor(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
-    return tensor(input_ids), tensor(positions)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,13 +44,22 @@ def chain_hash(parent: int | None, tokens: BlockTokens, salt: int) -> int:
 
 
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, salt: int, known: Sequence[int] = ()
+    token_ids: Sequence[int],
+    block_size: int,
+    salt: int,
+    known: Sequence[int] = (),
+    images: Mapping[int, tuple[int, ...]] | None = None,
 ) -> list[int]:
-    """Keys of every full block of `token_ids`, extending the already computed `known` ones."""
+    """Keys of every full block of `token_ids`, extending the already computed `known` ones;
+    `images`: what a block's key mixes in besides its tokens, by block index (the digests of
+    the images it holds)."""
     keys = list(known)
     parent = keys[-1] if keys else None
     for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = chain_hash(parent, tuple(token_ids[start : start + block_size]), salt)
+        tokens = tuple(token_ids[start : start + block_size])
+        if images and (extra := images.get(start // block_size)):
+            tokens = (*tokens, *extra)
+        parent = chain_hash(parent, tokens, salt)
         keys.append(parent)
     return keys
 

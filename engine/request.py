@@ -12,6 +12,7 @@ import torch
 
 from dgpp.engine.sampler import TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.vision.spans import PromptImage
 
 if TYPE_CHECKING:
     from dgpp.engine.detokenizer import IncrementalDetokenizer
@@ -19,16 +20,24 @@ if TYPE_CHECKING:
 
 class PromptIds(list[int]):
     """A rendered prompt's token ids, with the positions worth a prefix-cache boundary (the end
-    of the system prompt: hybrid models snapshot their recurrent state there). It is a plain
-    list of ids to everything else; `LLMEngine.add_request` reads the hints."""
+    of the system prompt: hybrid models snapshot their recurrent state there) and its images
+    (`dgpp.engine.vision.spans.PromptImage`, in prompt order, each standing in a run of image
+    placeholder tokens). It is a plain list of ids to everything else;
+    `LLMEngine.add_request` reads the hints and the images."""
 
-    def __init__(self, ids: Iterable[int] = (), cache_hints: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        ids: Iterable[int] = (),
+        cache_hints: Iterable[int] = (),
+        images: Iterable[PromptImage] = (),
+    ) -> None:
         super().__init__(ids)
         self.cache_hints: tuple[int, ...] = tuple(cache_hints)
+        self.images: tuple[PromptImage, ...] = tuple(images)
 
     def __add__(self, other: Iterable[int]) -> PromptIds:  # type: ignore[override]
-        """Appending (a forced tool-call opening) keeps the hints."""
-        return PromptIds([*self, *other], self.cache_hints)
+        """Appending (a forced tool-call opening) keeps the hints and the images."""
+        return PromptIds([*self, *other], self.cache_hints, self.images)
 
 
 class RequestStatus(enum.Enum):
@@ -84,6 +93,7 @@ class Request:
     num_disk_tokens: int = 0  # of those, tokens the host tier had fetched from the disk tier
     disk_pending: int = 0  # fetches from the disk tier it waits for (out of the step till 0)
     prompt_class: str | None = None  # "short" or "long", by the prefill it needed (admission)
+    images: tuple[PromptImage, ...] = ()  # the prompt's images, in order (vision-language)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
     spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)

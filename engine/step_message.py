@@ -13,17 +13,19 @@ On the wire a message is one int64 tensor (no pickle): the ranks broadcast it as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dgpp.engine.scheduler import StepPlan
+from dgpp.engine.vision.spans import SPAN_FIELDS, ImageSpan, overlapping, shift_at
 
-# Header fields (decodes, rows, finished, restores, saves, copies, poll), the finished seq ids, the
-# restore and save pairs, the copy triples; then per row: seq_id, start, tokens, sampled, kept
-# blocks, new blocks, state slot, first and stop layer, followed by its tokens and new blocks.
-_HEADER = 7
-_ROW_FIELDS = 9
+# Header fields (decodes, rows, finished, restores, saves, copies, poll, encode), the finished
+# seq ids, the restore and save pairs, the copy triples, the digests to encode; then per row:
+# seq_id, start, tokens, sampled, kept blocks, new blocks, state slot, first and stop layer,
+# position shift, image spans, followed by its tokens, new blocks and spans.
+_HEADER = 8
+_ROW_FIELDS = 11
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class StepRow:
     # A layer slice of a prompt chunk (`dgpp.engine.layer_slices`): layers first .. stop only;
     # (0, 0): every layer.
     layers: tuple[int, int] = (0, 0)
+    # Vision-language prompts (`dgpp.engine.vision.spans`): position minus index of the row's
+    # first text token (images before it run shorter than their tokens), and the images with
+    # tokens in the row.
+    shift: int = 0
+    images: tuple[ImageSpan, ...] = ()
 
     @property
     def is_slice(self) -> bool:
@@ -62,7 +69,10 @@ class StepMessage:
     copies (from slot, to slot), before and after the forward; `copies` the host tier's
     (`dgpp.engine.host_tier`) and the disk tier's ops, run in order before the forward; after
     it every rank reports on the `poll` oldest fetches from disk (`dgpp.engine.cache_tiers`).
-    A message without rows only runs the copies and the poll (waiting a little for fetches)."""
+    A message without rows only runs the copies and the poll (waiting a little for fetches).
+    `encode` names the images (by digest) the vision encoder runs on before the forward; their
+    `pixels` (the images' rows, concatenated in that order) travel beside the message, not in
+    its tensor (`dgpp.engine.distributed.control`)."""
 
     rows: tuple[StepRow, ...]
     num_decodes: int
@@ -71,6 +81,8 @@ class StepMessage:
     saves: tuple[tuple[int, int], ...] = ()
     copies: tuple[tuple[int, int, int], ...] = ()
     poll: int = 0
+    encode: tuple[int, ...] = ()
+    pixels: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def has_prefill(self) -> bool:
@@ -79,6 +91,16 @@ class StepMessage:
     @property
     def num_sampled(self) -> int:
         return sum(row.num_sampled for row in self.rows)
+
+    def token_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids and positions [T] of the rows (shifted after a row's images)."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for row in self.rows:
+            input_ids.extend(row.token_ids)
+            positions.extend(range(row.start + row.shift, row.seq_len + row.shift))
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+        return ids, torch.tensor(positions, dtype=torch.int64, device=device)
 
     def to_tensor(self) -> torch.Tensor:
         """The message as a flat int64 tensor [N] (see `from_tensor`)."""
@@ -90,12 +112,14 @@ class StepMessage:
             len(self.saves),
             len(self.copies),
             self.poll,
+            len(self.encode),
             *self.finished,
         ]
         for pair in (*self.restores, *self.saves):
             values += pair
         for triple in self.copies:
             values += triple
+        values += self.encode
         for row in self.rows:
             values += [
                 row.seq_id,
@@ -106,16 +130,21 @@ class StepMessage:
                 len(row.new_blocks),
                 row.state_slot,
                 *row.layers,
+                row.shift,
+                len(row.images),
             ]
             values += row.token_ids
             values += row.new_blocks
+            for span in row.images:
+                values += span.to_values()
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> StepMessage:
         values = tensor.tolist()
         header = values[:_HEADER]
-        num_decodes, num_rows, num_finished, num_restores, num_saves, num_copies, poll = header
+        num_decodes, num_rows, num_finished, num_restores, num_saves, num_copies, poll = header[:7]
+        num_encode = header[7]
         at = _HEADER + num_finished
         finished = tuple(values[_HEADER:at])
         pairs = []
@@ -126,23 +155,41 @@ class StepMessage:
         for _ in range(num_copies):
             copies.append((values[at], values[at + 1], values[at + 2]))
             at += 3
+        encode = tuple(values[at : at + num_encode])
+        at += num_encode
         rows = []
         for _ in range(num_rows):
             seq_id, start, num_tokens, num_sampled, kept, num_new, slot, first, stop = values[
-                at : at + _ROW_FIELDS
+                at : at + _ROW_FIELDS - 2
             ]
+            shift, num_images = values[at + _ROW_FIELDS - 2 : at + _ROW_FIELDS]
             at += _ROW_FIELDS
             tokens = tuple(values[at : at + num_tokens])
             at += num_tokens
             blocks = tuple(values[at : at + num_new])
             at += num_new
+            images = []
+            for _ in range(num_images):
+                images.append(ImageSpan(*values[at : at + SPAN_FIELDS]))
+                at += SPAN_FIELDS
             rows.append(
-                StepRow(seq_id, start, tokens, num_sampled, kept, blocks, slot, (first, stop))
+                StepRow(
+                    seq_id,
+                    start,
+                    tokens,
+                    num_sampled,
+                    kept,
+                    blocks,
+                    slot,
+                    (first, stop),
+                    shift,
+                    tuple(images),
+                )
             )
         if at != len(values):
             raise ValueError(f"a step message of {len(values)} values holds {at}")
         restores, saves = tuple(pairs[:num_restores]), tuple(pairs[num_restores:])
-        return cls(tuple(rows), num_decodes, finished, restores, saves, tuple(copies), poll)
+        return cls(tuple(rows), num_decodes, finished, restores, saves, tuple(copies), poll, encode)
 
 
 class BlockTables:
@@ -171,6 +218,7 @@ class BlockTables:
             end = chunk.start + chunk.num_tokens - len(chunk.draft)
             tokens = (*request.token_ids[chunk.start : end], *chunk.draft)
             kept, new = self.change(request.seq_id, request.block_table)
+            spans = tuple(image.span for image in request.images)
             rows.append(
                 StepRow(
                     request.seq_id,
@@ -181,6 +229,8 @@ class BlockTables:
                     new,
                     request.state_slot,
                     chunk.layers[:2] if chunk.layers is not None else (0, 0),
+                    shift_at(spans, chunk.start) if spans else 0,
+                    overlapping(spans, chunk.start, end),
                 )
             )
         return StepMessage(

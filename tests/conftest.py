@@ -216,6 +216,33 @@ TINY_QWEN4_EXP = dict(
     indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4,
 )  # fmt: skip
 QWEN3_5_VISION_LANGUAGE = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+# Qwen3-VL: Qwen3 (32-dim heads, interleaved M-RoPE in sections of 6/5/5 frequencies) beside a
+# two-block vision tower whose both blocks feed DeepStack features to the first two layers.
+QWEN3_VL = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+TINY_QWEN3_VL_TEXT = dict(
+    head_dim=32,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 5, 5],
+                     "mrope_interleaved": True},
+)  # fmt: skip
+TINY_QWEN3_VL_MOE = dict(
+    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1
+)  # fmt: skip
+IMAGE_TOKENS = dict(
+    image_token_id=49100, video_token_id=49101, vision_start_token_id=49102,
+    vision_end_token_id=49103,
+)  # fmt: skip
+
+
+def _qwen3_vl_config(config_class: type, architecture: str, overrides: dict[str, object]) -> object:
+    moe = "Moe" in architecture
+    text = {**TINY_COMMON, **TINY_QWEN3_VL_TEXT, **(TINY_QWEN3_VL_MOE if moe else {}), **overrides}
+    vision = {**TINY_QWEN3_5_VISION, "depth": 2, "deepstack_visual_indexes": [0, 1]}
+    return config_class(
+        text_config=text,
+        vision_config={**vision, "out_hidden_size": text["hidden_size"]},
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+        **IMAGE_TOKENS,
+    )
 
 
 def _qwen3_5_config(config_class: type, architecture: str, overrides: dict[str, object]) -> object:
@@ -232,10 +259,7 @@ def _qwen3_5_config(config_class: type, architecture: str, overrides: dict[str, 
         text_config=text,
         vision_config={**TINY_QWEN3_5_VISION, "out_hidden_size": text["hidden_size"]},
         tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-        image_token_id=49100,
-        video_token_id=49101,
-        vision_start_token_id=49102,
-        vision_end_token_id=49103,
+        **IMAGE_TOKENS,
     )
 
 
@@ -259,6 +283,8 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Qwen3_5ForConditionalGeneration": transformers.Qwen3_5Config,
         "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig,
         "Qwen4ExpForCausalLM": transformers.Qwen4ExpTextConfig,
+        "Qwen3VLForConditionalGeneration": transformers.Qwen3VLConfig,
+        "Qwen3VLMoeForConditionalGeneration": transformers.Qwen3VLMoeConfig,
     }[architecture]
     settings = {**TINY_COMMON, **overrides}
     if architecture == "Qwen3ForCausalLM":
@@ -278,6 +304,8 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         }
     if architecture.startswith("Qwen3_5"):
         config = _qwen3_5_config(config_class, architecture, overrides)
+    elif architecture in QWEN3_VL:
+        config = _qwen3_vl_config(config_class, architecture, overrides)
     elif architecture == "Qwen4ExpForCausalLM":
         text = {**TINY_COMMON, **TINY_QWEN3_5, **TINY_QWEN3_5_MOE, **TINY_QWEN4_EXP, **overrides}
         config = config_class(**{key: v for key, v in text.items() if key != "intermediate_size"})

@@ -1,13 +1,16 @@
 """Rank 0 decides, the other ranks execute: a closed set of commands broadcast from rank 0.
 
-Each command is a header tensor [command, payload length] and, for a step, the step message as
-one int64 tensor (`dgpp.engine.step_message`): nothing is pickled, and what crosses the cluster
-link per step follows the step's work, not the contexts' length.
+Each command is a header tensor [command, payload length, pixel values] and, for a step, the
+step message as one int64 tensor (`dgpp.engine.step_message`), then the pixels of the images it
+has the vision encoder run on (float32, once per image: the ranks keep the encoder's outputs):
+nothing is pickled, and what crosses the cluster link per step follows the step's work, not the
+contexts' length.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,30 +46,47 @@ class ControlChannel:
         assert self.rank == 0, "only rank 0 sends commands"
         assert (command in _WITH_MESSAGE) == (message is not None), "a step or draft, only"
         payload = message.to_tensor() if message is not None else None
-        header = torch.tensor([command, 0 if payload is None else payload.numel()])
+        pixels = None
+        if message is not None and message.pixels is not None:
+            pixels = message.pixels.detach().to("cpu", torch.float32).reshape(-1)
+        header = torch.tensor(
+            [
+                command,
+                0 if payload is None else payload.numel(),
+                0 if pixels is None else pixels.numel(),
+            ]
+        )
         dist.broadcast(header, src=0, group=self.group)
         self.num_bytes_sent += header.nbytes
         if payload is not None:
             dist.broadcast(payload, src=0, group=self.group)
             self.num_bytes_sent += payload.nbytes
             self.num_steps_sent += command is Command.STEP
+        if pixels is not None:
+            dist.broadcast(pixels, src=0, group=self.group)
+            self.num_bytes_sent += pixels.nbytes
 
     def receive(self) -> tuple[Command, StepMessage | None]:
         """Any other rank: block until rank 0's next command."""
-        header = torch.zeros(2, dtype=torch.int64)
+        header = torch.zeros(3, dtype=torch.int64)
         dist.broadcast(header, src=0, group=self.group)
-        command, length = Command(int(header[0])), int(header[1])
+        command, length, num_pixels = Command(int(header[0])), int(header[1]), int(header[2])
         if command not in _WITH_MESSAGE:
             return command, None
         payload = torch.zeros(length, dtype=torch.int64)
         dist.broadcast(payload, src=0, group=self.group)
-        return command, StepMessage.from_tensor(payload)
+        message = StepMessage.from_tensor(payload)
+        if not num_pixels:
+            return command, message
+        pixels = torch.zeros(num_pixels, dtype=torch.float32)
+        dist.broadcast(pixels, src=0, group=self.group)
+        return command, replace(message, pixels=pixels)
 
 
 def serve_commands(runner: ModelRunner, channel: ControlChannel) -> None:
     """A worker rank's life in one world: run each step rank 0 sends, until it leaves in order.
     A dead rank 0 or a missed deadline surfaces as the collective's exception."""
-    runner.tables.clear()  # a new world: rank 0 starts from empty tables too
+    runner.forget_world()  # a new world: rank 0 starts from empty tables too
     if runner.disk is not None:  # and with no read from disk in flight
         runner.disk.drain()
     while True:

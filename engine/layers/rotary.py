@@ -94,13 +94,35 @@ class RotaryEmbedding(nn.Module):
         cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
         self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)  # [P, D]
         self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
+        axis = None
+        if rope.mrope_section is not None:
+            axis = mrope_axes(rope.mrope_section, head_dim // 2).repeat(2)
+        self.register_buffer("mrope_axis", axis, persistent=False)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeAngles:
-        """(cos, signed sin), each [T, 1, D], for the token positions [T]."""
+        """(cos, signed sin), each [T, 1, D], for the token positions [T], or for M-RoPE
+        positions [3, T] (time, height, width: each frequency turns by one of them)."""
+        if positions.dim() == 2:
+            assert self.mrope_axis is not None, "M-RoPE positions for a model without M-RoPE"
+            pick = self.mrope_axis.expand(1, positions.shape[1], -1)
+            return (
+                self.cos[positions].gather(0, pick)[0].unsqueeze(1).to(dtype),
+                self.sin[positions].gather(0, pick)[0].unsqueeze(1).to(dtype),
+            )
         return (
             self.cos[positions].unsqueeze(1).to(dtype),
             self.sin[positions].unsqueeze(1).to(dtype),
         )
+
+
+def mrope_axes(section: tuple[int, ...], num_frequencies: int) -> torch.Tensor:
+    """The axis (0 time, 1 height, 2 width) each rotary frequency follows under interleaved
+    M-RoPE: j % 3 == 1 below 3 * section[1] height, j % 3 == 2 below 3 * section[2] width,
+    time elsewhere (transformers' `apply_interleaved_mrope`)."""
+    axis = torch.zeros(num_frequencies, dtype=torch.int64)
+    for which in (1, 2):
+        axis[which : section[which] * 3 : 3] = which
+    return axis
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ from dgpp.engine.layers.norm import ResidualNorm, RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateSpec
+from dgpp.engine.vision.step_vision import VisionInputs
 
 
 class DecoderAttention(nn.Module):
@@ -233,11 +234,18 @@ class DecoderModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         metadata: StepMetadata,
+        vision: VisionInputs | None = None,
     ) -> torch.Tensor:
+        """`vision`: a step's image tokens (vision-language models), their embeddings in place
+        of their placeholders' and DeepStack features added after the first layers."""
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        if vision is not None:
+            hidden = vision.merge(hidden)
         angles = self.rotary.lookup(positions, hidden.dtype)  # looked up once for every layer
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             hidden = layer(angles, hidden, metadata)
+            if vision is not None:
+                hidden = vision.after_layer(index, hidden)
         return self.norm(hidden)
 
     def forward_layers(
@@ -247,6 +255,7 @@ class DecoderModel(nn.Module):
         positions: torch.Tensor,
         metadata: StepMetadata,
         layers: tuple[int, int],
+        vision: VisionInputs | None = None,
     ) -> torch.Tensor:
         """Layers `first .. stop` of a layer slice (`dgpp.engine.layer_slices`): from the
         embedding of `input_ids` when `first` is 0, else from `hidden`, the residual stream the
@@ -254,10 +263,12 @@ class DecoderModel(nn.Module):
         first, stop = layers
         if first == 0:
             hidden = self.embed_tokens(input_ids)
+            hidden = vision.merge(hidden) if vision is not None else hidden
         assert hidden is not None, "a slice past the first layer continues a kept stream"
         angles = self.rotary.lookup(positions, hidden.dtype)
-        for layer in self.layers[first:stop]:
-            hidden = layer(angles, hidden, metadata)
+        for index in range(first, stop):
+            hidden = self.layers[index](angles, hidden, metadata)
+            hidden = vision.after_layer(index, hidden) if vision is not None else hidden
         return self.norm(hidden) if stop == len(self.layers) else hidden
 
 
@@ -364,8 +375,11 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         metadata: StepMetadata,
+        vision: VisionInputs | None = None,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, metadata)
+        if vision is None:  # the decoders that take no images need not know the argument
+            return self.model(input_ids, positions, metadata)
+        return self.model(input_ids, positions, metadata, vision)
 
     @property
     def num_slice_layers(self) -> int:

@@ -10,11 +10,11 @@ layer types, norms and gated attention, and these differences:
   `mlp_only_layers` or `decoder_sparse_step`), its softmax router always renormalising the
   top k, with Qwen3-Next's sigmoid-gated shared expert;
 - the released checkpoints are vision-language (`Qwen3_5ForConditionalGeneration`,
-  `Qwen3_5MoeForConditionalGeneration`): served text-only, the config's `text_config` read as
-  the model's (`ModelConfig`), the language model's weights renamed from
-  `model.language_model.*`, the vision tower (`model.visual.*`) and the multi-token-prediction
-  layers (`mtp.*`, built apart with `speculative: mtp`) skipped; their routed experts are
-  stored stacked, `experts.gate_up_proj` [E, 2I, H] (gate rows, then up) and
+  `Qwen3_5MoeForConditionalGeneration`): the config's `text_config` read as the model's
+  (`ModelConfig`), the language model's weights renamed from `model.language_model.*`, the
+  vision tower (`model.visual.*`) attached and loaded as it is (`models.vision_tower`), the
+  multi-token-prediction layers (`mtp.*`, built apart with `speculative: mtp`) skipped; their
+  routed experts are stored stacked, `experts.gate_up_proj` [E, 2I, H] (gate rows, then up) and
   `experts.down_proj` [E, H, I], beside the per-expert tensors transformers' `save_pretrained`
   writes.
 """
@@ -36,15 +36,16 @@ from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
+from dgpp.engine.models.vision_tower import attach_vision, vision_encoder
 from dgpp.engine.parallel import ParallelContext
 
 _LANGUAGE_MODEL = "model.language_model."
-_NOT_RUN = ("mtp.", "model.visual.")
+_NOT_RUN = ("mtp.",)
 
 
 def qwen3_5_checkpoint_name(name: str) -> str | None:
     """The model's name for a checkpoint tensor: the language model's without its
-    vision-language prefix; None for the vision tower's and the MTP layers'."""
+    vision-language prefix, the vision tower's as it is; None for the MTP layers'."""
     if name.startswith(_NOT_RUN):
         return None
     if name.startswith(_LANGUAGE_MODEL):
@@ -91,6 +92,19 @@ class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     checkpoint_name = staticmethod(qwen3_5_checkpoint_name)
     build_mlp = staticmethod(dense_mlp)
     split_projections = True
+    vision_encoder = property(vision_encoder)
+    serves_images = True  # attach the checkpoint's vision tower, if it has one
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        parallel: ParallelContext,
+        max_position: int,
+        attention: PagedAttentionBackend,
+    ) -> None:
+        super().__init__(config, parallel, max_position, attention)
+        if self.serves_images:
+            attach_vision(self, config)
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
@@ -115,10 +129,12 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
         take_stacked_experts(experts)
 
 
-def take_stacked_experts(experts: Experts) -> None:
+def take_stacked_experts(experts: Experts, transposed: bool = False) -> None:
     """Let `experts` load the stacked checkpoint tensors too (a call without a shard):
-    gate_up [E, 2I, H] as each expert's gate (rows :I) and up (rows I:), down [E, H, I]; the
-    per-expert tensors load as before."""
+    gate_up [E, 2I, H] as each expert's gate (rows :I) and up (rows I:), down [E, H, I]
+    (`transposed`: or stored [E, H, 2I] and [E, I, H], as the released Qwen3-VL-MoE
+    checkpoints are, told apart by shape as transformers does); the per-expert tensors load as
+    before."""
     gate_up, down = experts.gate_up_proj, experts.down_proj
     load_gate_up, load_down = experts.load_gate_up, experts.load_down
     width = experts.spec.intermediate_size
@@ -129,7 +145,9 @@ def take_stacked_experts(experts: Experts) -> None:
         if shard is not None:
             load_gate_up(param, loaded, shard)
             return
-        _check_stacked(loaded, (experts.num_experts, 2 * width, param.shape[2]), "gate_up_proj")
+        shape = (experts.num_experts, 2 * width, param.shape[2])
+        loaded = _upright(loaded, shape, transposed)
+        _check_stacked(loaded, shape, "gate_up_proj")
         for expert in range(experts.num_experts):
             load_gate_up(param, loaded[expert, :width], (expert, 0))
             load_gate_up(param, loaded[expert, width:], (expert, 1))
@@ -140,12 +158,22 @@ def take_stacked_experts(experts: Experts) -> None:
         if shard is not None:
             load_down(param, loaded, shard)
             return
-        _check_stacked(loaded, (experts.num_experts, param.shape[1], width), "down_proj")
+        shape = (experts.num_experts, param.shape[1], width)
+        loaded = _upright(loaded, shape, transposed)
+        _check_stacked(loaded, shape, "down_proj")
         for expert in range(experts.num_experts):
             load_down(param, loaded[expert], (expert, 0))
 
     gate_up.weight_loader = stacked_gate_up  # type: ignore[attr-defined]
     down.weight_loader = stacked_down  # type: ignore[attr-defined]
+
+
+def _upright(loaded: torch.Tensor, shape: tuple[int, ...], transposed: bool) -> torch.Tensor:
+    """`loaded` in the [E, out, in] layout: as it is when its shape says so, else (where the
+    family may store them transposed) its last two axes swapped."""
+    if transposed and tuple(loaded.shape) != shape:
+        return loaded.transpose(1, 2)
+    return loaded
 
 
 def _check_stacked(loaded: torch.Tensor, shape: tuple[int, ...], name: str) -> None:

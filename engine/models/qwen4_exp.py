@@ -46,8 +46,11 @@ _TABLES = ".ple.ple_embedding."  # the n-gram tables and their hashing constants
 
 
 def qwen4_checkpoint_name(name: str) -> str | None:
-    """Qwen3.5's names; the PLE tables (mapped apart) and hashing constants skipped."""
-    return None if _TABLES in name else qwen3_5_checkpoint_name(name)
+    """Qwen3.5's names; the PLE tables (mapped apart), hashing constants and vision tower
+    (served text-only: its decoder's streams take no image tokens yet) skipped."""
+    if _TABLES in name or name.startswith("model.visual."):
+        return None
+    return qwen3_5_checkpoint_name(name)
 
 
 def ple_layers(config: ModelConfig) -> list[int]:
@@ -118,6 +121,7 @@ class Qwen4ExpForCausalLM(Qwen3_5MoeForCausalLM):
     """Qwen4-Exp; also serves `Qwen4ExpForConditionalGeneration` text-only."""
 
     checkpoint_name = staticmethod(qwen4_checkpoint_name)
+    serves_images = False
     build_mlp = staticmethod(qwen3_next_mlp)
     decoder_model = HyperDecoderModel
     mtp_supported = False

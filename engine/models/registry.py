@@ -19,6 +19,7 @@ from dgpp.engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.models.qwen4_exp import Qwen4ExpForCausalLM
+from dgpp.engine.models.vision_language import Qwen3VLForCausalLM, Qwen3VLMoeForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateSpec
 
@@ -55,7 +56,10 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
-    # the vision-language checkpoints, served text-only (`models.qwen3_5`)
+    # the vision-language checkpoints, with their vision towers (`models.vision_language`),
+    # but Qwen4-Exp's (text-only)
+    "Qwen3VLForConditionalGeneration": Qwen3VLForCausalLM,
+    "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeForCausalLM,
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
     "Qwen4ExpForConditionalGeneration": Qwen4ExpForCausalLM,

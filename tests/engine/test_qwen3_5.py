@@ -1,8 +1,8 @@
 """Qwen3.5 (dense) and Qwen3.5-MoE against transformers' PyTorch fallback on tiny random configs:
 greedy tokens of a mixed batch with prefill chunks crossing blocks, the logits, a prefix hit that
 restores a recurrent-state snapshot, and world 2 equal to world 1; the vision-language
-checkpoints served text-only (nested text config, `model.language_model.*` names, the vision
-tower and MTP layers skipped, stacked experts, tied embeddings)."""
+checkpoints serving text prompts (nested text config, `model.language_model.*` names, the MTP
+layers skipped, stacked experts, tied embeddings; their images: tests/engine/vision)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def _stack_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return kept
 
 
-def test_vision_language_checkpoints_serve_text_only(
+def test_vision_language_checkpoints_serve_text_prompts(
     vision_language: tuple[Path, torch.nn.Module],
 ) -> None:
     checkpoint, hf_model = vision_language
@@ -178,14 +178,15 @@ def test_vision_language_checkpoints_serve_text_only(
 
 def test_configs_and_names() -> None:
     """Qwen3.5-MoE has no dense width (its widest expert's stands in); both families skip the
-    MTP layers' weights, Qwen3.5 also the vision tower's, and renames the language model's."""
+    MTP layers' weights; Qwen3.5 renames the language model's and keeps the vision tower's."""
     moe = ModelConfig.from_dict(tiny_model("Qwen3_5MoeForCausalLM").config.to_dict())
     assert moe.intermediate_size == 32
     assert Qwen3NextForCausalLM.checkpoint_name("mtp.fc.weight") is None
     assert Qwen3NextForCausalLM.checkpoint_name("model.norm.weight") == "model.norm.weight"
     from dgpp.engine.models.qwen3_5 import qwen3_5_checkpoint_name
 
-    assert qwen3_5_checkpoint_name("model.visual.blocks.0.attn.qkv.weight") is None
+    name = "model.visual.blocks.0.attn.qkv.weight"
+    assert qwen3_5_checkpoint_name(name) == name  # the vision tower loads as it is
     assert qwen3_5_checkpoint_name("mtp.layers.0.input_layernorm.weight") is None
     assert qwen3_5_checkpoint_name("model.language_model.norm.weight") == "model.norm.weight"
     assert qwen3_5_checkpoint_name("lm_head.weight") == "lm_head.weight"

@@ -13,6 +13,7 @@ from dgpp.engine.request import Request
 from dgpp.engine.sampling_params import SamplingParams
 from dgpp.engine.scheduler import ScheduledChunk, StepPlan
 from dgpp.engine.step_message import BlockTables, StepMessage, StepRow
+from dgpp.engine.vision.spans import ImageSpan
 
 ints = st.integers(min_value=0, max_value=2**40)
 rows = st.builds(
@@ -25,6 +26,11 @@ rows = st.builds(
     new_blocks=st.lists(ints, max_size=6).map(tuple),
     state_slot=st.integers(-1, 2**20),
     layers=st.tuples(st.integers(0, 200), st.integers(0, 200)),
+    shift=st.integers(-(2**30), 0),
+    images=st.lists(
+        st.builds(ImageSpan, ints, st.just(1), st.integers(1, 99), st.integers(1, 99), ints),
+        max_size=3,
+    ).map(tuple),
 )
 triples = st.lists(st.tuples(st.integers(0, 1), ints, ints), max_size=4).map(tuple)
 pairs = st.lists(st.tuples(ints, ints), max_size=4).map(tuple)
@@ -36,6 +42,7 @@ messages = st.builds(
     restores=pairs,
     saves=pairs,
     copies=triples,
+    encode=st.lists(ints, max_size=3).map(tuple),
 )
 
 
@@ -132,5 +139,5 @@ def test_a_decode_step_costs_the_same_at_any_context(context: int) -> None:
             if step == 1:  # one request's context crossed into a new block
                 request.block_table.append(90_000 + request.seq_id)
         sizes.append(_send(head, worker, _decode_plan(requests)).to_tensor().numel())
-    # header + 4 rows of (9 fields + 1 token), and one new block for each row at the crossing
-    assert sizes == [7 + 4 * 10, 7 + 4 * 11, 7 + 4 * 10]
+    # header + 4 rows of (11 fields + 1 token), and one new block for each row at the crossing
+    assert sizes == [8 + 4 * 12, 8 + 4 * 13, 8 + 4 * 12]
