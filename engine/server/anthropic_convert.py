@@ -8,7 +8,7 @@ from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.server.anthropic_protocol import Block, CountTokensRequest
-from dgpp.engine.server.protocol import ChatMessage
+from dgpp.engine.server.protocol import ChatMessage, ContentPart
 
 # Claude Code starts its system prompt with a per-request billing line such as
 # "x-anthropic-billing-header: cc_version=2.1.3; cc_entrypoint=cli; cch=9f2c1;". It changes on
@@ -38,6 +38,43 @@ def _blocks_text(blocks: str | list[Block] | None, where: str) -> str:
     return "\n".join(texts)
 
 
+def _image_part(block: Block, where: str) -> ContentPart:
+    """An `image` block (base64 `source`, or a `url` one) as a chat `image_url` part."""
+    source = getattr(block, "source", None)
+    if not isinstance(source, dict):
+        raise InvalidRequestError("an image block needs a source object", param=where)
+    if source.get("type") == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise InvalidRequestError(
+                "a base64 image source needs media_type and data strings", param=where
+            )
+        url = f"data:{media};base64,{data}"
+        return ContentPart(type="image_url", image_url={"url": url}, origin=where)
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return ContentPart(type="image_url", image_url={"url": source["url"]}, origin=where)
+    raise InvalidRequestError(
+        f"image source type {source.get('type')!r} is not supported (base64 or url)", param=where
+    )
+
+
+def _parts(blocks: str | list[Block] | None, where: str) -> str | list[ContentPart]:
+    """Text and image blocks: the text alone when there is no image, else chat parts."""
+    if not isinstance(blocks, list) or not any(block.type == "image" for block in blocks):
+        return _blocks_text(blocks, where)
+    parts = []
+    for block in blocks:
+        if block.type == "image":
+            parts.append(_image_part(block, where))
+        elif block.type == "text":
+            parts.append(ContentPart(type="text", text=block.text or ""))
+        else:
+            raise InvalidRequestError(
+                f"content block type {block.type!r} is not supported in {where}", param=where
+            )
+    return parts
+
+
 def system_text(request: CountTokensRequest) -> str | None:
     if request.system is None:
         return None
@@ -65,25 +102,41 @@ def to_chat_messages(request: CountTokensRequest) -> list[ChatMessage]:
             text = _blocks_text(message.content, f"{where} system")
             out.append(ChatMessage(role="system", content=text))
             continue
-        texts: list[str] = []
+        parts: list[ContentPart] = []
         for block in message.content:
             if block.type == "tool_result":
                 if block.tool_use_id is None:
                     raise InvalidRequestError("tool_result needs tool_use_id", param=where)
-                result = _blocks_text(block.content, f"{where} tool_result")
+                result = _parts(block.content, f"{where} tool_result")
                 if block.is_error:
-                    result = f"Error: {result}"
+                    result = _error(result)
                 out.append(ChatMessage(role="tool", content=result, tool_call_id=block.tool_use_id))
-            elif block.type == "text":
-                texts.append(block.text or "")
+            elif block.type in ("text", "image"):
+                parts.append(_image_part(block, where) if block.type == "image" else block)
             else:
                 raise InvalidRequestError(
                     f"content block type {block.type!r} is not supported in user messages",
                     param=where,
                 )
-        if texts:
-            out.append(ChatMessage(role="user", content="\n".join(texts)))
+        if parts:
+            out.append(ChatMessage(role="user", content=_user_content(parts)))
     return clear_thinking(out, request.context_management)
+
+
+def _user_content(parts: list[Any]) -> str | list[ContentPart]:
+    """A user turn's text blocks joined (as before images), or its parts with its images."""
+    if not any(part.type == "image_url" for part in parts):
+        return "\n".join(part.text or "" for part in parts)
+    return [
+        part if part.type == "image_url" else ContentPart(type="text", text=part.text or "")
+        for part in parts
+    ]
+
+
+def _error(result: str | list[ContentPart]) -> str | list[ContentPart]:
+    if isinstance(result, str):
+        return f"Error: {result}"
+    return [ContentPart(type="text", text="Error:"), *result]
 
 
 def _assistant(blocks: list[Block], where: str) -> ChatMessage:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from dgpp.engine.server.protocol import StopStrings
+from dgpp.engine.server.protocol import ImageOptions, StopStrings
 from dgpp.engine.server.tolerant import TolerantModel
 from dgpp.engine.server.tool_schema import schema_problem
 
@@ -62,7 +62,7 @@ class OutputConfig(TolerantModel):
     effort: Literal["low", "medium", "high", "max"] | None = None
 
 
-class CountTokensRequest(TolerantModel):
+class CountTokensRequest(ImageOptions):
     model: StrictStr
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: StrictStr | list[Block] | None = None

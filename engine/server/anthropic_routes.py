@@ -15,7 +15,7 @@ from dgpp.engine.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
 from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens
-from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.chat_prompt import render_chat
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.metrics import RequestTracker
@@ -48,9 +48,9 @@ def _prompt(
         effort=request.output_config.effort if request.output_config else None,
         thinking=request.thinking.type if request.thinking else None,
     )
-    messages = normalise(to_chat_messages(request), state.template_traits)
     tools = to_openai_tools(request)
-    prompt = render(state.tokenizer, messages, tools, kwargs, True, state.hint_system)
+    messages = to_chat_messages(request)
+    prompt = render_chat(state, messages, tools, kwargs, True, request.mm_processor_kwargs)
     return with_forced_start(state.tokenizer, prompt, forced)
 
 

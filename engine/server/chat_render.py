@@ -8,6 +8,7 @@ from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.request import PromptIds
+from dgpp.engine.server.image_inputs import IMAGE_PARTS, part_url
 from dgpp.engine.server.protocol import ChatMessage
 
 INSTRUCTION_ROLES = ("system", "developer")
@@ -16,23 +17,33 @@ INSTRUCTION_ROLES = ("system", "developer")
 THINKING_PARTS = ("thinking", "redacted_thinking")
 
 
-def _text(content: str | list[Any] | None) -> str:
-    """The text of a message; Anthropic-style thinking parts are not text (see `_thinking`)."""
+def _text(content: str | list[Any] | None, images: list[str] | None = None) -> Any:
+    """The text of a message; Anthropic-style thinking parts are not text (see `_thinking`).
+    With `images` (a vision-language model), a message with image parts keeps its parts for
+    the template (text and `{"type": "image"}`, where it writes the image's placeholder) and
+    their URLs go to `images`, in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         if part.type in THINKING_PARTS:
             continue
-        if part.type != "text" or part.text is None:
+        if part.type in IMAGE_PARTS and images is not None:
+            images.append(part_url(part, "messages"))
+            parts.append({"type": "image"})
+        elif part.type != "text" or part.text is None:
+            kind = "model" if part.type not in IMAGE_PARTS else "text-only model"
             raise InvalidRequestError(
-                f"content part type {part.type!r} is not supported by this text model",
-                param="messages",
+                f"content part type {part.type!r} is not supported by this {kind}",
+                param=getattr(part, "origin", None) or "messages",  # where the API had it
             )
-        texts.append(part.text)
-    return "\n".join(texts)
+        else:
+            parts.append({"type": "text", "text": part.text})
+    if any(part["type"] == "image" for part in parts):
+        return parts
+    return "\n".join(part["text"] for part in parts)
 
 
 def _thinking(content: str | list[Any] | None) -> str:
@@ -77,8 +88,13 @@ def _arguments(raw: str | dict[str, Any]) -> dict[str, Any] | str:
     return parsed if isinstance(parsed, dict) else raw
 
 
-def normalise(messages: list[ChatMessage], traits: TemplateTraits) -> list[dict[str, Any]]:
+def normalise(
+    messages: list[ChatMessage], traits: TemplateTraits, images: list[str] | None = None
+) -> list[dict[str, Any]]:
     """Template-ready dicts that never turn valid OpenAI input into a template error.
+
+    - Image parts (where `images` collects their URLs: a vision-language model) stay parts of
+      their message's content; for a text-only model they are refused.
 
     - `developer` is an instruction role: it becomes `system`.
     - Consecutive leading instruction messages stay separate where the template accepts several
@@ -92,7 +108,14 @@ def normalise(messages: list[ChatMessage], traits: TemplateTraits) -> list[dict[
     index = 0
     leading: list[str] = []
     while index < len(messages) and messages[index].role in INSTRUCTION_ROLES:
-        leading.append(_text(messages[index].content))
+        content = messages[index].content
+        images_here = isinstance(content, list) and any(p.type in IMAGE_PARTS for p in content)
+        if images is not None and images_here:
+            raise InvalidRequestError(
+                "images in system messages are not supported; send them in a user message",
+                param="messages",
+            )
+        leading.append(_text(content))
         index += 1
     if len(leading) > 1 and not traits.multiple_leading_system:
         leading = ["\n\n".join(leading)]
@@ -100,7 +123,7 @@ def normalise(messages: list[ChatMessage], traits: TemplateTraits) -> list[dict[
     late_role = "system" if traits.late_system else "user"
     for message in messages[index:]:
         role = late_role if message.role in INSTRUCTION_ROLES else message.role
-        item: dict[str, Any] = {"role": role, "content": _text(message.content)}
+        item: dict[str, Any] = {"role": role, "content": _text(message.content, images)}
         if role == "assistant":
             reasoning = message.reasoning_content or message.reasoning or _thinking(message.content)
             if reasoning:

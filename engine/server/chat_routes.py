@@ -18,7 +18,7 @@ from dgpp.engine.server.api_sampling import (
     chat_max_tokens,
     resolve_max_tokens,
 )
-from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.chat_prompt import render_chat
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.metrics import RequestTracker
 from dgpp.engine.server.output_parser import ParsedDelta
@@ -139,13 +139,13 @@ def _prompt(
     tools: list[dict[str, Any]] | None,
     forced: ForcedStart | None,
 ) -> list[int]:
-    prompt = render(
-        state.tokenizer,
-        normalise(request.messages, state.template_traits),
+    prompt = render_chat(
+        state,
+        request.messages,
         tools,
         _template_kwargs(state, request),
         request.add_generation_prompt,
-        hint_system=state.hint_system,
+        request.mm_processor_kwargs,
     )
     return with_forced_start(state.tokenizer, prompt, forced)
 

@@ -92,6 +92,50 @@ class ServerConfig:
         "how the model writes tool calls and reasoning; auto tells it from the chat template",
     )
 
+    image_min_pixels: int | None = knob(
+        None,
+        "vision-language models: an image with fewer pixels is scaled up to about this many "
+        "(aspect kept; each 32x32 square is one vision token)",
+        label="Image min pixels",
+        unit="pixels",
+        ge=1024,
+        when_unset="the checkpoint's image processor's",
+        live=True,
+    )
+    image_max_pixels: int | None = knob(
+        None,
+        "vision-language models: an image with more pixels is scaled down to about this many "
+        "(the image-quality knob: fewer pixels, fewer vision tokens, a shorter prefill); a "
+        "request's mm_processor_kwargs may ask for other bounds within these",
+        label="Image max pixels",
+        unit="pixels",
+        ge=1024,
+        when_unset="the checkpoint's image processor's",
+        live=True,
+    )
+    max_images_per_request: int = knob(
+        32, "images one request may carry", label="Images per request", ge=0, live=True
+    )
+    image_url_fetch: bool = knob(
+        False,
+        "fetch http(s) image URLs (at most 20 MiB, within image_fetch_timeout_s); off: only "
+        "data: URLs and base64 images are taken",
+        label="Fetch image URLs",
+        live=True,
+    )
+    image_fetch_timeout_s: float = knob(
+        10.0, "how long fetching one image URL may take", unit="s", gt=0.0, live=True
+    )
+    image_coordinates: Literal["original", "model"] = knob(
+        "original",
+        "grounding boxes and points in answers: original maps the ones a model writes in the "
+        "resized image's pixels back to the client's image (models that write 0-1000 "
+        "coordinates need no mapping); model leaves them as written; a request's "
+        "image_coordinates wins",
+        label="Image coordinates",
+        live=True,
+    )
+
     def __post_init__(self) -> None:
         check_knobs(self, prefix="http.")
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.chat_prompt import render_chat
 from dgpp.engine.server.config import concrete_names
 from dgpp.engine.server.deps import Startup, State, current_state
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS
@@ -77,12 +77,9 @@ async def tokenize(request: TokenizeRequest, state: State) -> dict[str, Any]:
 
 def _tokens(state: ServerState, request: TokenizeRequest) -> list[int]:
     if request.messages is not None:
-        return render(
-            state.tokenizer,
-            normalise(request.messages, state.template_traits),
-            None,
-            dict(state.config.default_chat_template_kwargs),
-            request.add_generation_prompt,
+        kwargs = dict(state.config.default_chat_template_kwargs)
+        return render_chat(
+            state, request.messages, None, kwargs, request.add_generation_prompt, hint_system=False
         )
     return list(
         state.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens).input_ids

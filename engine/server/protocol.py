@@ -89,11 +89,22 @@ class SamplingFields(TolerantModel):
 
 
 class ContentPart(BaseModel):
-    """A part of a message's content; only text parts carry text for a text-only model."""
+    """A part of a message's content: text, or an image (`image_url`: a URL or {url, detail};
+    vision-language models only)."""
 
     model_config = ConfigDict(extra="allow")
     type: StrictStr
     text: StrictStr | None = None
+    image_url: StrictStr | dict[str, Any] | None = None
+
+
+class ImageOptions(TolerantModel):
+    """A request's image settings (vision-language models): `mm_processor_kwargs` bounds the
+    pixels of each resized image within the server's (`min_pixels`, `max_pixels`);
+    `image_coordinates` overrides `http.image_coordinates` for the answer."""
+
+    mm_processor_kwargs: dict[str, Any] | None = None
+    image_coordinates: Literal["original", "model"] | None = None
 
 
 class ToolCallFunction(BaseModel):
@@ -119,7 +130,7 @@ class ChatMessage(BaseModel):
     reasoning: StrictStr | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ImageOptions):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.server.protocol import ChatMessage
+from dgpp.engine.server.protocol import ChatMessage, ContentPart
 from dgpp.engine.server.tolerant import note_ignored
 from dgpp.engine.server.tool_schema import schema_problem
 
@@ -40,12 +40,29 @@ def _part_text(part: Any, where: str) -> str:
     return text
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str) -> str | list[ContentPart]:
+    """A message's text; with `input_image` parts, its text and image parts in order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequestError("content must be a string or a list of parts", param=where)
-    return "\n".join(_part_text(part, f"{where}.{i}") for i, part in enumerate(content))
+    if not any(isinstance(part, dict) and part.get("type") == "input_image" for part in content):
+        return "\n".join(_part_text(part, f"{where}.{i}") for i, part in enumerate(content))
+    return [_part(part, f"{where}.{i}") for i, part in enumerate(content)]
+
+
+def _part(part: Any, where: str) -> ContentPart:
+    """A text part, or an `input_image` as a chat `image_url` part (a URL; no file ids)."""
+    if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        return ContentPart(type="text", text=_part_text(part, where))
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        problem = "file_id images are not supported" if part.get("file_id") else "needs one"
+        raise InvalidRequestError(
+            f"an input_image takes image_url (a data: or http(s) URL); {problem}",
+            param=f"{where}.image_url",
+        )
+    return ContentPart(type="image_url", image_url={"url": url}, origin=where)
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:

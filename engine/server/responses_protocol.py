@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
+from dgpp.engine.server.protocol import ImageOptions
 from dgpp.engine.server.tolerant import TolerantModel
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -21,7 +22,7 @@ class ReasoningConfig(TolerantModel):
     summary: StrictStr | None = None  # accepted; the reasoning text itself is returned
 
 
-class ResponsesRequest(TolerantModel):
+class ResponsesRequest(ImageOptions):
     model: StrictStr
     input: StrictStr | list[dict[str, Any]] = Field(default_factory=list)
     instructions: StrictStr | None = None

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.request import RequestOutput
 from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens
-from dgpp.engine.server.chat_render import normalise, render
+from dgpp.engine.server.chat_prompt import render_chat
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.errors import from_dgpp_error
 from dgpp.engine.server.metrics import RequestTracker
@@ -78,16 +78,10 @@ def _prompt(
     tools: list[dict[str, Any]] | None,
     forced: ForcedStart | None,
     effort: str | None,
+    image_options: dict[str, Any] | None = None,
 ) -> list[int]:
     kwargs = template_kwargs(state.config.default_chat_template_kwargs, effort=effort)
-    prompt = render(
-        state.tokenizer,
-        normalise(messages, state.template_traits),
-        tools,
-        kwargs,
-        True,
-        state.hint_system,
-    )
+    prompt = render_chat(state, messages, tools, kwargs, True, image_options)
     return with_forced_start(state.tokenizer, prompt, forced)
 
 
@@ -119,7 +113,8 @@ async def create_response(
         text_format = (request.text or {}).get("format")
         grammar = await checked(state, format_grammar(text_format, "text.format"), "text.format")
     effort = request.reasoning.effort if request.reasoning else None
-    prompt = await asyncio.to_thread(_prompt, state, messages, tools, forced, effort)
+    options = request.mm_processor_kwargs
+    prompt = await asyncio.to_thread(_prompt, state, messages, tools, forced, effort, options)
     max_tokens = resolve_max_tokens(
         request.max_output_tokens, len(prompt), state, "max_output_tokens", prompt_param="input"
     )

@@ -12,6 +12,7 @@ from dgpp.engine.sampling_defaults import SamplingDefaults
 from dgpp.engine.server.chat_render import TemplateTraits, probe_template
 from dgpp.engine.server.config import ServerConfig, concrete_names, is_pattern
 from dgpp.engine.server.errors import APIError
+from dgpp.engine.server.image_inputs import ServerImages, server_images
 from dgpp.engine.server.output_format import OutputFormat, choose_output_format
 from dgpp.engine.server.responses_store import ResponseStore
 
@@ -25,9 +26,11 @@ class ServerState:
     template_traits: TemplateTraits = field(init=False)
     output_format: OutputFormat = field(init=False)  # how the model writes calls and reasoning
     responses: ResponseStore = field(init=False)  # stored Responses API answers
+    images: ServerImages | None = field(init=False)  # a vision-language model's image front
 
     def __post_init__(self) -> None:
         self.template_traits = probe_template(self.tokenizer)
+        self.images = server_images(self.engine.engine)
         self.output_format = choose_output_format(self.config.tool_call_parser, self.tokenizer)
         self.responses = ResponseStore(
             self.config.responses_store_size, self.config.responses_store_ttl_s

@@ -32,6 +32,8 @@ class ImageLimits:
 
     max_bytes: int = 20 * 2**20  # the encoded image (OpenAI's and Anthropic's limits are ~20 MB)
     max_source_pixels: int = 50_000_000  # decoded width x height: refuses decompression bombs
+    fetch_urls: bool = False  # http(s) URLs are fetched (else refused)
+    fetch_timeout_s: float = 10.0  # for the whole fetch
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,46 @@ class PreparedImage:
 
 
 def image_bytes(url: str, limits: ImageLimits) -> bytes:
-    """The bytes of an `image_url`'s URL: a base64 data URL (remote URLs are not fetched)."""
+    """The bytes of an `image_url`'s URL: a base64 data URL, or an http(s) URL where the
+    limits allow fetching."""
     if url.startswith("data:"):
         header, _, payload = url.partition(",")
         if not header.endswith(";base64"):
             raise ImageInputError("an image data URL must be base64 (data:image/...;base64,...)")
         return base64_bytes(payload, limits)
     if url.startswith(("http://", "https://")):
-        raise ImageInputError(
-            "image URLs over http(s) are not fetched by this server; send the image as a "
-            "base64 data URL"
-        )
+        if not limits.fetch_urls:
+            raise ImageInputError(
+                "image URLs over http(s) are not fetched by this server (http.image_url_fetch "
+                "is off); send the image as a base64 data URL"
+            )
+        return fetch_bytes(url, limits)
     raise ImageInputError("an image URL must be a data URL (data:image/...;base64,...)")
+
+
+def fetch_bytes(url: str, limits: ImageLimits) -> bytes:
+    """GET `url`: at most `max_bytes`, within `fetch_timeout_s` altogether."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + limits.fetch_timeout_s
+    request = urllib.request.Request(url, headers={"User-Agent": "dgpp"})
+    chunks, size = [], 0
+    try:
+        with urllib.request.urlopen(request, timeout=limits.fetch_timeout_s) as response:
+            while chunk := response.read(1 << 16):
+                size += len(chunk)
+                if size > limits.max_bytes:
+                    raise ImageInputError(f"the image is larger than {limits.max_bytes} bytes")
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the fetch took too long")
+                chunks.append(chunk)
+    except ImageInputError:
+        raise
+    except (OSError, ValueError, urllib.error.URLError) as err:  # refused, 404, timeout
+        raise ImageInputError(f"the image URL could not be fetched ({err})") from None
+    return b"".join(chunks)
 
 
 def base64_bytes(payload: str, limits: ImageLimits) -> bytes:

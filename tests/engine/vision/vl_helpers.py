@@ -3,7 +3,9 @@ tokens for them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -62,3 +64,48 @@ def hf_vl_greedy(model: torch.nn.Module, prompt: PromptIds, max_new_tokens: int)
             tokens.append(int(logits[0, -1].argmax()))
             sequence.append(tokens[-1])
     return tokens
+
+
+# A Qwen-VL-style chat template for the tiny checkpoints (ChatML; an image part becomes its
+# placeholder between vision markers, as the Qwen3-VL and Qwen3.5 templates write it).
+VL_TEMPLATE = (
+    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
+    "{%- if message.content is string %}{{ message.content }}{% else %}"
+    "{% for part in message.content %}{% if part.type == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif part.type == 'text' %}{{ part.text }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+)
+VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+# The tiny image processor: 4-pixel patches merged 2x2, so a vision token is 8x8 pixels; images
+# are resized to 256 .. 4096 pixels (4 .. 64 tokens).
+PROCESSOR = {
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 256, "longest_edge": 4096},
+}
+
+
+def build_vl_checkpoint(out: Path, tokenizer_dir: Path, architecture: str) -> Path:
+    """A tiny checkpoint a server can take images for: the SmolLM2 tokenizer with the vision
+    markers added (ids past its vocabulary, which the model's covers), the template above and
+    the image processor's settings."""
+    from transformers import AutoTokenizer
+
+    from tests.conftest import tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VL_TEMPLATE
+    start, image, end = tokenizer.convert_tokens_to_ids(VISION_TOKENS)
+    model = tiny_model(architecture, vocab_size=len(tokenizer) + 5)
+    model.config.update(
+        {"image_token_id": image, "vision_start_token_id": start, "vision_end_token_id": end}
+    )
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    return out
