@@ -123,7 +123,9 @@ async def messages(
         sampling,
         max_tokens,
         grammar=grammar,
-        parser=lambda: ResponseParser(state, prompt, tools, forced),
+        parser=lambda: ResponseParser(
+            state, prompt, tools, forced, image_coordinates=request.image_coordinates
+        ),
         budget=lambda parser: _reasoning_budget(state, request, parser, grammar),
     )
     if request.stream:

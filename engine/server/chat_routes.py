@@ -86,7 +86,14 @@ async def chat_completions(
         logprobs=chat_logprobs(request),
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
-        parser=lambda: ResponseParser(state, prompt, tools, forced, request.skip_special_tokens),
+        parser=lambda: ResponseParser(
+            state,
+            prompt,
+            tools,
+            forced,
+            request.skip_special_tokens,
+            request.image_coordinates,
+        ),
     )
     created = int(time.time())
     if request.stream:

@@ -23,6 +23,7 @@ from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.request import PromptIds
 from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.coordinates import RELATIVE
 from dgpp.engine.vision.images import (
     ImageInputError,
     ImageLimits,
@@ -65,6 +66,9 @@ class ServerImages:
         self.preparer = ImagePreparer(processor, self.checkpoint_quality)
         self.image_token = int(model.raw["image_token_id"])
         self.merge = self.preparer.processor.merge_size
+        # How the served families write grounding coordinates: Qwen3-VL and Qwen3.5 on a
+        # 0-1000 grid over the image (`dgpp.engine.server.coordinates`).
+        self.convention = RELATIVE
 
     def bounds(self, config: ServerConfig) -> ImageQuality:
         """The server's quality bounds: the checkpoint's, narrowed by the knobs."""

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.server.coordinates import CoordinateStream, ImageFrame
 from dgpp.engine.server.output_format import ToolFormat
 from dgpp.engine.server.output_parser import OutputParser, ParsedDelta, merge
 from dgpp.engine.server.state import ServerState
@@ -26,6 +27,21 @@ def decoding_params(state: ServerState, params: SamplingParams) -> SamplingParam
     return replace(params, skip_special_tokens=False)
 
 
+def coordinate_stream(
+    state: ServerState, prompt: list[int], override: str | None
+) -> CoordinateStream | None:
+    """The rewriter of grounding coordinates into the prompt's last image (None: no image, or
+    coordinates left as the model writes them)."""
+    images = getattr(prompt, "images", ())
+    mode = override or state.config.image_coordinates
+    if not images or mode != "original" or state.images is None:
+        return None
+    last = images[-1]
+    return CoordinateStream(
+        ImageFrame(last.original_size, last.resized_size, state.images.convention)
+    )
+
+
 class ResponseParser:
     """An `OutputParser` that has already read the forced opening, if any.
 
@@ -42,6 +58,7 @@ class ResponseParser:
         tools: list[dict[str, Any]] | None,
         forced: ForcedStart | None = None,
         skip_special_tokens: bool = True,
+        image_coordinates: str | None = None,
     ) -> None:
         template = state.tokenizer.chat_template or ""
         reasoning = THINK_OPEN in template
@@ -60,6 +77,8 @@ class ResponseParser:
         )
         self.forced = forced
         self._pending = self.parser.feed(forced.text) if forced is not None else ParsedDelta()
+        # Grounding answers about the request's last image, in that image's pixels.
+        self.coordinates = coordinate_stream(state, prompt, image_coordinates)
 
     @property
     def num_tool_calls(self) -> int:
@@ -71,6 +90,8 @@ class ResponseParser:
     def feed(self, text: str) -> ParsedDelta:
         delta = merge([self._pending, self.parser.feed(text)])
         self._pending = ParsedDelta()
+        if self.coordinates is not None:
+            delta = replace(delta, content=self.coordinates.feed(delta.content))
         return delta
 
     def finish(self, generated: str) -> ParsedDelta:
@@ -80,7 +101,11 @@ class ResponseParser:
             pieces.append(self.parser.feed(self.forced.closing))
         pieces.append(self.parser.finish())
         self._pending = ParsedDelta()
-        return merge(pieces)
+        delta = merge(pieces)
+        if self.coordinates is not None:
+            content = self.coordinates.feed(delta.content) + self.coordinates.finish()
+            delta = replace(delta, content=content)
+        return delta
 
     def parse_whole(self, generated: str) -> ParsedDelta:
         return merge([self.feed(generated), self.finish(generated)])

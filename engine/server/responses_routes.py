@@ -135,7 +135,9 @@ async def create_response(
         max_tokens,
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
-        parser=lambda: ResponseParser(state, prompt, tools, forced),
+        parser=lambda: ResponseParser(
+            state, prompt, tools, forced, image_coordinates=request.image_coordinates
+        ),
     )
     turn = _Turn(state, request.store, conversation)
     if request.stream:

@@ -286,3 +286,44 @@ def test_a_screenshot_in_a_tool_result_counts_its_vision_tokens(vl_server: Runni
 
     text = [{"type": "text", "text": "done"}]
     assert count([*text, image]) - count(text) == _tokens(120, 90, 256, 4096) + 2  # + markers
+
+
+BOX_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "bbox_2d": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 1000},
+            "minItems": 4,
+            "maxItems": 4,
+        }
+    },
+    "required": ["bbox_2d"],
+    "additionalProperties": False,
+}
+
+
+def test_a_box_comes_back_in_the_original_images_pixels(vl_server: RunningServer) -> None:
+    """The answer is held to a Qwen-style box (a JSON schema); the model's 0-1000 numbers
+    come back as pixels of the 120x90 PNG, unless the request asks for the model's own."""
+    import json
+
+    def box(**extra: Any) -> list[int]:
+        answer = _chat(
+            vl_server,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "b", "schema": BOX_SCHEMA},
+            },
+            **extra,
+        )
+        return json.loads(answer.choices[0].message.content)["bbox_2d"]
+
+    raw = box(image_coordinates="model", max_tokens=40)
+    mapped = box(max_tokens=40)
+    assert mapped == [
+        round(v * size / 1000) for v, size in zip(raw, (120, 90, 120, 90), strict=True)
+    ]
+    assert raw != mapped
+    with server_settings(vl_server, image_coordinates="model"):
+        assert box(max_tokens=40) == raw
