@@ -190,6 +190,10 @@ class LLMEngine:
         images = prompt.images if isinstance(prompt, PromptIds) else ()
         if images:
             self.runner.check_images(prompt_ids, images)
+            vision = self.counters.vision
+            vision.requests += 1
+            vision.images += len(images)
+            vision.tokens += sum(image.span.tokens for image in images)
         if params.logit_bias:
             check_token_ids(list(params.logit_bias), self.model_config.vocab_size, "logit_bias")
         num_prompt = len(prompt_ids)
@@ -306,6 +310,10 @@ class LLMEngine:
         counters = copy.deepcopy(self.counters)
         counters.prefix_cache.evictions = self.block_manager.cache.num_evictions
         report_tiers(counters.prefix_cache, self.block_manager, self.runner)
+        if (vision := self.runner.vision) is not None:
+            counters.vision.encoded = vision.images_encoded
+            counters.vision.encoder_seconds = vision.encoder_seconds
+            counters.vision.cache_hits = vision.cache.hits
         return EngineStats(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),

@@ -40,6 +40,19 @@ class PrefixCacheCounters:
 
 
 @dataclass
+class VisionCounters:
+    """Cumulative image counters of a vision-language model (rank 0): what admitted prompts
+    carried, and what rank 0's encoder did (every rank encodes the same images)."""
+
+    requests: int = 0  # admitted requests with at least one image
+    images: int = 0  # images in admitted prompts
+    tokens: int = 0  # their vision tokens (prompt tokens)
+    encoded: int = 0  # images the encoder ran on
+    encoder_seconds: float = 0.0  # the time it took
+    cache_hits: int = 0  # images read from the encoder cache instead (a repeated image)
+
+
+@dataclass
 class ClassLatency:
     """Queue time (arrival to first scheduled) and TTFT sums of the requests of one prompt
     class that produced a first token (rank 0)."""
@@ -69,6 +82,7 @@ class EngineCounters:
     num_preemptions: int = 0
     prefix_cache: PrefixCacheCounters = field(default_factory=PrefixCacheCounters)
     spec_decode: SpecCounters = field(default_factory=SpecCounters)
+    vision: VisionCounters = field(default_factory=VisionCounters)
     # By prompt class ("short" / "long", `Request.prompt_class`): the scheduler's own rule.
     prompt_classes: dict[str, ClassLatency] = field(default_factory=_class_latencies)
 

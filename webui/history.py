@@ -36,6 +36,11 @@ class Sample:
     running: int | None = None
     waiting: int | None = None
     spec_acceptance: float | None = None  # accepted / drafted tokens since the previous sample
+    # Vision-language models, since the previous sample: images in admitted prompts per second,
+    # the encoder's mean time per image it ran on, and the share of images its cache held.
+    images_rps: float | None = None
+    encoder_ms: float | None = None
+    image_cache_hit_rate: float | None = None
     # Mean queue time and TTFT, by prompt class, of requests first answered since the previous one.
     queue_short_s: float | None = None
     queue_long_s: float | None = None

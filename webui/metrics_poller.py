@@ -41,6 +41,8 @@ class Snapshot:
     classes: dict[str, tuple[int, float, float]]
     outcomes: dict[str, int]  # API requests by outcome, cumulative
     latencies: dict[str, Buckets]  # by LATENCY_FAMILIES key; absent when /metrics had none
+    # Images admitted, encoded, encoder seconds, encoder-cache hits (vision-language models).
+    vision: tuple[int, int, float, int] = (0, 0, 0.0, 0)
 
 
 def _classes(metrics: dict[str, Any]) -> dict[str, tuple[int, float, float]]:
@@ -91,7 +93,29 @@ def snapshot_of(ts: float, metrics: dict[str, Any], exposition: str | None = Non
         _classes(metrics),
         {name: int(service[name]) for name in OUTCOMES if name in service},
         _latencies(exposition),
+        _vision(metrics),
     )
+
+
+def _vision(metrics: dict[str, Any]) -> tuple[int, int, float, int]:
+    vision = metrics.get("vision") or {}
+    return (
+        int(vision.get("images", 0)),
+        int(vision.get("encoded", 0)),
+        float(vision.get("encoder_seconds", 0.0)),
+        int(vision.get("encoder_cache_hits", 0)),
+    )
+
+
+def _vision_rates(now: Snapshot, before: Snapshot, seconds: float) -> dict[str, float | None]:
+    images, encoded, spent, hits = now.vision
+    images0, encoded0, spent0, hits0 = before.vision
+    fresh = encoded - encoded0
+    return {
+        "images_rps": _rate(images, images0, seconds),
+        "encoder_ms": (spent - spent0) * 1000 / fresh if fresh > 0 else None,
+        "image_cache_hit_rate": _ratio(hits, hits0, hits + encoded, hits0 + encoded0),
+    }
 
 
 def _rate(now: int, before: int, seconds: float) -> float | None:
@@ -194,6 +218,7 @@ def sample_of(
             **_class_means(now, previous),
             **_outcome_rates(now, previous, seconds),
             **_quantiles(now, previous),
+            **_vision_rates(now, previous, seconds),
         }
     state: dict[str, Any] = {
         "running": scheduler.get("running"),

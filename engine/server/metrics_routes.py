@@ -120,6 +120,16 @@ def metrics_body(
             }
             for name, latency in counters.prompt_classes.items()
         },
+        "vision": {
+            "requests": counters.vision.requests,
+            "images": counters.vision.images,
+            "tokens": counters.vision.tokens,
+            "images_per_request": _average(counters.vision.images, counters.vision.requests),
+            "encoded": counters.vision.encoded,
+            "encoder_seconds": round(counters.vision.encoder_seconds, 6),
+            "encoder_avg_s": _average(counters.vision.encoder_seconds, counters.vision.encoded),
+            "encoder_cache_hits": counters.vision.cache_hits,
+        },
         "spec_decode": {
             "method": stats.speculative,
             "depth": stats.spec_depth,

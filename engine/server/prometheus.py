@@ -162,6 +162,7 @@ def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
             stats.snapshots.hits,
         )
     yield from _step_model_families(model, stats.step_model)
+    yield from _vision_families(model, stats)
     spec = counters.spec_decode
     yield _counter(
         "dgpp:spec_decode_num_drafts",
@@ -213,6 +214,24 @@ STEP_MODEL_GAUGES = (
         "A typical short request's first-token step alone: an arrival's wait is sized on it.",
     ),
 )
+
+
+def _vision_families(model: str, stats: EngineStats) -> Iterator[Metric]:
+    """Images of a vision-language model's prompts, and its encoder's work (rank 0)."""
+    vision = stats.counters.vision
+    for name, doc, value in (
+        ("vision_requests", "Admitted requests with images.", vision.requests),
+        ("vision_images", "Images in admitted prompts.", vision.images),
+        ("vision_tokens", "Vision tokens of those images (prompt tokens).", vision.tokens),
+        ("vision_images_encoded", "Images the vision encoder ran on.", vision.encoded),
+        ("vision_encoder_seconds", "Time the vision encoder took (s).", vision.encoder_seconds),
+        (
+            "vision_encoder_cache_hits",
+            "Images read from the encoder cache instead of encoded again.",
+            vision.cache_hits,
+        ),
+    ):
+        yield _counter(f"dgpp:{name}", doc, model, value)
 
 
 def _step_model_families(model: str, step_model: dict[str, float | None]) -> Iterator[Metric]:

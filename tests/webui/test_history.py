@@ -54,6 +54,20 @@ def test_rates_come_from_two_snapshots() -> None:
     assert third.gen_tps is None and third.prefix_hit_rate is None and third.running == 2
 
 
+def test_image_rates_come_from_the_vision_counters() -> None:
+    """In 2 s: 6 images admitted; the encoder ran on 4 (0.2 s in all), its cache held 2."""
+    before, now = _metrics(10, 100, 0), _metrics(50, 300, 0)
+    before["vision"] = {"images": 4, "encoded": 3, "encoder_seconds": 0.5, "encoder_cache_hits": 1}
+    now["vision"] = {"images": 10, "encoded": 7, "encoder_seconds": 0.7, "encoder_cache_hits": 3}
+    _, snapshot = sample_of(100.0, before, True, None)
+    sample, _ = sample_of(102.0, now, True, snapshot)
+    assert sample.images_rps == pytest.approx(3.0)
+    assert sample.encoder_ms == pytest.approx(50.0)
+    assert sample.image_cache_hit_rate == pytest.approx(2 / 6)
+    text_only, _ = sample_of(104.0, _metrics(60, 320, 0), True, snapshot)  # no vision section
+    assert text_only.encoder_ms is None and text_only.image_cache_hit_rate is None
+
+
 def _with_classes(metrics: dict, short: tuple, long: tuple) -> dict:
     keys = ("requests", "queue_sum_s", "ttft_sum_s")
     return {

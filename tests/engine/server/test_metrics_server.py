@@ -99,6 +99,16 @@ JSON_KEYS = {
         "drafts_per_step",
         "per_position",
     },
+    "vision": {
+        "requests",
+        "images",
+        "tokens",
+        "images_per_request",
+        "encoded",
+        "encoder_seconds",
+        "encoder_avg_s",
+        "encoder_cache_hits",
+    },
 }
 HISTOGRAMS = (
     "dgpp:e2e_request_latency_seconds",

@@ -327,3 +327,18 @@ def test_a_box_comes_back_in_the_original_images_pixels(vl_server: RunningServer
     assert raw != mapped
     with server_settings(vl_server, image_coordinates="model"):
         assert box(max_tokens=40) == raw
+
+
+def test_metrics_count_images_and_the_encoders_work(vl_server: RunningServer) -> None:
+    """The same screenshot twice without the prefix cache: encoded once, then an encoder-cache
+    hit; both requests' images and vision tokens counted."""
+    before = httpx.get(f"{vl_server.url}/v1/metrics", timeout=30).json()["vision"]
+    for _ in range(2):
+        assert _chat(vl_server, prefix_cache=False).usage.prompt_tokens
+    after = httpx.get(f"{vl_server.url}/v1/metrics", timeout=30).json()["vision"]
+    assert after["images"] - before["images"] == 2
+    assert after["tokens"] - before["tokens"] == 2 * _tokens(120, 90, 256, 4096)
+    assert after["encoder_cache_hits"] - before["encoder_cache_hits"] >= 1
+    assert after["encoder_seconds"] > 0 and after["encoded"] >= 1
+    exposition = httpx.get(f"{vl_server.url}/metrics", timeout=30).text
+    assert f'dgpp:vision_images_total{{model_name="m"}} {float(after["images"])}' in exposition
