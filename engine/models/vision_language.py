@@ -17,12 +17,11 @@ from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
 from dgpp.engine.config import ModelConfig
-from dgpp.engine.layers.moe import Experts
+from dgpp.engine.layers.moe import Experts, expert_target
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_5 import take_stacked_experts
-from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.vision_tower import attach_vision, vision_encoder
 from dgpp.engine.parallel import ParallelContext
 
@@ -46,37 +45,11 @@ def with_default_section(config: ModelConfig) -> ModelConfig:
 
 
 class Qwen3VLForCausalLM(LlamaForCausalLM):
-    """`Qwen3VLForConditionalGeneration`: Qwen3 with images."""
+    """`Qwen3VLForConditionalGeneration`: Qwen3 with images. Its MoE sibling's experts are
+    stored stacked (released checkpoints: transposed, gate_up [E, H, 2I] and down [E, I, H])."""
 
     checkpoint_name = staticmethod(vl_checkpoint_name)
     vision_encoder = property(vision_encoder)
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        parallel: ParallelContext,
-        max_position: int,
-        attention: PagedAttentionBackend,
-    ) -> None:
-        super().__init__(with_default_section(config), parallel, max_position, attention)
-        attach_vision(self, config)
-
-
-class Qwen3VLMoeForCausalLM(Qwen3MoeForCausalLM):
-    """`Qwen3VLMoeForConditionalGeneration`: Qwen3-MoE with images; its router always
-    renormalises the top k, and its experts are stored stacked (released checkpoints:
-    transposed, gate_up [E, H, 2I] and down [E, I, H])."""
-
-    checkpoint_name = staticmethod(vl_checkpoint_name)
-    vision_encoder = property(vision_encoder)
-
-    @staticmethod
-    def build_mlp(
-        config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
-    ) -> nn.Module:
-        spec = qwen3_moe_spec(config.raw)
-        spec = replace(spec, router=replace(spec.router, norm_topk_prob=True))
-        return moe_mlp(config, parallel, spec, index, prefix)
 
     def __init__(
         self,
@@ -90,3 +63,18 @@ class Qwen3VLMoeForCausalLM(Qwen3MoeForCausalLM):
         for module in self.modules():
             if isinstance(module, Experts):
                 take_stacked_experts(module, transposed=True)
+
+
+class Qwen3VLMoeForCausalLM(Qwen3VLForCausalLM):
+    """`Qwen3VLMoeForConditionalGeneration`: Qwen3-MoE with images; its router always
+    renormalises the top k."""
+
+    checkpoint_target = staticmethod(expert_target)
+
+    @staticmethod
+    def build_mlp(
+        config: ModelConfig, parallel: ParallelContext, index: int, prefix: str
+    ) -> nn.Module:
+        spec = qwen3_moe_spec(config.raw)
+        spec = replace(spec, router=replace(spec.router, norm_topk_prob=True))
+        return moe_mlp(config, parallel, spec, index, prefix)
