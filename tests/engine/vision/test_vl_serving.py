@@ -172,3 +172,21 @@ def test_a_text_only_model_refuses_images(tmp_path: Path, tokenizer_dir: Path) -
     llm = LLM(str(checkpoint), kv_capacity=256)
     with pytest.raises(InvalidRequestError, match="does not take images"):
         llm.generate([vl_prompt([[5, 6], ((1, 4, 6), 1), [7]])], _greedy())
+
+
+@pytest.mark.parametrize("family", FAMILIES[:1], indirect=True, ids=["qwen3-vl"])
+def test_layer_slices_and_speculation_keep_the_tokens(family: tuple[Path, torch.nn.Module]) -> None:
+    """A long prompt's chunks computed a layer a step (the image merged at the first layer,
+    DeepStack added at its own), and n-gram verify rows after an image (shifted positions)."""
+    from tests.engine.test_layer_slices import _sliced
+
+    checkpoint, hf_model = family
+    prompt = vl_prompt([list(range(200, 230)), ((1, 8, 4), 2), [7, 8, 9] * 10])
+    want = hf_vl_greedy(hf_model, prompt, NEW)
+    sliced = _llm(checkpoint, short_prompt_tokens=8, prefill_chunk_tokens=16)
+    _sliced(sliced, per_step=1)
+    assert list(sliced.generate([prompt], _greedy())[0].outputs[0].token_ids) == want
+    assert sliced.engine.counters.num_layer_slices > 0
+    spec = _llm(checkpoint, speculative="ngram", spec_ngram_min=1)
+    assert list(spec.generate([prompt], _greedy())[0].outputs[0].token_ids) == want
+    assert spec.engine.counters.spec_decode.draft_tokens > 0
