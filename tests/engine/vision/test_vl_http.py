@@ -60,20 +60,25 @@ def vl_server(
 
 @pytest.fixture(scope="module")
 def reference(vl_server: RunningServer) -> str:
+    return _reference(vl_server, "Qwen3VLForConditionalGeneration")
+
+
+def _reference(server: RunningServer, architecture: str) -> str:
     """transformers' greedy answer: its image processor's pixels, the template's prompt with
     the placeholder widened, its model's tokens."""
     import transformers
 
-    checkpoint = Path(vl_server.engine.checkpoint)
-    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(
-        str(checkpoint), dtype=torch.float32
-    ).eval()
-    tokenizer = vl_server.state.tokenizer
+    checkpoint = Path(server.engine.checkpoint)
+    model = (
+        getattr(transformers, architecture)
+        .from_pretrained(str(checkpoint), dtype=torch.float32)
+        .eval()
+    )
+    tokenizer = server.state.tokenizer
     processor = Qwen2VLImageProcessorPil(**{k: v for k, v in PROCESSOR.items() if k != "size"})
     size = {"shortest_edge": 256, "longest_edge": 4096}
-    inputs = processor(
-        images=[Image.open(io.BytesIO(PNG)).convert("RGB")], size=size, return_tensors="pt"
-    )
+    image = Image.open(io.BytesIO(PNG)).convert("RGB")
+    inputs = processor(images=[image], size=size, return_tensors="pt")
     grid = inputs["image_grid_thw"]
     text = tokenizer.apply_chat_template(_messages(), tokenize=False, add_generation_prompt=True)
     image_token = model.config.image_token_id
@@ -92,6 +97,19 @@ def reference(vl_server: RunningServer) -> str:
             ).logits
             sequence.append(int(logits[0, -1].argmax()))
     return tokenizer.decode(sequence[len(ids) :], skip_special_tokens=True)
+
+
+def test_a_hybrid_qwen3_5_takes_the_image_too(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
+) -> None:
+    """Qwen3.5 (Gated DeltaNet layers beside gated attention, no DeepStack) through the same
+    route: transformers' answer."""
+    architecture = "Qwen3_5ForConditionalGeneration"
+    checkpoint = build_vl_checkpoint(
+        tmp_path_factory.mktemp("qwen3.5-http"), tokenizer_dir, architecture
+    )
+    with running_server(checkpoint, ("m",), {"kv_capacity": 4096, "block_size": 8}) as server:
+        assert _chat(server).choices[0].message.content == _reference(server, architecture)
 
 
 def _messages() -> list[dict[str, Any]]:
