@@ -153,7 +153,8 @@ class ModelConfig:
                 partial_rotary_factor=float(
                     (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
                     or raw.get("partial_rotary_factor")
-                    or 1.0
+                    # MiniMax-M2's releases name the rotary dims instead
+                    or (raw.get("rotary_dim") or head_dim) / head_dim
                 ),
                 checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 eos_token_ids=eos_ids,
