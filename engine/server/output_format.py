@@ -9,6 +9,7 @@ template shows it, as the template is what teaches the model to write its calls:
 | `deepseek_v3` | `<｜tool▁calls▁begin｜>`                    | DeepSeek-V3, V3.1, R1           |
 | `glm45`       | `<arg_key>`                                 | GLM-4.5, GLM-4.6                |
 | `qwen3_coder` | `<function=` and `<parameter=`              | Qwen3-Coder, Qwen3-Next XML     |
+| `minimax_m2`  | `<minimax:tool_call>`                       | MiniMax-M2                      |
 | `hermes`      | none of those                               | Hermes/Qwen `<tool_call>` JSON, |
 |               |                                             | Llama 3 JSON (as before)        |
 
@@ -30,6 +31,7 @@ from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_format_deepseek import CALLS_BEGIN, deepseek_parser
 from dgpp.engine.server.tool_format_glm import ARG_KEY_OPEN, glm_parser
 from dgpp.engine.server.tool_format_harmony import CHANNEL
+from dgpp.engine.server.tool_format_minimax import BLOCK_OPEN, minimax_parser
 from dgpp.engine.server.tool_format_qwen_xml import FUNCTION_OPEN, PARAMETER_OPEN, qwen_xml_parser
 from dgpp.engine.server.tool_parser import ToolCallParser
 
@@ -44,6 +46,7 @@ class ToolFormat(StrEnum):
     DEEPSEEK_V3 = "deepseek_v3"
     HARMONY = "harmony"
     QWEN3_CODER = "qwen3_coder"
+    MINIMAX_M2 = "minimax_m2"
 
 
 SETTINGS = (AUTO, *(kind.value for kind in ToolFormat))
@@ -58,6 +61,8 @@ def detect_format(chat_template: str) -> ToolFormat:
         return ToolFormat.DEEPSEEK_V3
     if ARG_KEY_OPEN in chat_template:
         return ToolFormat.GLM45
+    if BLOCK_OPEN in chat_template:
+        return ToolFormat.MINIMAX_M2
     if FUNCTION_OPEN in chat_template and PARAMETER_OPEN in chat_template:
         return ToolFormat.QWEN3_CODER
     return ToolFormat.HERMES
@@ -104,6 +109,8 @@ def content_tool_parser(kind: ToolFormat, schemas: ToolSchemas) -> ToolCallParse
         return deepseek_parser()
     if kind is ToolFormat.QWEN3_CODER:
         return qwen_xml_parser(schemas)
+    if kind is ToolFormat.MINIMAX_M2:
+        return minimax_parser(schemas)
     if kind is ToolFormat.HARMONY:
         raise ValueError("harmony output is parsed whole by HarmonyParser")
     return ToolCallParser()

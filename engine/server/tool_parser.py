@@ -189,7 +189,8 @@ class ToolCallParser:
 
     `decode`: a closed block's body to a call; `open_tag`/`close_tag`: the block's tags;
     `llama_json`: content that starts with "{" is held and tried as Llama 3 JSON at `finish`;
-    `dropped`: markers removed from the content wherever they appear outside blocks.
+    `dropped`: markers removed from the content wherever they appear outside blocks (with
+    the whitespace after them where `strip_after_dropped`, as after a call).
     """
 
     def __init__(
@@ -200,8 +201,10 @@ class ToolCallParser:
         close_tag: str = CALL_CLOSE,
         llama_json: bool = True,
         dropped: tuple[str, ...] = (),
+        strip_after_dropped: bool = False,
     ) -> None:
         self._decode = decode
+        self._strip_after_dropped = strip_after_dropped
         self._open, self._close = open_tag, close_tag
         self._markers = (open_tag, *dropped)  # what the content is searched for
         self._mode = _Mode.START if llama_json else _Mode.TEXT
@@ -266,6 +269,8 @@ class ToolCallParser:
         self._buffer = self._buffer[at + len(tag) :]
         if tag == self._open:
             self._mode, self._scan_from = _Mode.BLOCK, 0
+        elif self._strip_after_dropped:  # the layout after a dropped marker goes with it
+            self._strip_whitespace = True
         return True
 
     def _step_block(self, content: list[str], calls: list[ToolCallDelta]) -> bool:

@@ -1,0 +1,77 @@
+"""MiniMax-M2 XML tool calls (its chat template):
+
+    <minimax:tool_call>
+    <invoke name="get_weather">
+    <parameter name="city">Paris</parameter>
+    <parameter name="days">3</parameter>
+    </invoke>
+    <invoke name="get_time">
+    <parameter name="zone">CET</parameter>
+    </invoke>
+    </minimax:tool_call>
+
+One `<minimax:tool_call>` block may hold several `<invoke>`s (parallel calls): each `<invoke>` is
+a call, and the block's own tags are dropped from the content. A value is converted by the
+parameter's schema type as the Qwen3-Coder format's are (tool_arguments.py): text where a string
+is allowed or the schema does not say, else JSON; one newline just inside the tags is layout.
+A missing `</parameter>` ends at the next `<parameter` or at the call's end. Reasoning is
+`<think>…</think>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import partial
+from typing import Any
+
+from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
+from dgpp.engine.server.tool_parser import ToolCallParser
+
+BLOCK_OPEN = "<minimax:tool_call>"
+BLOCK_CLOSE = "</minimax:tool_call>"
+INVOKE_OPEN = "<invoke name="
+INVOKE_CLOSE = "</invoke>"
+_NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
+_PARAMETER = re.compile(r"""\s*<parameter name=["']?([^"'<>]*?)["']?\s*>""")
+PARAMETER_CLOSE = "</parameter>"
+
+
+def minimax_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` of an `<invoke name=` body (up to its `</invoke>`), or None
+    when it is not a call."""
+    head = _NAME.match(body)
+    if head is None:
+        return None
+    name = head.group(1)
+    arguments: dict[str, Any] = {}
+    pos = head.end()
+    while (parameter := _PARAMETER.match(body, pos)) is not None:
+        key = parameter.group(1).strip()
+        if not key:
+            return None
+        start = parameter.end()
+        close = body.find(PARAMETER_CLOSE, start)
+        following = body.find("<parameter", start)
+        if close < 0 or 0 <= following < close:  # unclosed: up to the next parameter or the end
+            stop = following if following >= 0 else len(body)
+            pos = stop
+        else:
+            stop = close
+            pos = close + len(PARAMETER_CLOSE)
+        value = body[start:stop].removeprefix("\n").removesuffix("\n")
+        arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
+    if body[pos:].strip():
+        return None  # text that is not a parameter: not a call
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def minimax_parser(schemas: ToolSchemas) -> ToolCallParser:
+    return ToolCallParser(
+        partial(minimax_call, schemas=schemas),
+        open_tag=INVOKE_OPEN,
+        close_tag=INVOKE_CLOSE,
+        llama_json=False,
+        dropped=(BLOCK_OPEN, BLOCK_CLOSE),
+        strip_after_dropped=True,
+    )
