@@ -41,6 +41,8 @@ STATED_PARAMS = {
     "deepseek-ai/DeepSeek-V3.2-Exp": 671.84 * (1 + 4 / 128),
     # GLM-5: 744B on the card (without its MTP layer), at FP8
     "zai-org/GLM-5-FP8": 744.0 * (1 + 4 / 128),
+    # MiniMax-M2: 230B on the card, at FP8 with block scales as DeepSeek-V3's
+    "MiniMaxAI/MiniMax-M2": 230.0 * (1 + 4 / 128),
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "Qwen/Qwen2.5-72B-Instruct": 72.7,
     "Qwen/Qwen3-8B": 8.19,
@@ -54,6 +56,7 @@ MOE_TEMPLATES = [
     "glm-4.5-air-fp8_bfloat16_w1",
     "glm-4.5-air-fp8_bfloat16_w2",
     "gpt-oss-120b_bfloat16_w1",
+    "minimax-m2_bfloat16_w4",
 ]
 
 
