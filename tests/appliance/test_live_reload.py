@@ -38,6 +38,13 @@ LIVE = {
     "http.max_tokens_policy",
     "http.queue_limit",
     "http.default_chat_template_kwargs",
+    # images: read from the server's settings per request
+    "http.image_min_pixels",
+    "http.image_max_pixels",
+    "http.max_images_per_request",
+    "http.image_url_fetch",
+    "http.image_fetch_timeout_s",
+    "http.image_coordinates",
 }
 
 
