@@ -67,15 +67,6 @@ PROCESSOR = {
     "image_std": [0.5, 0.5, 0.5],
     "size": {"shortest_edge": 65536, "longest_edge": 16777216},
 }
-MARKERS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
-TEMPLATE = (
-    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n"
-    "{%- if message.content is string %}{{ message.content }}{% else %}"
-    "{% for part in message.content %}{% if part.type == 'image' %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% elif part.type == 'text' %}{{ part.text }}"
-    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
-)
 QUESTION = "Which button closes this dialog? Answer with its bbox_2d."
 
 
@@ -87,10 +78,13 @@ def checkpoint() -> Path:
 
     from dgpp.appliance.default_model import install_default
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers
+    from tests.engine.vision.vl_helpers import VISION_TOKENS, VL_TEMPLATE
+
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(install_default()))
-    tokenizer.add_special_tokens({"additional_special_tokens": MARKERS})
-    tokenizer.chat_template = TEMPLATE
-    start, image, end = tokenizer.convert_tokens_to_ids(MARKERS)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VL_TEMPLATE  # the tests' Qwen-VL-style template
+    start, image, end = tokenizer.convert_tokens_to_ids(VISION_TOKENS)
     text = {**TEXT, "vocab_size": len(tokenizer) + 8}
     vision = {**VISION, "out_hidden_size": TEXT["hidden_size"]}
     config = transformers.Qwen3VLConfig(

@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import re
 from functools import partial
-from typing import Any
 
-from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
+from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_parser import ToolCallParser
+from dgpp.engine.server.xml_parameters import read_parameters
 
 BLOCK_OPEN = "<minimax:tool_call>"
 BLOCK_CLOSE = "</minimax:tool_call>"
@@ -34,7 +34,6 @@ INVOKE_OPEN = "<invoke name="
 INVOKE_CLOSE = "</invoke>"
 _NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
 _PARAMETER = re.compile(r"""\s*<parameter name=["']?([^"'<>]*?)["']?\s*>""")
-PARAMETER_CLOSE = "</parameter>"
 
 
 def minimax_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
@@ -44,23 +43,10 @@ def minimax_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
     if head is None:
         return None
     name = head.group(1)
-    arguments: dict[str, Any] = {}
-    pos = head.end()
-    while (parameter := _PARAMETER.match(body, pos)) is not None:
-        key = parameter.group(1).strip()
-        if not key:
-            return None
-        start = parameter.end()
-        close = body.find(PARAMETER_CLOSE, start)
-        following = body.find("<parameter", start)
-        if close < 0 or 0 <= following < close:  # unclosed: up to the next parameter or the end
-            stop = following if following >= 0 else len(body)
-            pos = stop
-        else:
-            stop = close
-            pos = close + len(PARAMETER_CLOSE)
-        value = body[start:stop].removeprefix("\n").removesuffix("\n")
-        arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
+    found = read_parameters(body, head.end(), _PARAMETER, "<parameter", name, schemas)
+    if found is None:
+        return None
+    arguments, pos = found
     if body[pos:].strip():
         return None  # text that is not a parameter: not a call
     return name, json.dumps(arguments, ensure_ascii=False)

@@ -25,23 +25,16 @@ from __future__ import annotations
 import json
 import re
 from functools import partial
-from typing import Any
 
-from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
+from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_parser import ToolCallParser, hermes_call
+from dgpp.engine.server.xml_parameters import read_parameters
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAMETER_OPEN = "<parameter="
-PARAMETER_CLOSE = "</parameter>"
 _HEAD = re.compile(r"\s*<function=([^\s<>]+)>")
 _PARAMETER = re.compile(r"\s*<parameter=([^<>]*?)>")
-
-
-def _value(text: str) -> str:
-    """A parameter's text without the template's layout newlines."""
-    text = text.removeprefix("\n")
-    return text.removesuffix("\n")
 
 
 def qwen_xml_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
@@ -58,23 +51,10 @@ def qwen_xml_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
     elif body[end + len(FUNCTION_CLOSE) :].strip():
         return None  # text after the function: not a call
     region = body[:end]
-    arguments: dict[str, Any] = {}
-    pos = head.end()
-    while (parameter := _PARAMETER.match(region, pos)) is not None:
-        key = parameter.group(1).strip()
-        if not key:
-            return None
-        start = parameter.end()
-        close = region.find(PARAMETER_CLOSE, start)
-        following = region.find(PARAMETER_OPEN, start)
-        if close < 0 or 0 <= following < close:  # unclosed: up to the next parameter or the end
-            stop = following if following >= 0 else len(region)
-            pos = stop
-        else:
-            stop = close
-            pos = close + len(PARAMETER_CLOSE)
-        types = schemas.types(name, key)
-        arguments[key] = convert_argument(_value(region[start:stop]), types, untyped_json=False)
+    found = read_parameters(region, head.end(), _PARAMETER, PARAMETER_OPEN, name, schemas)
+    if found is None:
+        return None
+    arguments, pos = found
     if region[pos:].strip():
         return None  # text that is not a parameter: not a call
     return name, json.dumps(arguments, ensure_ascii=False)

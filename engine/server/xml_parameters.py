@@ -1,0 +1,37 @@
+"""The parameters of an XML-style tool call (Qwen3-Coder's `<parameter=K>V</parameter>`,
+MiniMax-M2's `<parameter name="K">V</parameter>`), each value typed by the tool's schema."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
+
+PARAMETER_CLOSE = "</parameter>"
+
+
+def read_parameters(
+    region: str, pos: int, opener: re.Pattern[str], next_open: str, name: str, schemas: ToolSchemas
+) -> tuple[dict[str, Any], int] | None:
+    """`(arguments, end)` of the parameters of call `name` from `pos` in `region`, `opener`
+    matching each one's opening tag (its key the first group) and `next_open` the start of any
+    opening tag; None for an empty key. A missing `</parameter>` ends at the next opening tag or
+    at the region's end; one newline just inside the tags is layout and dropped."""
+    arguments: dict[str, Any] = {}
+    while (parameter := opener.match(region, pos)) is not None:
+        key = parameter.group(1).strip()
+        if not key:
+            return None
+        start = parameter.end()
+        close = region.find(PARAMETER_CLOSE, start)
+        following = region.find(next_open, start)
+        if close < 0 or 0 <= following < close:  # unclosed: up to the next parameter or the end
+            stop = following if following >= 0 else len(region)
+            pos = stop
+        else:
+            stop = close
+            pos = close + len(PARAMETER_CLOSE)
+        value = region[start:stop].removeprefix("\n").removesuffix("\n")
+        arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
+    return arguments, pos
