@@ -321,8 +321,7 @@ class BlockManager:
                 num_tokens = point - start
                 break
         if request.images:  # and never inside an image (its tokens are encoded together)
-            spans = [image.span for image in request.images]
-            return chunk_end(spans, start, start + num_tokens) - start
+            return chunk_end(request.image_spans, start, start + num_tokens) - start
         return num_tokens
 
     def snapshot_save(self, request: Request, end: int) -> tuple[int, int] | None:
@@ -346,9 +345,10 @@ class BlockManager:
         """Each full block's key: its tokens' (and those before), and the digests of the
         images it holds (placeholder tokens are the same for every image)."""
         images = None
-        if request.images:
-            spans = [image.span for image in request.images]
-            images = block_images(spans, self.block_size, len(request.token_ids) // self.block_size)
+        if request.images:  # only the blocks not keyed yet
+            num_blocks = len(request.token_ids) // self.block_size
+            known = len(request.block_hashes)
+            images = block_images(request.image_spans, self.block_size, num_blocks, known)
         return block_hashes(
             request.token_ids, self.block_size, self.salt, request.block_hashes, images
         )

@@ -169,7 +169,6 @@ class ModelRunner:
         self.kv_seconds = time.monotonic() - started  # reserving (zeroing) the whole pool
         self.tables = BlockTables()
         self.vision = vision_for(self.model, config, self.device, self.dtype)
-        self._fresh: set[int] = set()
         # The fused decode step over the layers and their bound caches (CPU, Llama family).
         self.native = native_decode.NativeDecode(self.model) if native else None
         # The residual stream a layer slice left, by seq id, for the request's next slice.
@@ -285,11 +284,10 @@ class ModelRunner:
         """The forward every rank runs for the same message (collectives inside must match):
         float32 logits [message.num_sampled, padded_vocab], in row order."""
         self.tables.apply(message)
-        self._fresh = set(message.encode)  # images encoded this step (not cache hits)
-        if message.encode:
-            assert self.vision is not None, "images to encode on a model without vision"
+        if self.vision is not None:
             spans = [span for row in message.rows for span in row.images]
             self.vision.encode(message.encode, message.pixels, spans)
+        assert self.vision is not None or not message.encode, "images for a text-only model"
         # A one-token prompt is a decode row from position 0: its slot may hold an earlier
         # request's state, and a decode row reads its state (a prefill chunk from 0 does not).
         fresh = [row.state_slot for row in message.rows[: message.num_decodes] if row.start == 0]
@@ -337,7 +335,7 @@ class ModelRunner:
             prefill_softmax_fp32=fp32,
         )
         input_ids, positions = message.token_inputs(self.device)
-        images = image_inputs(self.vision, message, self._fresh)
+        images = image_inputs(self.vision, message)
         if images is not None:
             positions, vision = images
         if images is None and self.native is not None and self.native.takes(layout):

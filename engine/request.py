@@ -12,7 +12,7 @@ import torch
 
 from dgpp.engine.sampler import TokenLogprobs
 from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.vision.spans import PromptImage
+from dgpp.engine.vision.spans import ImageSpan, PromptImage
 
 if TYPE_CHECKING:
     from dgpp.engine.detokenizer import IncrementalDetokenizer
@@ -128,6 +128,11 @@ class Request:
         """No chunk in flight: its last layer done, or preempted (recomputed from layer 0)."""
         self.slice_tokens = self.slice_layers = 0
         self.slice_layer_s = 0.0
+
+    @property
+    def image_spans(self) -> tuple[ImageSpan, ...]:
+        """Where the prompt's images sit (`dgpp.engine.vision.spans`)."""
+        return tuple(image.span for image in self.images)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -218,7 +218,7 @@ class BlockTables:
             end = chunk.start + chunk.num_tokens - len(chunk.draft)
             tokens = (*request.token_ids[chunk.start : end], *chunk.draft)
             kept, new = self.change(request.seq_id, request.block_table)
-            spans = tuple(image.span for image in request.images)
+            spans = request.image_spans
             rows.append(
                 StepRow(
                     request.seq_id,

@@ -36,21 +36,14 @@ from dgpp.engine.models.llama import DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
-from dgpp.engine.models.vision_tower import attach_vision, vision_encoder
+from dgpp.engine.models.vision_tower import attach_vision, vision_encoder, vl_checkpoint_name
 from dgpp.engine.parallel import ParallelContext
-
-_LANGUAGE_MODEL = "model.language_model."
-_NOT_RUN = ("mtp.",)
 
 
 def qwen3_5_checkpoint_name(name: str) -> str | None:
-    """The model's name for a checkpoint tensor: the language model's without its
-    vision-language prefix, the vision tower's as it is; None for the MTP layers'."""
-    if name.startswith(_NOT_RUN):
-        return None
-    if name.startswith(_LANGUAGE_MODEL):
-        return "model." + name[len(_LANGUAGE_MODEL) :]
-    return name
+    """The model's name for a checkpoint tensor: a vision-language checkpoint's as its model's
+    (`vl_checkpoint_name`); None for the MTP layers' (built apart)."""
+    return None if name.startswith("mtp.") else vl_checkpoint_name(name)
 
 
 def dense_mlp(config: ModelConfig, parallel: ParallelContext, index: int, prefix: str) -> nn.Module:

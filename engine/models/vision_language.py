@@ -22,19 +22,11 @@ from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_5 import take_stacked_experts
-from dgpp.engine.models.vision_tower import attach_vision, vision_encoder
+from dgpp.engine.models.vision_tower import attach_vision, vision_encoder, vl_checkpoint_name
 from dgpp.engine.parallel import ParallelContext
 
-_LANGUAGE_MODEL = "model.language_model."
 # Qwen3-VL's text rotary when the config names no sections (transformers' default)
 QWEN3_VL_SECTION = (24, 20, 20)
-
-
-def vl_checkpoint_name(name: str) -> str | None:
-    """The language model's names without their prefix; the vision tower's as they are."""
-    if name.startswith(_LANGUAGE_MODEL):
-        return "model." + name[len(_LANGUAGE_MODEL) :]
-    return name
 
 
 def with_default_section(config: ModelConfig) -> ModelConfig:

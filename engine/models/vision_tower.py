@@ -9,6 +9,16 @@ from torch import nn
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.vision.qwen_vision import QwenVisionEncoder, VisionConfig
 
+_LANGUAGE_MODEL = "model.language_model."
+
+
+def vl_checkpoint_name(name: str) -> str:
+    """A vision-language checkpoint's names as the model's: the language model's without their
+    prefix, the vision tower's (`model.visual.*`) as they are."""
+    if name.startswith(_LANGUAGE_MODEL):
+        return "model." + name[len(_LANGUAGE_MODEL) :]
+    return name
+
 
 def attach_vision(model: nn.Module, config: ModelConfig) -> None:
     """Give `model` the checkpoint's vision tower and its image token, when the config has a

@@ -44,13 +44,13 @@ def with_encodes(vision: StepVision, message: StepMessage, plan: StepPlan) -> St
 
 
 def image_inputs(
-    vision: StepVision | None, message: StepMessage, fresh: set[int]
+    vision: StepVision | None, message: StepMessage
 ) -> tuple[torch.Tensor, VisionInputs] | None:
     """M-RoPE positions [3, T] and image tokens of the message's rows; None without images."""
     if vision is None:
         return None
     rows = [(row.start, row.num_tokens, row.shift, row.images) for row in message.rows]
-    return vision.inputs(rows, fresh)
+    return vision.inputs(rows)
 
 
 def check_prompt_images(

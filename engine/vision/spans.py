@@ -2,8 +2,9 @@
 
 An image stands in the prompt as a run of placeholder tokens (`ImageSpan`: its first token's
 index, its grid of merged patches, a digest of its pixels). Everything downstream follows from
-the spans alone: the M-RoPE positions of any chunk of the prompt (`chunk_positions`, equal to
-`mrope.mrope_positions` sliced), the position shift of the text after the images (`shift_at`:
+the spans alone: the M-RoPE positions of any chunk of the prompt (`chunk_positions`: each image
+token its (time, row, column) from the position its image starts at, as transformers'
+`get_rope_index`), the position shift of the text after the images (`shift_at`:
 decoded tokens sit at their index plus the request's whole shift, all three axes equal, so a
 decode step is plain rotary at a shifted position), where a prefill chunk may end
 (`chunk_end`: never inside an image) and what a prefix-cache block's key mixes in besides its
@@ -118,13 +119,14 @@ def chunk_end(spans: Sequence[ImageSpan], start: int, end: int) -> int:
 
 
 def block_images(
-    spans: Sequence[ImageSpan], block_size: int, num_blocks: int
+    spans: Sequence[ImageSpan], block_size: int, num_blocks: int, first_block: int = 0
 ) -> dict[int, tuple[int, ...]]:
-    """For each full block (of the first `num_blocks`) holding image tokens: the digests and
-    offsets of those images, which its prefix-cache key mixes in."""
+    """For each full block `first_block .. num_blocks` holding image tokens: the digests and
+    offsets of those images, which its prefix-cache key mixes in (the blocks whose keys are
+    known already are skipped)."""
     out: dict[int, tuple[int, ...]] = {}
     for span in spans:
-        first = span.offset // block_size
+        first = max(span.offset // block_size, first_block)
         last = min((span.end - 1) // block_size, num_blocks - 1)
         for block in range(first, last + 1):
             out[block] = (*out.get(block, ()), span.offset, span.digest)

@@ -52,13 +52,15 @@ class StepVision:
         self.device, self.dtype = device, dtype
         self.encoder_seconds = 0.0  # cumulative, this rank
         self.images_encoded = 0
+        self.fresh: set[int] = set()  # the images the current step encoded
 
     def encode(
         self, digests: Sequence[int], pixels: torch.Tensor | None, spans: Sequence[ImageSpan]
     ) -> None:
-        """Encode the images `digests` (their `pixels` rows concatenated in the same order,
-        flat or not; their grids from `spans`) in one call and hold the outputs; the step's
-        other images stay held."""
+        """A step's images to encode: `digests` (their `pixels` rows concatenated in the same
+        order, flat or not; their grids from `spans`) in one call, the outputs held; the step's
+        other images stay held. Called every step (none to encode: nothing runs)."""
+        self.fresh = set(digests)  # read this step: encoded now, not cache hits
         if not digests:
             return
         assert pixels is not None, "images to encode without their pixels"
@@ -66,26 +68,19 @@ class StepVision:
         by_digest = {span.digest: span for span in spans}
         grids = [by_digest[digest].patch_grid(self.merge) for digest in digests]
         values = pixels.to(self.device, self.dtype).reshape(-1, self.encoder.config.patch_dim)
-        grid = torch.tensor(grids, dtype=torch.int64)
-        tokens, deepstack = self.encoder(values, grid)
+        tokens, deepstack = self.encoder(values, torch.tensor(grids, dtype=torch.int64))
         sizes = [t * h * w // self.merge**2 for t, h, w in grids]
-        keep = set(by_digest)
-        for index, digest in enumerate(digests):
-            self.cache.add(
-                digest,
-                Encoded(
-                    tokens.split(sizes)[index],
-                    tuple(layer.split(sizes)[index] for layer in deepstack),
-                ),
-                keep,
-            )
+        layers = [layer.split(sizes) for layer in deepstack]
+        for index, (digest, part) in enumerate(zip(digests, tokens.split(sizes), strict=True)):
+            encoded = Encoded(part, tuple(layer[index] for layer in layers))
+            self.cache.add(digest, encoded, by_digest)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.encoder_seconds += time.monotonic() - started
         self.images_encoded += len(digests)
 
     def inputs(
-        self, rows: Sequence[tuple[int, int, int, tuple[ImageSpan, ...]]], fresh: set[int]
+        self, rows: Sequence[tuple[int, int, int, tuple[ImageSpan, ...]]]
     ) -> tuple[torch.Tensor, VisionInputs] | None:
         """For rows (start, tokens, shift, spans) in step order: the step's positions [3, T]
         and its image tokens, or None when no row holds one."""
@@ -103,7 +98,7 @@ class StepVision:
             positions.append(chunk_positions(spans, shift, start, end))
             for span in spans:
                 first, last = max(start, span.offset), min(end, span.end)
-                encoded = self.cache.use(span.digest, span.digest in fresh)
+                encoded = self.cache.use(span.digest, span.digest in self.fresh)
                 part = slice(first - span.offset, last - span.offset)
                 index.append(torch.arange(first - start, last - start) + at)
                 embeds.append(encoded.tokens[part])

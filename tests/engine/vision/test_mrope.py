@@ -1,5 +1,6 @@
 """M-RoPE positions and angles against transformers' Qwen3-VL (`get_rope_index` and its text
-rotary embedding) for prompts that mix text and images of different grids."""
+rotary embedding) for prompts that mix text and images of different grids: the engine's own
+`chunk_positions` / `shift_at` over a whole prompt, and its rotary tables' [3, T] lookup."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dgpp.engine.vision.mrope import IMAGE, TEXT, mrope_angles, mrope_positions
+from dgpp.engine.config import RopeConfig
+from dgpp.engine.layers.rotary import RotaryEmbedding
+from dgpp.engine.vision.spans import ImageSpan, chunk_positions, shift_at
 
 MERGE = 2
+TEXT, IMAGE = 0, 1
 
 
 def _prompt(parts: list[object]) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -25,6 +29,16 @@ def _prompt(parts: list[object]) -> tuple[list[int], list[tuple[int, int, int]]]
             t, h, w = part
             types += [IMAGE] * (t * (h // MERGE) * (w // MERGE))
     return types, grids
+
+
+def _positions(types: list[int], grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, int]:
+    """The engine's positions of the whole prompt and its shift after the last image."""
+    spans, at = [], 0
+    for t, h, w in grids:
+        at = types.index(IMAGE, at)
+        spans.append(ImageSpan(at, t, h // MERGE, w // MERGE, 0))
+        at = spans[-1].end
+    return chunk_positions(spans, 0, 0, len(types)), shift_at(spans, len(types))
 
 
 def _reference(types: list[int], grids: list[tuple[int, int, int]]) -> tuple[torch.Tensor, int]:
@@ -53,7 +67,7 @@ PROMPTS = [
 @pytest.mark.parametrize("parts", PROMPTS, ids=str)
 def test_positions_equal_transformers(parts: list[object]) -> None:
     types, grids = _prompt(parts)
-    positions, delta = mrope_positions(types, grids, MERGE)
+    positions, delta = _positions(types, grids)
     want, want_delta = _reference(types, grids)
     assert torch.equal(positions, want)
     assert delta == want_delta
@@ -70,20 +84,12 @@ def test_angles_equal_transformers_rotary() -> None:
         head_dim=32,
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "mrope_section": section},
     )
-    rotary = Qwen3VLTextRotaryEmbedding(config)
-    positions, _ = mrope_positions(*_prompt([3, (1, 8, 4), 4]), MERGE)
-    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions[:, None])
-    angles = mrope_angles(positions, rotary.inv_freq, section)
-    full = torch.cat((angles, angles), dim=-1)
-    torch.testing.assert_close(full.cos(), cos[0])
-    torch.testing.assert_close(full.sin(), sin[0])
-
-
-def test_mismatched_placeholders_are_refused() -> None:
-    types, grids = _prompt([2, (1, 4, 4), 2])
-    with pytest.raises(ValueError, match="do not match"):
-        mrope_positions(types, [(1, 8, 8)], MERGE)
-    with pytest.raises(ValueError, match="more images"):
-        mrope_positions(types, [*grids, (1, 4, 4)], MERGE)
-    with pytest.raises(ValueError, match="do not match"):
-        mrope_positions(types, [], MERGE)
+    reference = Qwen3VLTextRotaryEmbedding(config)
+    positions, _ = _positions(*_prompt([3, (1, 8, 4), 4]))
+    cos, sin = reference(torch.zeros(1, dtype=torch.float32), positions[:, None])
+    rope = RopeConfig(theta=5000.0, mrope_section=section)
+    ours_cos, signed_sin = RotaryEmbedding(32, 64, rope).lookup(positions, torch.float32)
+    torch.testing.assert_close(ours_cos[:, 0], cos[0])
+    half = signed_sin.shape[-1] // 2  # the rotate-half sign lives in the first half
+    torch.testing.assert_close(signed_sin[:, 0, half:], sin[0][:, half:])
+    torch.testing.assert_close(-signed_sin[:, 0, :half], sin[0][:, :half])

@@ -1,6 +1,7 @@
-"""Image spans: chunk positions equal the whole prompt's M-RoPE positions sliced at any chunk
-boundary, the text shift, where chunks may end (never inside an image), the images a block's
-key mixes in, and the encoder cache's order of eviction."""
+"""Image spans: chunk positions equal the whole prompt's M-RoPE positions (test_mrope.py: equal
+to transformers') sliced at any chunk boundary, the text shift, where chunks may end (never
+inside an image), the images a block's key mixes in, and the encoder cache's order of
+eviction."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 import torch
 
 from dgpp.engine.vision.encoder_cache import Encoded, EncoderCache
-from dgpp.engine.vision.mrope import IMAGE, TEXT, mrope_positions
 from dgpp.engine.vision.spans import (
     ImageSpan,
     block_images,
@@ -19,6 +19,7 @@ from dgpp.engine.vision.spans import (
     shift_at,
 )
 
+TEXT, IMAGE = 0, 1
 # text 3, an image of 2x3 merged patches at 3, text 4, an image of 4x2 at 13, text 2
 SPANS = [ImageSpan(3, 1, 2, 3, 111), ImageSpan(13, 1, 4, 2, 222)]
 LENGTH = 23
@@ -32,9 +33,11 @@ def _types() -> list[int]:
 
 
 def test_chunk_positions_slice_the_prompts_positions() -> None:
-    grids = [(1, 4, 6), (1, 8, 4)]  # in patches: merge 2
-    whole, delta = mrope_positions(_types(), grids, merge=2)
-    assert delta == shift_at(SPANS, LENGTH) == (3 - 6) + (4 - 8)
+    whole = chunk_positions(SPANS, 0, 0, LENGTH)
+    image = [[3] * 6, [3, 3, 3, 4, 4, 4], [3, 4, 5, 3, 4, 5]]  # time, row, column from 3
+    assert torch.equal(whole[:, 3:9], torch.tensor(image))
+    assert torch.equal(whole[:, 9], torch.full((3,), 9 + 3 - 6))  # text after the first image
+    assert shift_at(SPANS, LENGTH) == (3 - 6) + (4 - 8)
     for start in range(LENGTH):
         for end in range(start + 1, LENGTH + 1):
             spans = overlapping(SPANS, start, end)
@@ -60,6 +63,7 @@ def test_blocks_holding_image_tokens_name_their_images() -> None:
     }
     assert block_images(SPANS, 4, 2) == {0: (3, 111), 1: (3, 111)}  # full blocks only
     assert block_images(SPANS, 16, 2)[0] == (3, 111, 13, 222)  # two images in one block
+    assert block_images(SPANS, 4, 5, first_block=2) == {2: (3, 111), 3: (13, 222), 4: (13, 222)}
 
 
 def test_spans_must_be_the_prompts_placeholder_runs() -> None:
