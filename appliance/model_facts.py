@@ -6,9 +6,9 @@ A quantized checkpoint's layout normally comes from its safetensors headers
 (`quant.quant_schemes`); without the files, `UniformSchemes` stands for what these checkpoints
 hold: every linear of the decoder layers quantized the one way the config names, except the
 routers (`mlp.gate` / `mlp.router`, kept in bfloat16 by every producer), the modules the config
-lists by name as left unquantized (`modules_to_not_convert`, plain `ignore` entries: Qwen3-Next's
-`linear_attn.in_proj_ba`), the embeddings and the LM head. gpt-oss's MXFP4 is read by the model
-itself (`quant_method: mxfp4`)."""
+lists by name as left unquantized (`modules_to_not_convert`; `ignored_layers`: MiMo-V2-Flash's
+`o_proj`s; plain `ignore` entries: Qwen3-Next's `linear_attn.in_proj_ba`), the embeddings and
+the LM head. gpt-oss's MXFP4 is read by the model itself (`quant_method: mxfp4`)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def unquantized_modules(quant: dict[str, object]) -> frozenset[str]:
     """The modules a quantization config names as left dense (patterns, `re:...`, are not
     names: the routers they match are excepted anyway)."""
     names: set[str] = set()
-    for key in ("modules_to_not_convert", "ignore"):
+    for key in ("modules_to_not_convert", "ignore", "ignored_layers"):
         entries = quant.get(key)
         if isinstance(entries, list):
             names.update(str(e) for e in entries if not str(e).startswith("re:"))

@@ -137,9 +137,10 @@ class ModelConfig:
                 num_heads=num_heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
                 head_dim=int(head_dim),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                # MiMo-V2-Flash's release names it as Megatron does
+                rms_norm_eps=float(raw.get("rms_norm_eps") or raw.get("layernorm_epsilon") or 1e-6),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-                rope=_parse_rope(raw),
+                rope=parse_rope(raw),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 # Qwen2 always carries q/k/v biases; Llama and Qwen3 declare it.
                 qkv_bias=architecture == "Qwen2ForCausalLM"
@@ -151,7 +152,7 @@ class ModelConfig:
                 qk_norm=architecture in _QK_NORM or bool(raw.get("use_qk_norm", False)),
                 hidden_act=str(raw.get("hidden_act", "silu")),
                 partial_rotary_factor=float(
-                    (raw.get("rope_parameters") or {}).get("partial_rotary_factor")
+                    rope_parameters(raw).get("partial_rotary_factor")
                     or raw.get("partial_rotary_factor")
                     # MiniMax-M2's releases name the rotary dims instead
                     or (raw.get("rotary_dim") or head_dim) / head_dim
@@ -238,8 +239,18 @@ def _intermediate_size(raw: dict[str, Any]) -> int:
     return max(int(raw["moe_intermediate_size"]), int(shared))
 
 
-def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
-    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+def rope_parameters(raw: Mapping[str, Any], layer_type: str = "full_attention") -> dict[str, Any]:
+    """The rotary parameters of `layer_type`'s layers: transformers 5 nests them per layer type
+    where the types differ (MiMo-V2-Flash: `full_attention` and `sliding_attention` bases), and
+    else keeps one set (`rope_parameters`, or transformers 4's `rope_scaling`)."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    nested = params.get(layer_type)
+    return dict(nested) if isinstance(nested, Mapping) else dict(params)
+
+
+def parse_rope(raw: Mapping[str, Any], layer_type: str = "full_attention") -> RopeConfig:
+    """The rotary embedding of `layer_type`'s layers."""
+    params = rope_parameters(raw, layer_type)
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in ("default", "linear", "llama3", "yarn"):

@@ -112,7 +112,9 @@ class ModelRunner:
             attach_tables(checkpoint, config.ngram_tables_in_memory)
         self.model = model.to(self.device).eval()
         # Rotary tables stay float32 whatever the weights' dtype.
-        self.model.model.rotary.float()
+        for rotary in (self.model.model.rotary, getattr(self.model.model, "local_rotary", None)):
+            if rotary is not None:
+                rotary.float()
         packer = select_packer(self.device, self.dtype)
         native = config.native_decode and native_decode.applies(
             self.model, self.device, self.dtype, parallel.tp_size, self.block_size

@@ -84,6 +84,7 @@ class StateRows:
     decode_slots: torch.Tensor | None  # [num_decodes] int64 on the device
     prefills: tuple[tuple[int, int, int, bool], ...]  # (first token, end token, slot, continues)
     verify: tuple[VerifyPosition, ...] = ()  # with verify rows: the decode rows by position
+    prefill_starts: tuple[int, ...] = ()  # each prefill chunk's first position
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,11 @@ class LinearStateBackend:
             decode_slots = torch.tensor(slots, dtype=torch.int64, device=self.device)
         prefills = []
         at = sum(row.num_tokens for row in decodes)
-        for row in layout.rows[layout.num_decodes :]:
+        chunks = layout.rows[layout.num_decodes :]
+        for row in chunks:
             prefills.append((at, at + row.num_tokens, row.state_slot, row.start > 0))
             at += row.num_tokens
-        return StateRows(decode_slots, tuple(prefills), verify)
+        return StateRows(decode_slots, tuple(prefills), verify, tuple(r.start for r in chunks))
 
     def _verify_positions(self, decodes: Sequence[BatchRow]) -> tuple[VerifyPosition, ...]:
         layout = self.layout

@@ -284,6 +284,7 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Qwen3_5MoeForConditionalGeneration": transformers.Qwen3_5MoeConfig,
         "Qwen4ExpForCausalLM": transformers.Qwen4ExpTextConfig,
         "MiniMaxM2ForCausalLM": transformers.MiniMaxM2Config,
+        "MiMoV2FlashForCausalLM": transformers.MiMoV2FlashConfig,
         "Qwen3VLForConditionalGeneration": transformers.Qwen3VLConfig,
         "Qwen3VLMoeForConditionalGeneration": transformers.Qwen3VLMoeConfig,
     }[architecture]

@@ -191,7 +191,8 @@ class QKVParallelLinear(ColumnParallelLinear):
     """The fused query/key/value projection. Each rank holds whole key/value groups (see
     `partition_heads`), or one replicated key/value head when there are fewer than ranks.
     `query_factor` 2: each query head's rows are followed by as many of its output gate
-    (Qwen3-Next's gated attention stores them interleaved per head in `q_proj`)."""
+    (Qwen3-Next's gated attention stores them interleaved per head in `q_proj`). `v_head_dim`:
+    value heads narrower than query and key heads (MiMo-V2-Flash: 128 against 192)."""
 
     def __init__(
         self,
@@ -203,14 +204,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         parallel: ParallelContext,
         weight_format: WeightFormat = None,
         query_factor: int = 1,
+        v_head_dim: int | None = None,
     ) -> None:
         self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
         self.query_factor = query_factor
         heads = partition_heads(num_heads, num_kv_heads, parallel.tp_size, parallel.tp_rank)
         self.heads = heads
         self.num_heads_local = heads.num_q
         self.num_kv_heads_local = heads.num_kv
-        total_local = (query_factor * heads.num_q + 2 * heads.num_kv) * head_dim
+        total_local = (query_factor * heads.num_q + heads.num_kv) * head_dim
+        total_local += heads.num_kv * self.v_head_dim
         super().__init__(hidden_size, total_local * parallel.tp_size, bias, parallel, weight_format)
 
     def load_rows(  # type: ignore[override]
@@ -224,7 +228,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         elif shard_id == "k":
             offset, size, start = q_size, kv_size, heads.kv_start * head_dim
         else:
-            offset, size, start = q_size + kv_size, kv_size, heads.kv_start * head_dim
+            v_dim = self.v_head_dim
+            offset, size, start = q_size + kv_size, heads.num_kv * v_dim, heads.kv_start * v_dim
         _copy_rows(self, param, loaded, offset, start, size)
 
 

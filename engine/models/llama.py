@@ -1,17 +1,15 @@
 """The Llama decoder family: Llama (SmolLM2), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm).
 
-Tensor-parallel layout: fused QKV and gate/up projections are column-parallel, the attention output
-and down projections row-parallel, the embedding and LM head vocabulary-parallel.
-
-The other families share this decoder skeleton (embedding, rotary, pre-norm layers, LM head):
-they subclass `LlamaForCausalLM` and override `build_mlp` (Qwen3-MoE, GLM-4.5, gpt-oss: the one
-place a layer's MLP is chosen), `attention_options` (gpt-oss: sinks, sliding windows) or
-`build_attention` with `rotary_dim` (DeepSeek-V3: latent attention).
+Tensor-parallel layout: fused QKV and gate/up projections column-parallel, attention output and
+down projections row-parallel, embedding and LM head vocabulary-parallel. The other families
+share this skeleton, subclassing `LlamaForCausalLM` to override `build_mlp` (Qwen3-MoE, GLM-4.5,
+gpt-oss), `attention_options` (gpt-oss: sinks, sliding windows) or `build_attention` with
+`rotary_dim` (DeepSeek-V3: latent attention).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -118,8 +116,7 @@ class DecoderAttention(nn.Module):
         return self.o_proj(out.view(num_tokens, num_heads * head_dim))
 
     def _rotate(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-        """Rotary on the first `rotary_dim` dims of each head (all of them but for GLM's partial
-        rotary); the rest pass through."""
+        """Rotary on each head's first `rotary_dim` dims (partial rotary: the rest pass)."""
         if self.rotary_dim == self.head_dim:
             return apply_rotary(x, angles)
         rotated = apply_rotary(x[..., : self.rotary_dim], angles)
@@ -176,8 +173,8 @@ def no_attention_options(config: ModelConfig, index: int) -> Mapping[str, Any]:
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual layer around any token mixer (`forward(angles, hidden, metadata)`),
-    registered under the checkpoint's name for it (`self_attn`; Qwen3-Next's linear layers:
-    `linear_attn`), and any MLP; `norm` is the norms' class (Qwen3-Next: zero-centred)."""
+    under the checkpoint's name for it (`self_attn`; Qwen3-Next's linear layers: `linear_attn`),
+    and any MLP; `norm` is the norms' class (Qwen3-Next: zero-centred)."""
 
     def __init__(
         self,
@@ -207,8 +204,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    """Embedding, the rotary tables (for `rotary_dim` dims) every layer shares, the layers and
-    the final norm."""
+    """Embedding, the rotary tables (for `rotary_dim` dims), the layers and the final norm.
+    `plain_residual`: the residual stream is all that passes between layers."""
+
+    plain_residual: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -241,12 +240,16 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         if vision is not None:
             hidden = vision.merge(hidden)
-        angles = self.rotary.lookup(positions, hidden.dtype)  # looked up once for every layer
+        angles = self.layer_angles(positions, hidden.dtype)
         for index, layer in enumerate(self.layers):
-            hidden = layer(angles, hidden, metadata)
+            hidden = layer(angles[index], hidden, metadata)
             if vision is not None:
                 hidden = vision.after_layer(index, hidden)
         return self.norm(hidden)
+
+    def layer_angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Sequence[RopeAngles]:
+        """Each layer's rotary angles: one table's, looked up once for all."""
+        return [self.rotary.lookup(positions, dtype)] * len(self.layers)
 
     def forward_layers(
         self,
@@ -265,9 +268,9 @@ class DecoderModel(nn.Module):
             hidden = self.embed_tokens(input_ids)
             hidden = vision.merge(hidden) if vision is not None else hidden
         assert hidden is not None, "a slice past the first layer continues a kept stream"
-        angles = self.rotary.lookup(positions, hidden.dtype)
+        angles = self.layer_angles(positions, hidden.dtype)
         for index in range(first, stop):
-            hidden = self.layers[index](angles, hidden, metadata)
+            hidden = self.layers[index](angles[index], hidden, metadata)
             hidden = vision.after_layer(index, hidden) if vision is not None else hidden
         return self.norm(hidden) if stop == len(self.layers) else hidden
 
@@ -321,8 +324,7 @@ class LlamaForCausalLM(nn.Module):
         index: int,
         prefix: str,
     ) -> nn.Module:
-        """Layer `index`: attention and MLP in a pre-norm `DecoderLayer` (hybrid models build
-        their own)."""
+        """Layer `index`: attention and MLP in a pre-norm `DecoderLayer` (hybrids: their own)."""
         self_attn = self.build_attention(config, parallel, attention, index, prefix)
         mlp = self.build_mlp(config, parallel, index, f"{prefix}.mlp")
         return DecoderLayer(config, self_attn, mlp)
@@ -386,7 +388,7 @@ class LlamaForCausalLM(nn.Module):
         """Layers a prompt chunk may be computed over in slices, one step each (the plain
         decoder's residual stream is all a slice hands the next); 0 where the decoder carries
         more between layers (hyper-connection streams, recurrent states)."""
-        plain = type(self.model) is DecoderModel and not any(
+        plain = self.model.plain_residual and not any(
             hasattr(layer, "state_spec") for layer in self.model.layers.modules()
         )
         return len(self.model.layers) if plain else 0

@@ -93,6 +93,8 @@ class HyperDecoderModel(DecoderModel):
     """The embedding copied into every stream, the layers, and a last mix of the streams in
     place of the final norm."""
 
+    plain_residual = False
+
     def __init__(
         self,
         config: ModelConfig,

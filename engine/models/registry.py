@@ -15,6 +15,7 @@ from dgpp.engine.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaFor
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
+from dgpp.engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from dgpp.engine.models.minimax_m2 import MiniMaxM2ForCausalLM
 from dgpp.engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -58,6 +59,7 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen3_5MoeForCausalLM": Qwen3_5MoeForCausalLM,
     "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
+    "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     # the vision-language checkpoints, with their vision towers (`models.vision_language`),
     # but Qwen4-Exp's (text-only)
     "Qwen3VLForConditionalGeneration": Qwen3VLForCausalLM,

@@ -8,7 +8,7 @@ template shows it, as the template is what teaches the model to write its calls:
 | `harmony`     | `<|channel|>`                               | gpt-oss                         |
 | `deepseek_v3` | `<｜tool▁calls▁begin｜>`                    | DeepSeek-V3, V3.1, R1           |
 | `glm45`       | `<arg_key>`                                 | GLM-4.5, GLM-4.6                |
-| `qwen3_coder` | `<function=` and `<parameter=`              | Qwen3-Coder, Qwen3-Next XML     |
+| `qwen3_coder` | `<function=` and `<parameter=`              | Qwen3-Coder, Qwen3-Next, MiMo   |
 | `minimax_m2`  | `<minimax:tool_call>`                       | MiniMax-M2                      |
 | `hermes`      | none of those                               | Hermes/Qwen `<tool_call>` JSON, |
 |               |                                             | Llama 3 JSON (as before)        |

@@ -43,6 +43,9 @@ STATED_PARAMS = {
     "zai-org/GLM-5-FP8": 744.0 * (1 + 4 / 128),
     # MiniMax-M2: 230B on the card, at FP8 with block scales as DeepSeek-V3's
     "MiniMaxAI/MiniMax-M2": 230.0 * (1 + 4 / 128),
+    # MiMo-V2-Flash: 309B on the card, of which about 1B its three MTP layers (not loaded), at
+    # FP8 with block scales; its attention output projections are kept in bfloat16
+    "XiaomiMiMo/MiMo-V2-Flash": 308.0 * (1 + 4 / 128),
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "Qwen/Qwen2.5-72B-Instruct": 72.7,
     "Qwen/Qwen3-8B": 8.19,
@@ -57,6 +60,7 @@ MOE_TEMPLATES = [
     "glm-4.5-air-fp8_bfloat16_w2",
     "gpt-oss-120b_bfloat16_w1",
     "minimax-m2_bfloat16_w4",
+    "mimo-v2-flash_bfloat16_w4",
 ]
 
 

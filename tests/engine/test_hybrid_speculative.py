@@ -1,9 +1,10 @@
-"""Speculative decoding on hybrid models (Qwen3-Next, Qwen3.5): a verify row keeps its recurrent
-state after each position in draft slots, and a rejected draft rolls the state back to the last
-accepted token. Drafts that are partly right (an oracle proposer: the plain run's next tokens with
-one wrong at a varying depth) exercise every rollback depth; the output is plain decoding's, cold,
-under pool pressure (preempted requests recomputed), through prefix hits that restore a state
-snapshot, with stop strings and logprobs, and at world 2 with the n-gram proposer."""
+"""Speculative decoding on hybrid models (Qwen3-Next, Qwen3.5, MiMo-V2-Flash's windowed
+layers): a verify row keeps its recurrent state after each position in draft slots, and a
+rejected draft rolls the state back to the last accepted token. Drafts that are partly right (an
+oracle proposer: the plain run's next tokens with one wrong at a varying depth) exercise every
+rollback depth; the output is plain decoding's, cold, under pool pressure (preempted requests
+recomputed), through prefix hits that restore a state snapshot, with stop strings and logprobs,
+and at world 2 with the n-gram proposer."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.state_plan import engine_state_layout
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checks import partly_right
+from tests.engine.test_mimo_v2_flash import TINY as MIMO
 
 PROMPTS = [
     [5, 17, 99, 3, 42],
@@ -30,7 +32,9 @@ PROMPTS = [
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 KNOBS = dict(kv_capacity=512, block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=8)
 FAMILIES = {"qwen3-next": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),
-            "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", {})}  # fmt: skip
+            "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", {}),
+            # windowed layers' keys and values kept as a state (layers/window_kv.py)
+            "mimo-v2-flash": ("MiMoV2FlashForCausalLM", MIMO)}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -125,6 +125,14 @@ CASES = [
         content="Let me edit.\n<tool_call>\n<function=edit>\n<parameter=path>\na",
         options=QWEN,
     ),
+    Case(  # MiMo-V2-Flash's template writes values inline, and may a value over lines
+        "mimo-inline-values",
+        "<tool_call>\n<function=edit>\n<parameter=path>a.py</parameter>\n"
+        "<parameter=line>7</parameter>\n<parameter=options>two\nlines</parameter>\n"
+        "</function>\n</tool_call>",
+        calls=(("edit", {"path": "a.py", "line": 7, "options": "two\nlines"}),),
+        options=QWEN,
+    ),
     Case(
         "tools-off",
         f"Here: {call('run')}",

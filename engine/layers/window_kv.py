@@ -1,0 +1,191 @@
+"""Sliding-window attention whose keys and values are a per-request state, not paged.
+
+A layer whose queries see only the last `window` keys (their own included) needs no more than the
+`window - 1` keys and values before a request's next token: keeping every position's in the
+paged pool, as a full layer does, holds the whole context for a window of 128. Here each request
+has a state slot (`dgpp.engine.state_cache`, as a recurrent layer's) holding those last keys and
+values, newest last, and how many of them are real (fewer at a sequence's start). A step attends
+over the slot's keys and its own, then keeps the last `window - 1` of them. The slot is what a
+prefix-cache snapshot saves and a hit restores, and speculative verify rows keep one state per
+position in the draft slots, all as for Gated DeltaNet. What it costs: `window - 1` float32 keys
+and values per request and snapshot, instead of the layer's share of every cached token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.layers.attention import PagedAttention
+from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows
+
+
+@dataclass(frozen=True)
+class WindowStateSpec:
+    """One windowed layer's state on one rank: a count, then `history` tokens' keys
+    [num_kv_heads, head_dim] and values [num_kv_heads, v_head_dim]."""
+
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    history: int
+
+    @property
+    def key_numel(self) -> int:
+        return self.history * self.num_kv_heads * self.head_dim
+
+    @property
+    def slot_numel(self) -> int:
+        return 1 + self.key_numel + self.history * self.num_kv_heads * self.v_head_dim
+
+    def bytes_per_slot(self) -> int:
+        return self.slot_numel * STATE_DTYPE.itemsize
+
+    def allocate(self, num_layers: int, num_slots: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(num_layers, num_slots, self.slot_numel, dtype=STATE_DTYPE, device=device)
+
+    def views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's pool [slots, slot_numel] as counts [slots], keys [slots, history, H_kv,
+        D] and values [slots, history, H_kv, Dv] (views: writes land in the pool)."""
+        slots, keys_end = pool.shape[0], 1 + self.key_numel
+        shape = (slots, self.history, self.num_kv_heads)
+        keys = pool[:, 1:keys_end].view(*shape, self.head_dim)
+        return pool[:, 0], keys, pool[:, keys_end:].view(*shape, self.v_head_dim)
+
+
+def window_attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """query [R, n, H, D] over keys [R, m, H_kv, D] and values [R, m, H_kv, Dv] where `visible`
+    [R, n, m] allows, in float32, each query head reading key head h // (H / H_kv) (as
+    transformers' `repeat_kv`); a sink logit per head joins each softmax. Returns [R, n, H, Dv]."""
+    rows, n, heads, dim = query.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
+    q = query.float().view(rows, n, kv_heads, group, dim)
+    scores = torch.einsum("rnkgd,rmkd->rkgnm", q, keys.float()) * scale
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, kv_heads, group, 1, 1).expand(rows, -1, -1, n, 1)
+        scores = torch.cat((scores, sink), dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., : keys.shape[1]]
+    out = torch.einsum("rkgnm,rmkv->rnkgv", probs, values.float())
+    return out.reshape(rows, n, heads, values.shape[-1])
+
+
+class WindowAttention(nn.Module):
+    """A state layer (`dgpp.engine.state_cache.StateLayer`) in a paged attention's place:
+    query [T, H, D], key [T, H_kv, D] and value [T, H_kv, Dv] in (rotated, the keys), the
+    output [T, H, Dv] out. `has_sinks` as `PagedAttention`'s, loaded the same way."""
+
+    sinks: nn.Parameter | None
+    load_sinks = PagedAttention.load_sinks
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int,
+        scale: float,
+        window: int,
+        backend: LinearStateBackend,
+        *,
+        has_sinks: bool = False,
+        first_head: int = 0,
+    ) -> None:
+        super().__init__()
+        if window < 2:
+            raise ValueError(f"a window of {window} keys keeps no history; use at least 2")
+        self.num_heads, self.scale, self.first_head = num_heads, scale, first_head
+        self.spec = WindowStateSpec(num_kv_heads, head_dim, v_head_dim, window - 1)
+        self._backend = backend
+        self.state: torch.Tensor | None = None
+        sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False) if has_sinks else None
+        self.register_parameter("sinks", sinks)
+        if sinks is not None:
+            sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
+
+    @property
+    def state_spec(self) -> WindowStateSpec:
+        return self.spec
+
+    @property
+    def state_backend(self) -> LinearStateBackend:
+        return self._backend
+
+    def bind_state(self, pool: torch.Tensor) -> None:
+        self.state = pool
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        rows: StateRows = metadata[self._backend.name]
+        out = query.new_empty(query.shape[0], self.num_heads, value.shape[-1])
+        if rows.decode_slots is not None:
+            count = rows.decode_slots.shape[0]
+            slots = rows.decode_slots
+            out[:count] = self._step(slots, slots, query[:count], key[:count], value[:count])
+        for position in rows.verify:  # verify rows: one position at a time, each state kept
+            at = position.tokens
+            out[at] = self._step(position.reads, position.writes, query[at], key[at], value[at])
+        for (first, end, slot, continues), start in zip(
+            rows.prefills, rows.prefill_starts, strict=True
+        ):
+            held = min(start, self.spec.history) if continues else 0
+            span = slice(first, end)
+            out[span] = self._chunk(slot, held, query[span], key[span], value[span])
+        return out
+
+    def _step(
+        self,
+        reads: torch.Tensor,
+        writes: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+    ) -> torch.Tensor:
+        """One token per row, its state read from slot `reads[i]` and the state after it
+        written to `writes[i]`; no host synchronisation (decode graphs capture it)."""
+        assert self.state is not None, "the model runner binds every state before a forward"
+        counts, key_pool, value_pool = self.spec.views(self.state)
+        history = self.spec.history
+        keys = torch.cat((key_pool[reads], key[:, None].float()), dim=1)  # [n, W, H_kv, D]
+        values = torch.cat((value_pool[reads], value[:, None].float()), dim=1)
+        held = counts[reads]
+        index = torch.arange(history + 1, device=query.device)
+        visible = (index[None] >= history - held[:, None]).view(-1, 1, history + 1)
+        out = window_attend(query[:, None], keys, values, visible, self.scale, self.sinks)
+        key_pool[writes] = keys[:, 1:]
+        value_pool[writes] = values[:, 1:]
+        counts[writes] = torch.clamp(held + 1, max=history)
+        return out[:, 0].to(query.dtype)
+
+    def _chunk(
+        self, slot: int, held: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+    ) -> torch.Tensor:
+        """A prefill chunk after `held` tokens of the slot's history."""
+        assert self.state is not None, "the model runner binds every state before a forward"
+        counts, key_pool, value_pool = self.spec.views(self.state)
+        history, n = self.spec.history, query.shape[0]
+        keys = torch.cat((key_pool[slot, history - held :], key.float()))  # [held + n, ...]
+        values = torch.cat((value_pool[slot, history - held :], value.float()))
+        at = torch.arange(n, device=query.device)[:, None] + held  # each query's key index
+        index = torch.arange(held + n, device=query.device)[None]
+        visible = (index <= at) & (index > at - history - 1)
+        out = window_attend(
+            query[None], keys[None], values[None], visible[None], self.scale, self.sinks
+        )
+        kept = min(history, held + n)
+        key_pool[slot, history - kept :] = keys[held + n - kept :]
+        value_pool[slot, history - kept :] = values[held + n - kept :]
+        counts[slot] = kept
+        return out[0].to(query.dtype)
