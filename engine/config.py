@@ -116,7 +116,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
-        raw = _text_view(raw)
+        raw = _release_view(_text_view(raw))
         architectures = raw.get("architectures") or []
         if not architectures:
             raise ModelLoadError("config.json names no architectures; cannot pick a model class")
@@ -216,6 +216,26 @@ _QK_NORM = (
     "Qwen3VLForConditionalGeneration",
     "Qwen3VLMoeForConditionalGeneration",
 )
+
+
+# Kimi-Linear's config.json (as released and as transformers saves it) names DeepSeek-V3's keys
+# its own way; the families read the DeepSeek names.
+_KIMI_KEYS = {
+    "n_routed_experts": "num_experts",
+    "num_experts_per_tok": "num_experts_per_token",
+    "n_shared_experts": "num_shared_experts",
+    "norm_topk_prob": "moe_renormalize",
+    "n_group": "num_expert_group",
+    "max_position_embeddings": "model_max_length",
+}
+
+
+def _release_view(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with the common names of keys a family's release spells its own way."""
+    if raw.get("model_type") != "kimi_linear":
+        return raw
+    common = {ours: raw[theirs] for ours, theirs in _KIMI_KEYS.items() if theirs in raw}
+    return {**common, **raw}
 
 
 def _text_view(raw: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,10 @@ g, beta [B, T, HV], initial_state [B, HV, K, V] or None; out [B, T, HV, V] in v'
 final state, float32 [B, HV, K, V]. On a CUDA device with `fla.ops.gated_delta_rule` importable
 they are thin adapters over fla's `chunk_gated_delta_rule` / `fused_recurrent_gated_delta_rule`
 (always `output_final_state=True`, `use_qk_l2norm_in_kernel=use_qk_l2norm`); otherwise the twins.
-`DGPP_GATED_DELTA=torch` forces the twins even on CUDA (to bisect a numerical difference or a
-Triton failure); unset, empty or `auto` selects as above.
+`select_kimi_delta(device)` is the same for Kimi Delta Attention (g [B, T, HV, K], a decay per
+key channel): fla's `chunk_kda` / `fused_recurrent_kda`, or the twins `chunk_kimi_delta_rule` and
+`recurrent_gated_delta_rule`. `DGPP_GATED_DELTA=torch` forces the twins even on CUDA (to bisect
+a numerical difference or a Triton failure); unset, empty or `auto` selects as above.
 
 fla-core (pinned to 0.6.0 in pyproject.toml) is imported only for a CUDA device, and may be absent.
 Where it imports next to triton, transformers' Qwen3-Next family calls fla's kernels even for CPU
@@ -31,7 +33,11 @@ from types import ModuleType
 
 import torch
 
-from dgpp.kernels.gated_delta_torch import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from dgpp.kernels.gated_delta_torch import (
+    chunk_gated_delta_rule,
+    chunk_kimi_delta_rule,
+    recurrent_gated_delta_rule,
+)
 
 ENV_VAR = "DGPP_GATED_DELTA"
 FLA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -58,6 +64,15 @@ TORCH_FNS = GatedDeltaFns(chunk_gated_delta_rule, recurrent_gated_delta_rule, "t
 def _fla_ops() -> ModuleType | None:
     try:
         import fla.ops.gated_delta_rule as ops
+    except Exception:  # not installed, or no usable triton
+        return None
+    return ops
+
+
+@functools.cache
+def _fla_kda() -> ModuleType | None:
+    try:
+        import fla.ops.kda as ops
     except Exception:  # not installed, or no usable triton
         return None
     return ops
@@ -135,6 +150,58 @@ def fla_chunk(
 
 
 FLA_FNS = GatedDeltaFns(fla_chunk, fla_recurrent, "fla")
+KDA_TORCH_FNS = GatedDeltaFns(chunk_kimi_delta_rule, recurrent_gated_delta_rule, "torch")
+
+
+def fla_kda_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> Result:
+    """`recurrent_gated_delta_rule` with a per-channel g on fla's `fused_recurrent_kda`."""
+    ops = _fla_kda()
+    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0:
+        return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+    out, state = ops.fused_recurrent_kda(
+        **_fla_inputs(q, k, v, g, beta, initial_state),
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+    )
+    return out.to(v.dtype), state.float()
+
+
+def fla_kda_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    chunk_size: int = 64,
+) -> Result:
+    """`chunk_kimi_delta_rule` on fla's `chunk_kda` (its own chunk size)."""
+    ops = _fla_kda()
+    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0 or k.shape[-1] > FLA_CHUNK_MAX_K:
+        args = (q, k, v, g, beta, initial_state, scale, use_qk_l2norm, chunk_size)
+        return chunk_kimi_delta_rule(*args)
+    out, state = ops.chunk_kda(
+        **_fla_inputs(q, k, v, g, beta, initial_state),
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+    )
+    return out.to(v.dtype), state.float()
+
+
+FLA_KDA_FNS = GatedDeltaFns(fla_kda_chunk, fla_kda_recurrent, "fla")
 
 
 def select_gated_delta(device: torch.device) -> GatedDeltaFns:
@@ -146,3 +213,9 @@ def select_gated_delta(device: torch.device) -> GatedDeltaFns:
     if choice == "torch" or torch.device(device).type != "cuda" or not fla_available():
         return TORCH_FNS
     return FLA_FNS
+
+
+def select_kimi_delta(device: torch.device) -> GatedDeltaFns:
+    """As `select_gated_delta`, for Kimi Delta Attention."""
+    torch_only = select_gated_delta(device) is TORCH_FNS
+    return KDA_TORCH_FNS if torch_only or _fla_kda() is None else FLA_KDA_FNS

@@ -12,10 +12,12 @@ so those Triton kernels can be dispatched in place of these on CUDA:
     q, k [B, T, H, K]   v [B, T, HV, V]   g, beta [B, T, HV]   state [B, HV, K, V]
 
 HV is a multiple of H (grouped value attention): value head j reads key head j // (HV // H), as
-`repeat_interleave` on the head axis would give. Both functions always return the final state
-(fla's `output_final_state=True`); `use_qk_l2norm` is fla's `use_qk_l2norm_in_kernel`. Work is
-done in float32 (float64 for float64 inputs); the output has v's dtype, the state the compute
-dtype.
+`repeat_interleave` on the head axis would give. Kimi Delta Attention (Kimi-Linear) is the same
+rule with a decay per key channel, g [B, T, HV, K] (S_t = diag(exp(g_t)) (...)):
+`recurrent_gated_delta_rule` takes that g too, and `chunk_kimi_delta_rule` is its chunk form.
+All of them return the final state (fla's `output_final_state=True`); `use_qk_l2norm` is fla's
+`use_qk_l2norm_in_kernel`. Work is done in float32 (float64 for float64 inputs); the output has
+v's dtype, the state the compute dtype.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _prepare(
     num_v_heads, v_dim = v.shape[2], v.shape[3]
     assert q.shape == k.shape, (q.shape, k.shape)
     assert v.shape[:2] == (batch, seq_len), (v.shape, k.shape)
-    assert g.shape == beta.shape == (batch, seq_len, num_v_heads), (g.shape, beta.shape)
+    assert beta.shape == (batch, seq_len, num_v_heads), (beta.shape, v.shape)
+    assert g.shape in (beta.shape, (*beta.shape, k_dim)), (g.shape, beta.shape)  # KDA: per channel
     assert num_v_heads % num_k_heads == 0, (num_v_heads, num_k_heads)
     dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
@@ -81,10 +84,12 @@ def recurrent_gated_delta_rule(
     last token [B, HV, K, V]."""
     out_dtype = v.dtype
     q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
-    decay = g.exp()  # [B, HV, T]
+    decay = g.exp()  # [B, HV, T], or [B, HV, T, K] per key channel
+    if decay.dim() == 3:
+        decay = decay.unsqueeze(-1)
     outputs = []
     for t in range(q.shape[2]):
-        state = state * decay[:, :, t, None, None]
+        state = state * decay[:, :, t, :, None]
         k_t = k[:, :, t]  # [B, HV, K]
         predicted = torch.einsum("bhk,bhkv->bhv", k_t, state)
         delta = (v[:, :, t] - predicted) * beta[:, :, t, None]  # [B, HV, V]
@@ -160,6 +165,57 @@ def chunk_gated_delta_rule(
         u = u0[:, :, n] - w[:, :, n] @ state  # [B, HV, C, V]
         outputs.append(q_decayed[:, :, n] @ state + scores[:, :, n] @ u)
         state = state * chunk_decay[:, :, n, None, None] + k_to_end[:, :, n].transpose(-1, -2) @ u
+    if not outputs:  # T == 0
+        return v.new_zeros(batch, 0, heads, v.shape[-1]).to(out_dtype), state
+    out = torch.cat(outputs, dim=2)[:, :, :seq_len]  # [B, HV, T, V]
+    return out.transpose(1, 2).to(out_dtype), state
+
+
+def chunk_kimi_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kimi Delta Attention chunk by chunk: `chunk_gated_delta_rule` with g [B, T, HV, K], a
+    cumulative decay G per key channel, so every Γ_ti (k_t . k_i) becomes
+    sum_c k_t[c] k_i[c] exp(G_t[c] - G_i[c]) and the decayed state diag(exp(G_t)) S. Those
+    pairwise terms are [C, C, K] per head, so the solve runs per chunk, in the loop."""
+    assert chunk_size > 0, chunk_size
+    out_dtype = v.dtype
+    seq_len = q.shape[1]
+    q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
+    assert g.dim() == 4, "a decay per key channel, [B, T, HV, K]"
+    pad = -seq_len % chunk_size
+    if pad:
+        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, pad))
+    batch, heads, padded_len, _ = k.shape
+    num_chunks, c = padded_len // chunk_size, chunk_size
+    q, k, v, g = (x.reshape(batch, heads, num_chunks, c, x.shape[-1]) for x in (q, k, v, g))
+    beta = beta.reshape(batch, heads, num_chunks, c, 1)
+    cum = g.cumsum(-2)  # G, [B, HV, N, C, K]
+    above = ~torch.ones(c, c, dtype=torch.bool, device=q.device).tril()[..., None]
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    outputs = []
+    for n in range(num_chunks):
+        big_g, k_n, q_n = cum[:, :, n], k[:, :, n], q[:, :, n]
+        diff = big_g[:, :, :, None] - big_g[:, :, None]  # G_t - G_i, [B, HV, C, C, K]
+        gamma = diff.masked_fill(above, float("-inf")).exp()  # zero above the diagonal
+        k_beta = k_n * beta[:, :, n]
+        system = torch.einsum("bhtc,bhic,bhtic->bhti", k_beta, k_n, gamma).tril(-1) + eye
+        rhs = torch.cat((v[:, :, n] * beta[:, :, n], k_beta * big_g.exp()), dim=-1)
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        u = solved[..., : v.shape[-1]] - solved[..., v.shape[-1] :] @ state  # [B, HV, C, V]
+        scores = torch.einsum("bhtc,bhic,bhtic->bhti", q_n, k_n, gamma)
+        outputs.append((q_n * big_g.exp()) @ state + scores @ u)
+        to_end = (k_n * (big_g[:, :, -1:] - big_g).exp()).transpose(-1, -2)
+        state = state * big_g[:, :, -1, :, None].exp() + to_end @ u
     if not outputs:  # T == 0
         return v.new_zeros(batch, 0, heads, v.shape[-1]).to(out_dtype), state
     out = torch.cat(outputs, dim=2)[:, :, :seq_len]  # [B, HV, T, V]

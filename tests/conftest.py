@@ -285,6 +285,7 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "Qwen4ExpForCausalLM": transformers.Qwen4ExpTextConfig,
         "MiniMaxM2ForCausalLM": transformers.MiniMaxM2Config,
         "MiMoV2FlashForCausalLM": transformers.MiMoV2FlashConfig,
+        "KimiLinearForCausalLM": transformers.KimiLinearConfig,
         "Qwen3VLForConditionalGeneration": transformers.Qwen3VLConfig,
         "Qwen3VLMoeForConditionalGeneration": transformers.Qwen3VLMoeConfig,
     }[architecture]

@@ -41,6 +41,7 @@ class MLADims:
     qk_rope_head_dim: int
     v_head_dim: int
     rope_interleave: bool
+    use_nope: bool = False  # Kimi-Linear: the rope dims are never rotated (`mla_use_nope`)
 
     @property
     def qk_head_dim(self) -> int:
@@ -62,6 +63,7 @@ class MLADims:
                 qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
                 v_head_dim=int(raw["v_head_dim"]),
                 rope_interleave=bool(raw.get("rope_interleave", True)),
+                use_nope=bool(raw.get("mla_use_nope", raw.get("model_type") == "kimi_linear")),
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks the MLA key {missing}") from None
@@ -219,10 +221,10 @@ class MultiHeadLatentAttention(nn.Module):
         compressed = self.kv_a_proj_with_mqa(hidden)  # [T, L + R]
         kv, k_pe = compressed.split([dims.kv_lora_rank, dims.qk_rope_head_dim], dim=-1)
         k_pe = k_pe.unsqueeze(1)  # [T, 1, R]: one rope key shared by every head
-        if dims.rope_interleave:
-            q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
-        q_pe = apply_rotary(q_pe, angles)  # [T, H, R]
-        k_pe = apply_rotary(k_pe, angles)
+        if not dims.use_nope:
+            if dims.rope_interleave:
+                q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
+            q_pe, k_pe = apply_rotary(q_pe, angles), apply_rotary(k_pe, angles)  # [T, H, R]
         latent = torch.cat((self.kv_a_layernorm(kv), k_pe.squeeze(1)), dim=-1)  # [T, L + R]
         return q_nope, q_pe, latent, q_resid
 

@@ -14,6 +14,7 @@ from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
+from dgpp.engine.models.kimi_linear import KimiLinearForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from dgpp.engine.models.minimax_m2 import MiniMaxM2ForCausalLM
@@ -60,6 +61,7 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen4ExpForCausalLM": Qwen4ExpForCausalLM,
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
+    "KimiLinearForCausalLM": KimiLinearForCausalLM,
     # the vision-language checkpoints, with their vision towers (`models.vision_language`),
     # but Qwen4-Exp's (text-only)
     "Qwen3VLForConditionalGeneration": Qwen3VLForCausalLM,

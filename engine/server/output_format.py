@@ -10,11 +10,12 @@ template shows it, as the template is what teaches the model to write its calls:
 | `glm45`       | `<arg_key>`                                 | GLM-4.5, GLM-4.6                |
 | `qwen3_coder` | `<function=` and `<parameter=`              | Qwen3-Coder, Qwen3-Next, MiMo   |
 | `minimax_m2`  | `<minimax:tool_call>`                       | MiniMax-M2                      |
+| `kimi_k2`     | `<|tool_calls_section_begin|>`              | Kimi K2, Kimi-Linear            |
 | `hermes`      | none of those                               | Hermes/Qwen `<tool_call>` JSON, |
 |               |                                             | Llama 3 JSON (as before)        |
 
-The harmony, DeepSeek and GLM markers are (or may be, by tokenizer version) special tokens, which
-the engine drops when it decodes with `skip_special_tokens` (vLLM turns that off for the same
+The harmony, DeepSeek, GLM and Kimi markers are (or may be, by tokenizer version) special tokens,
+which the engine drops when it decodes with `skip_special_tokens` (vLLM turns that off for the same
 parsers). For those formats the output is decoded with special tokens kept and the parser
 strips every special token it did not consume from what the client sees (special_tokens.py).
 """
@@ -31,6 +32,8 @@ from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_format_deepseek import CALLS_BEGIN, deepseek_parser
 from dgpp.engine.server.tool_format_glm import ARG_KEY_OPEN, glm_parser
 from dgpp.engine.server.tool_format_harmony import CHANNEL
+from dgpp.engine.server.tool_format_kimi import CALLS_BEGIN as KIMI_CALLS
+from dgpp.engine.server.tool_format_kimi import kimi_parser
 from dgpp.engine.server.tool_format_minimax import BLOCK_OPEN, minimax_parser
 from dgpp.engine.server.tool_format_qwen_xml import FUNCTION_OPEN, PARAMETER_OPEN, qwen_xml_parser
 from dgpp.engine.server.tool_parser import ToolCallParser
@@ -47,10 +50,13 @@ class ToolFormat(StrEnum):
     HARMONY = "harmony"
     QWEN3_CODER = "qwen3_coder"
     MINIMAX_M2 = "minimax_m2"
+    KIMI_K2 = "kimi_k2"
 
 
 SETTINGS = (AUTO, *(kind.value for kind in ToolFormat))
-KEEPS_SPECIAL_TOKENS = frozenset({ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY})
+KEEPS_SPECIAL_TOKENS = frozenset(
+    {ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY, ToolFormat.KIMI_K2}
+)
 
 
 def detect_format(chat_template: str) -> ToolFormat:
@@ -59,6 +65,8 @@ def detect_format(chat_template: str) -> ToolFormat:
         return ToolFormat.HARMONY
     if CALLS_BEGIN in chat_template:
         return ToolFormat.DEEPSEEK_V3
+    if KIMI_CALLS in chat_template:
+        return ToolFormat.KIMI_K2
     if ARG_KEY_OPEN in chat_template:
         return ToolFormat.GLM45
     if BLOCK_OPEN in chat_template:
@@ -111,6 +119,8 @@ def content_tool_parser(kind: ToolFormat, schemas: ToolSchemas) -> ToolCallParse
         return qwen_xml_parser(schemas)
     if kind is ToolFormat.MINIMAX_M2:
         return minimax_parser(schemas)
+    if kind is ToolFormat.KIMI_K2:
+        return kimi_parser()
     if kind is ToolFormat.HARMONY:
         raise ValueError("harmony output is parsed whole by HarmonyParser")
     return ToolCallParser()

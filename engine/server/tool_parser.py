@@ -110,7 +110,10 @@ def call_fields(obj: object, keys: tuple[str, ...], *, required: bool) -> tuple[
 
 
 # A closed block's body to `(name, arguments JSON)`, or None when it is not a call (then content).
-BodyDecoder = Callable[[str], tuple[str, str] | None]
+# A block's body to (name, arguments JSON), or (name, arguments, id) where the format names
+# its calls itself (Kimi K2: `functions.NAME:INDEX`, which its template renders back); None
+# when the body is not a call.
+BodyDecoder = Callable[[str], tuple[str, str] | tuple[str, str, str] | None]
 
 
 def hermes_call(body: str) -> tuple[str, str] | None:
@@ -293,7 +296,9 @@ class ToolCallParser:
             self._strip_whitespace = True
         return True
 
-    def _add(self, name: str, arguments: str) -> ToolCallDelta:
-        call = ToolCall(id=new_call_id(), name=name, arguments=arguments)
+    def _add(self, name: str, arguments: str, call_id: str | None = None) -> ToolCallDelta:
+        if call_id in {call.id for call in self._calls}:
+            call_id = None  # the model repeated an id: the message's ids must stay unique
+        call = ToolCall(id=call_id or new_call_id(), name=name, arguments=arguments)
         self._calls.append(call)
         return ToolCallDelta(index=len(self._calls) - 1, id=call.id, name=name, arguments=arguments)

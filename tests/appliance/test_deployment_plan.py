@@ -46,6 +46,8 @@ STATED_PARAMS = {
     # MiMo-V2-Flash: 309B on the card, of which about 1B its three MTP layers (not loaded), at
     # FP8 with block scales; its attention output projections are kept in bfloat16
     "XiaomiMiMo/MiMo-V2-Flash": 308.0 * (1 + 4 / 128),
+    # Kimi-Linear: "48B" on the card; 49,122,681,728 parameters in its bfloat16 tensors
+    "moonshotai/Kimi-Linear-48B-A3B-Instruct": 49.12,
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
     "Qwen/Qwen2.5-72B-Instruct": 72.7,
     "Qwen/Qwen3-8B": 8.19,
@@ -61,6 +63,8 @@ MOE_TEMPLATES = [
     "gpt-oss-120b_bfloat16_w1",
     "minimax-m2_bfloat16_w4",
     "mimo-v2-flash_bfloat16_w4",
+    "kimi-linear-48b-a3b-instruct_bfloat16_w1",
+    "kimi-linear-48b-a3b-instruct_bfloat16_w2",
 ]
 
 

@@ -32,16 +32,26 @@ import pytest
 import torch
 
 import dgpp.kernels.gated_delta as gd
-from dgpp.kernels.gated_delta_torch import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from dgpp.kernels.gated_delta_torch import (
+    chunk_gated_delta_rule,
+    chunk_kimi_delta_rule,
+    recurrent_gated_delta_rule,
+)
 
 CHILD_ENV = "DGPP_TEST_FLA_INTERPRETED"
 CHILD = os.environ.get(CHILD_ENV) == "1"
 CUDA = torch.device("cuda")  # constructing a device needs no GPU
 
 
-def _inputs(seq_len: int, seed: int, state: bool = True, dtype: torch.dtype = torch.float32):
+def _inputs(
+    seq_len: int,
+    seed: int,
+    state: bool = True,
+    dtype: torch.dtype = torch.float32,
+    per_channel: bool = False,
+):
     """B=1, H=2, HV=4, K=V=16; keys of norm ~1 so the delta rule is stable without l2norm;
-    q built transposed, so it is not contiguous."""
+    q built transposed, so it is not contiguous. `per_channel`: g [B, T, HV, K] (KDA)."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape: int) -> torch.Tensor:
@@ -51,7 +61,7 @@ def _inputs(seq_len: int, seed: int, state: bool = True, dtype: torch.dtype = to
         "q": rand(1, 2, seq_len, 16).transpose(1, 2),
         "k": rand(1, seq_len, 2, 16) / 4,
         "v": rand(1, seq_len, 4, 16),
-        "g": -torch.rand(1, seq_len, 4, generator=gen).to(dtype),
+        "g": -torch.rand(1, seq_len, 4, *(16,) * per_channel, generator=gen).to(dtype),
         "beta": torch.rand(1, seq_len, 4, generator=gen).to(dtype),
         "initial_state": rand(1, 4, 16, 16) if state else None,
     }
@@ -187,6 +197,9 @@ CASES = {  # id: (form, seq_len, initial state, scale, l2norm, chunk_size)
     "chunk-T20": ("chunk", 20, True, None, True, 64),
     "chunk-T70-c16-no-state": ("chunk", 70, False, 0.3, False, 16),
     "chunk-T70-c64": ("chunk", 70, True, None, True, 64),
+    "kda-recurrent-T20": ("kda-recurrent", 20, True, None, True, None),
+    "kda-chunk-T70": ("kda-chunk", 70, True, None, True, 64),
+    "kda-chunk-T20-no-state": ("kda-chunk", 20, False, 0.3, False, 64),
 }
 
 
@@ -220,9 +233,14 @@ if CHILD:
         if not gd.fla_available():
             pytest.skip("fla.ops.gated_delta_rule does not import")
         form, seq_len, state, scale, l2norm, chunk_size = CASES[case]
-        args = {**_inputs(seq_len, seed=seq_len, state=state), "scale": scale}
+        kda = form.startswith("kda")
+        args = {**_inputs(seq_len, seq_len, state, per_channel=kda), "scale": scale}
         args["use_qk_l2norm"] = l2norm
-        if form == "chunk":
+        if form == "kda-chunk":
+            got, want = gd.fla_kda_chunk(**args), chunk_kimi_delta_rule(**args)
+        elif form == "kda-recurrent":
+            got, want = gd.fla_kda_recurrent(**args), recurrent_gated_delta_rule(**args)
+        elif form == "chunk":
             got = gd.fla_chunk(**args, chunk_size=chunk_size)
             want = chunk_gated_delta_rule(**args, chunk_size=chunk_size)
         else:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from dgpp.engine.server.output_parser import OutputParser, merge
 
-CALL_ID = re.compile(r"call_[0-9a-f]{24}")
+# dgpp's own ids, or the ids a format writes itself (Kimi K2: functions.NAME:INDEX)
+CALL_ID = re.compile(r"call_[0-9a-f]{24}|(functions\.)?[^\s:]+:\d+")
 Calls = tuple[tuple[str, Any], ...]  # (name, decoded arguments) in index order
 
 

@@ -60,7 +60,8 @@ def test_auto_follows_the_template_and_a_setting_overrides_it() -> None:
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_setting_is_accepted(setting: str) -> None:
     chosen = choose_output_format(setting, tokenizer_with(HERMES_TEMPLATE))
-    keeps = chosen.tool_format in (ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY)
+    special = (ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY, ToolFormat.KIMI_K2)
+    keeps = chosen.tool_format in special
     assert chosen.keeps_special_tokens == keeps
 
 
