@@ -18,15 +18,18 @@ import torch.nn.functional as F
 def moe_activation(
     gate_up: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0
 ) -> torch.Tensor:
-    """act(gate) * up over [.., 2I] (gate half first): SiLU, or gpt-oss's clamped SwiGLU
+    """act(gate) * up over [.., 2I] (gate half first): SiLU; gpt-oss's clamped SwiGLU
     (`swiglu_oai`: gate clamped above at `limit`, up to [-limit, limit], (up + 1) * gate *
-    sigmoid(alpha * gate))."""
+    sigmoid(alpha * gate)); or DeepSeek-V4's (`swiglu_clamp`: the same clamps, then plain
+    silu(gate) * up)."""
     gate, up = gate_up.chunk(2, dim=-1)
     if activation == "silu":
         return F.silu(gate) * up
-    assert activation == "swiglu_oai", f"unknown expert activation {activation!r}"
+    assert activation in ("swiglu_oai", "swiglu_clamp"), f"unknown expert activation {activation!r}"
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)
+    if activation == "swiglu_clamp":
+        return F.silu(gate) * up
     return (up + 1) * gate * torch.sigmoid(gate * alpha)
 
 

@@ -5,11 +5,11 @@ The assignments are laid out by expert in blocks on the device (`moe_align.align
 one program computes a block of one expert's rows against a tile of its weights, the expert read
 from the block's entry, so the launch covers all experts and no count is read on the host (a
 step can be captured in a CUDA graph). The first kernel computes the gate and up tiles together
-and applies the activation (SiLU, or gpt-oss's clamped SwiGLU) before storing the intermediate;
-the second multiplies by the down weights and the routing weight and stores each assignment's
-row, and the k rows of each token are summed after (deterministic, no atomics). Accumulation is
-float32 (the products too for float32 rows); tiles come from `moe_tiles` (per architecture,
-within GB10's shared memory).
+and applies the activation (SiLU, gpt-oss's or DeepSeek-V4's clamped SwiGLU) before storing the
+intermediate; the second multiplies by the down weights and the routing weight and stores each
+assignment's row, and the k rows of each token are summed after (deterministic, no atomics).
+Accumulation is float32 (the products too for float32 rows); tiles come from `moe_tiles` (per
+architecture, within GB10's shared memory).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dgpp.kernels.dispatch import float32_products
 from dgpp.kernels.moe_align import align_by_expert
 from dgpp.kernels.moe_tiles import moe_tiles
 
-_ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}
+_ACTIVATIONS = {"silu": 0, "swiglu_oai": 1, "swiglu_clamp": 2}
 _empty = torch.empty  # the kernels' outputs (tests poison them: an unwritten row shows)
 
 
@@ -97,7 +97,10 @@ def _gate_up_kernel(
         else:
             gate = tl.minimum(gate, limit)
             up = tl.minimum(tl.maximum(up, -limit), limit)
-            act = (up + 1.0) * gate / (1.0 + tl.exp(-gate * alpha))
+            if ACTIVATION == 1:
+                act = (up + 1.0) * gate / (1.0 + tl.exp(-gate * alpha))
+            else:
+                act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(
             out_ptr + offs_m[:, None] * stride_ot + offs_n[None, :],
             act.to(out_ptr.dtype.element_ty),

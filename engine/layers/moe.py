@@ -170,8 +170,9 @@ class SparseMoeBlock(nn.Module):
             nn.Linear(hidden_size, 1, bias=False).requires_grad_(False) if shared_gate else None
         )
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weights, ids = self._modules[self.router_name](hidden)  # [T, k] each
+    def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """`input_ids`: the step's tokens, for a hash router (DeepSeek-V4)."""
+        weights, ids = self._modules[self.router_name](hidden, input_ids)  # [T, k] each
         out = self.experts(hidden, weights, ids)
         shared = self._modules[self.shared_name]
         if shared is not None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-RouterKind = Literal["softmax", "sigmoid_grouped", "topk_softmax"]
-ExpertActivation = Literal["silu", "swiglu_oai"]
+RouterKind = Literal["softmax", "sigmoid_grouped", "topk_softmax", "sqrtsoftplus"]
+ExpertActivation = Literal["silu", "swiglu_oai", "swiglu_clamp"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,10 @@ class RouterSpec:
     scores plus `e_score_correction_bias` among the `topk_group` best of `num_groups` groups (a
     group's score: its two best), weights the plain sigmoid scores of the chosen, renormalised
     when `norm_topk_prob`, times `scaling`. `topk_softmax` (gpt-oss): the top k logits (the router
-    has a bias), softmax over those k.
+    has a bias), softmax over those k. `sqrtsoftplus` (DeepSeek-V4): scores sqrt(softplus(logit)),
+    the choice on scores plus `e_score_correction_bias`, the chosen scores renormalised, times
+    `scaling`; with `hash_table` (V4's first layers) the choice is instead a fixed table's row for
+    the token id (`tid2eid` [vocab, k]), the weights still the chosen scores.
     """
 
     kind: RouterKind
@@ -32,6 +35,7 @@ class RouterSpec:
     scaling: float = 1.0
     has_bias: bool = False  # gpt-oss: a bias on the router's logits
     has_correction_bias: bool = False  # GLM/DeepSeek: e_score_correction_bias
+    hash_table: int = 0  # DeepSeek-V4's hash layers: the vocabulary size of `tid2eid`
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,22 @@ class Router(nn.Module):
         self.e_score_correction_bias = (
             _param(spec.num_experts) if spec.has_correction_bias else None
         )
+        self.tid2eid = None
+        if spec.hash_table:
+            table = torch.zeros(spec.hash_table, spec.top_k, dtype=torch.int64)
+            self.tid2eid = nn.Parameter(table, requires_grad=False)
 
-    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [T, H] -> (weights [T, k] float32, expert ids [T, k] int64)."""
+    def forward(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, H] -> (weights [T, k] float32, expert ids [T, k] int64); `input_ids` [T]
+        choose the experts of a hash router."""
         spec = self.spec
         if spec.kind == "sigmoid_grouped":
             logits = F.linear(hidden.float(), self.weight.float())
             return self._sigmoid_grouped(logits)
+        if spec.kind == "sqrtsoftplus":
+            return self._sqrtsoftplus(F.linear(hidden, self.weight).float(), input_ids)
         logits = F.linear(hidden, self.weight, self.bias)  # [T, E]
         if spec.kind == "topk_softmax":
             top, ids = torch.topk(logits, spec.top_k, dim=-1)
@@ -62,3 +71,18 @@ class Router(nn.Module):
         if spec.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * spec.scaling, ids
+
+    def _sqrtsoftplus(
+        self, logits: torch.Tensor, input_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = F.softplus(logits).sqrt()  # [T, E]
+        if self.tid2eid is not None:
+            assert input_ids is not None, "a hash router chooses by token id"
+            ids = self.tid2eid[input_ids]
+        else:
+            assert self.e_score_correction_bias is not None
+            choice = scores + self.e_score_correction_bias.float()
+            ids = torch.topk(choice, self.spec.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * self.spec.scaling, ids

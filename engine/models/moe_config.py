@@ -78,3 +78,31 @@ def gpt_oss_moe_spec(raw: Mapping[str, Any]) -> MoeSpec:
         swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)),
         swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
     )
+
+
+def deepseek_v4_moe_spec(raw: Mapping[str, Any], layer: int) -> MoeSpec:
+    """DeepSeek-V4's block in layer `layer`: sqrt(softplus) scores, routed by score plus
+    correction bias (`moe`) or by the token's row of a fixed table (`hash_moe`, the first
+    `num_hash_layers`); clamped SwiGLU experts; `n_shared_experts` shared experts."""
+    num_layers = int(_require(raw, "num_hidden_layers"))
+    kinds = raw.get("mlp_layer_types") or [
+        "hash_moe" if i < int(raw.get("num_hash_layers", 3)) else "moe" for i in range(num_layers)
+    ]
+    hashed = kinds[layer] == "hash_moe"
+    router = RouterSpec(
+        kind="sqrtsoftplus",
+        num_experts=int(_require(raw, "n_routed_experts", "num_local_experts")),
+        top_k=int(_require(raw, "num_experts_per_tok")),
+        norm_topk_prob=True,
+        scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        has_correction_bias=not hashed,
+        hash_table=int(_require(raw, "vocab_size")) if hashed else 0,
+    )
+    intermediate = int(_require(raw, "moe_intermediate_size"))
+    return MoeSpec(
+        router=router,
+        intermediate_size=intermediate,
+        shared_intermediate_size=intermediate * int(raw.get("n_shared_experts") or 0),
+        activation="swiglu_clamp",
+        swiglu_limit=float(raw.get("swiglu_limit", 10.0)),
+    )

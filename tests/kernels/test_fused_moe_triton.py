@@ -35,6 +35,7 @@ CASES = [
     (7, 64, 32, 8, 2, "swiglu_oai", F32),
     (5, 64, 32, 8, 2, "silu", BF16),
     (7, 64, 32, 8, 2, "swiglu_oai", BF16),
+    (9, 64, 32, 8, 2, "swiglu_clamp", F32),  # DeepSeek-V4's
 ]
 
 
