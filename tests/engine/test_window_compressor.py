@@ -72,3 +72,38 @@ def test_keys_equal_transformers_whole_and_chunked(kind: str) -> None:
         start += size
     whole, _ = ours.compress(hidden[0], ours.empty_carry(hidden[0]), rotary)
     torch.testing.assert_close(whole, torch.cat(keys), rtol=1e-5, atol=1e-5)
+
+
+def test_the_indexer_chooses_as_transformers() -> None:
+    """The indexer's keys and each query's chosen keys (as a set) over chunked steps."""
+    from dgpp.engine.layers.v4_indexer import LightningIndexer
+
+    config = _config("csa")
+    config.index_n_heads, config.index_head_dim, config.index_topk = 8, 16, 3
+    theirs = reference.DeepseekV4Indexer(config).float()
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    ours = LightningIndexer(HIDDEN, 16, 8, 16, 4, 3, config.rms_norm_eps)
+    missing, unexpected = ours.load_state_dict(theirs.state_dict(), strict=False)
+    assert not missing and all("inv_freq" in name for name in unexpected)
+    rotary = RotaryEmbedding(
+        ROPE, 256, parse_rope({"rope_parameters": config.rope_parameters["compress"]})
+    )
+    hidden = torch.randn(1, sum(CHUNKS), HIDDEN, generator=generator)
+    q_latent = torch.randn(1, sum(CHUNKS), 16, generator=generator)
+    cache = SimpleNamespace(layers=[reference.DeepseekV4CSACache(config)])
+    carry, keys, start = ours.empty_carry(hidden[0]), [], 0
+    for size in CHUNKS:
+        span, positions = slice(start, start + size), torch.arange(start, start + size)
+        want = theirs(hidden[:, span], q_latent[:, span], positions[None], cache, 0)[0]
+        got_keys, carry = ours.compress(hidden[0, span], carry, rotary)
+        keys.append(got_keys)
+        score = ours.scores(hidden[0, span], q_latent[0, span], positions, torch.cat(keys), rotary)
+        got = ours.select(score, positions)
+        assert got.shape == want.shape
+        for row_got, row_want in zip(got.tolist(), want.tolist(), strict=True):
+            assert sorted(row_got) == sorted(row_want)
+        start += size
+    assert sum(k.shape[0] for k in keys) == sum(CHUNKS) // 4

@@ -1,0 +1,66 @@
+"""DeepSeek-V4's lightning indexer: which compressed sparse keys each query attends to.
+
+It compresses the same windows as the layer's compressed sparse keys into keys of its own
+(`index_head_dim`, overlapping windows: `WindowCompressor`, whose parameters it holds under the
+same names), and scores query p against key w as
+
+    score(p, w) = sum_h w_h(x_p) * relu(q_h(p) . k_w) / sqrt(index_head_dim)
+
+with q = rope(q_b_proj(q latent)) per indexer head (no norm) and the head weights
+`weights_proj(x) / sqrt(index_n_heads)`, in float32. Only keys of windows closed by p
+(w < (p + 1) // rate) are candidates; the `index_topk` best are chosen, -1 filling the places of
+a query with fewer candidates (docs/deepseek_v4.md, section 4). Replicated on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.engine.layers.deepseek_v4_parts import rotate_trailing_pairs
+from dgpp.engine.layers.mla import RowSliceLinear
+from dgpp.engine.layers.rotary import RotaryEmbedding
+from dgpp.engine.layers.window_compressor import WindowCompressor
+
+
+class IndexerScorer(nn.Module):
+    """`weights_proj`: the per-head weights of the scores."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.weights_proj = RowSliceLinear(hidden, (0, heads), bias=False)
+
+
+class LightningIndexer(WindowCompressor):
+    def __init__(
+        self, hidden: int, q_rank: int, heads: int, dim: int, rate: int, topk: int, eps: float
+    ) -> None:
+        super().__init__(hidden, dim, rate, overlap=True, eps=eps)
+        self.heads, self.topk = heads, topk
+        self.q_b_proj = RowSliceLinear(q_rank, (0, heads * dim), bias=False)
+        self.scorer = IndexerScorer(hidden, heads)
+
+    def scores(
+        self,
+        hidden: torch.Tensor,
+        q_latent: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        rotary: RotaryEmbedding,
+    ) -> torch.Tensor:
+        """score [S, T] of queries (hidden [S, H], q latent [S, q_rank], positions [S]) against
+        the indexer keys [T, dim]; -inf where a key's window is not closed yet."""
+        q = self.q_b_proj(q_latent).view(-1, self.heads, self.dim)
+        q = rotate_trailing_pairs(q, rotary.lookup(positions, q.dtype)).float()
+        relu = torch.relu(torch.einsum("shd,td->sht", q, keys.float())) * self.dim**-0.5
+        weights = self.scorer.weights_proj(hidden).float() * self.heads**-0.5  # [S, heads]
+        score = (relu * weights.unsqueeze(-1)).sum(dim=1)  # [S, T]
+        closed = (positions + 1) // self.rate  # [S]: windows closed by each query
+        future = torch.arange(keys.shape[0], device=keys.device)[None] >= closed[:, None]
+        return score.masked_fill(future, float("-inf"))
+
+    def select(self, score: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The chosen keys [S, min(topk, T)] of `scores`, -1 where a query has fewer."""
+        chosen = score.topk(min(self.topk, score.shape[1]), dim=-1).indices
+        closed = ((positions + 1) // self.rate).unsqueeze(-1)
+        return torch.where(chosen >= closed, torch.full_like(chosen, -1), chosen)
