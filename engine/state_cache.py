@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -164,6 +164,26 @@ class StateLayer(Protocol):
     def state_backend(self) -> LinearStateBackend: ...
 
     def bind_state(self, pool: torch.Tensor) -> None: ...
+
+
+class StateSlotLayer(torch.nn.Module):
+    """A `StateLayer` built on `self.spec`, `self._backend` and `self.state` (the bound pool),
+    which its `__init__` sets (via `init_state`)."""
+
+    def init_state(self, spec: Any, backend: LinearStateBackend) -> None:
+        self.spec, self._backend = spec, backend
+        self.state: torch.Tensor | None = None
+
+    @property
+    def state_spec(self) -> Any:
+        return self.spec
+
+    @property
+    def state_backend(self) -> LinearStateBackend:
+        return self._backend
+
+    def bind_state(self, pool: torch.Tensor) -> None:
+        self.state = pool
 
 
 def state_layers(model: torch.nn.Module) -> list[StateLayer]:

@@ -100,6 +100,38 @@ def _fla_inputs(
     return {"q": q, "k": k, "v": v.contiguous(), "g": g, "beta": beta, "initial_state": state}
 
 
+def _through_fla(
+    kernel: Callable[..., Result] | None,
+    twin: Callable[..., Result],
+    args: tuple[torch.Tensor, ...],
+    initial_state: torch.Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    chunk_size: int | None = None,
+) -> Result:
+    """fla's `kernel` on (q, k, v, g, beta) = `args`, or the `twin` where fla does not apply
+    (no fla, float64, T == 0, K past the chunk kernel's limit); `chunk_size` for chunk forms."""
+    q, k, v, g, beta = args
+    chunk = chunk_size is not None
+    if (
+        kernel is None
+        or v.dtype not in FLA_DTYPES
+        or q.shape[1] == 0
+        or (chunk and k.shape[-1] > FLA_CHUNK_MAX_K)
+    ):
+        extra = (chunk_size,) if chunk else ()
+        return twin(*args, initial_state, scale, use_qk_l2norm, *extra)
+    sizes = {"chunk_size": chunk_size if chunk_size in FLA_CHUNK_SIZES else 64}
+    out, state = kernel(
+        **_fla_inputs(q, k, v, g, beta, initial_state),
+        scale=scale,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm,
+        **(sizes if chunk and twin is chunk_gated_delta_rule else {}),
+    )
+    return out.to(v.dtype), state.float()
+
+
 def fla_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,15 +144,9 @@ def fla_recurrent(
 ) -> Result:
     """`recurrent_gated_delta_rule` on fla's `fused_recurrent_gated_delta_rule`."""
     ops = _fla_ops()
-    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0:
-        return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
-    out, state = ops.fused_recurrent_gated_delta_rule(
-        **_fla_inputs(q, k, v, g, beta, initial_state),
-        scale=scale,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
-    )
-    return out.to(v.dtype), state.float()
+    kernel = None if ops is None else ops.fused_recurrent_gated_delta_rule
+    twin = recurrent_gated_delta_rule
+    return _through_fla(kernel, twin, (q, k, v, g, beta), initial_state, scale, use_qk_l2norm)
 
 
 def fla_chunk(
@@ -134,19 +160,13 @@ def fla_chunk(
     use_qk_l2norm: bool = False,
     chunk_size: int = 64,
 ) -> Result:
-    """`chunk_gated_delta_rule` on fla's `chunk_gated_delta_rule`."""
+    """`chunk_gated_delta_rule` on fla's `chunk_gated_delta_rule` (chunks of 16, 32 or 64)."""
     ops = _fla_ops()
-    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0 or k.shape[-1] > FLA_CHUNK_MAX_K:
-        args = (q, k, v, g, beta, initial_state, scale, use_qk_l2norm, chunk_size)
-        return chunk_gated_delta_rule(*args)
-    out, state = ops.chunk_gated_delta_rule(
-        **_fla_inputs(q, k, v, g, beta, initial_state),
-        scale=scale,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
-        chunk_size=chunk_size if chunk_size in FLA_CHUNK_SIZES else 64,
+    kernel = None if ops is None else ops.chunk_gated_delta_rule
+    args = (q, k, v, g, beta)
+    return _through_fla(
+        kernel, chunk_gated_delta_rule, args, initial_state, scale, use_qk_l2norm, chunk_size
     )
-    return out.to(v.dtype), state.float()
 
 
 FLA_FNS = GatedDeltaFns(fla_chunk, fla_recurrent, "fla")
@@ -165,15 +185,9 @@ def fla_kda_recurrent(
 ) -> Result:
     """`recurrent_gated_delta_rule` with a per-channel g on fla's `fused_recurrent_kda`."""
     ops = _fla_kda()
-    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0:
-        return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, scale, use_qk_l2norm)
-    out, state = ops.fused_recurrent_kda(
-        **_fla_inputs(q, k, v, g, beta, initial_state),
-        scale=scale,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
-    )
-    return out.to(v.dtype), state.float()
+    kernel = None if ops is None else ops.fused_recurrent_kda
+    twin = recurrent_gated_delta_rule
+    return _through_fla(kernel, twin, (q, k, v, g, beta), initial_state, scale, use_qk_l2norm)
 
 
 def fla_kda_chunk(
@@ -189,16 +203,11 @@ def fla_kda_chunk(
 ) -> Result:
     """`chunk_kimi_delta_rule` on fla's `chunk_kda` (its own chunk size)."""
     ops = _fla_kda()
-    if ops is None or v.dtype not in FLA_DTYPES or q.shape[1] == 0 or k.shape[-1] > FLA_CHUNK_MAX_K:
-        args = (q, k, v, g, beta, initial_state, scale, use_qk_l2norm, chunk_size)
-        return chunk_kimi_delta_rule(*args)
-    out, state = ops.chunk_kda(
-        **_fla_inputs(q, k, v, g, beta, initial_state),
-        scale=scale,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=use_qk_l2norm,
+    kernel = None if ops is None else ops.chunk_kda
+    args = (q, k, v, g, beta)
+    return _through_fla(
+        kernel, chunk_kimi_delta_rule, args, initial_state, scale, use_qk_l2norm, chunk_size
     )
-    return out.to(v.dtype), state.float()
 
 
 FLA_KDA_FNS = GatedDeltaFns(fla_kda_chunk, fla_kda_recurrent, "fla")

@@ -28,6 +28,7 @@ from torch import nn
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.layers.delta_state import ConvDeltaLayer
 from dgpp.engine.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -39,7 +40,6 @@ from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
-from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_gated_delta
 from dgpp.kernels.group_codes import GroupWeight
 
@@ -123,7 +123,7 @@ class SplitQKVZLinear(ColumnParallelLinear):
             dst, src = dst + local, src + full
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(ConvDeltaLayer):
     """A state layer (`dgpp.engine.state_cache.StateLayer`); `forward(angles, hidden, metadata)`
     like attention (the angles are unused: the layer has no positions). `split`: Qwen3.5's
     separate input projections (see the module's docstring)."""
@@ -139,7 +139,7 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         raw = config.raw
         spec = linear_state_spec(config, parallel)
-        self.spec, self._backend = spec, backend
+        self.init_state(spec, backend)
         num_k, num_v = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
         self.k_heads, self.v_heads = num_k // parallel.tp_size, spec.num_heads
         self.ratio, self.split = num_v // num_k, split
@@ -192,7 +192,6 @@ class GatedDeltaNet(nn.Module):
                 [f"{prefix}.out_proj"], value_local, first * head_v, num_v * head_v
             ),
         )
-        self.state: torch.Tensor | None = None
         self._kernels: GatedDeltaFns | None = None
 
     def _head_param(self, first: int) -> nn.Parameter:
@@ -207,17 +206,6 @@ class GatedDeltaNet(nn.Module):
         param.weight_loader = load  # type: ignore[attr-defined]
         return param
 
-    @property
-    def state_spec(self) -> LinearStateSpec:
-        return self.spec
-
-    @property
-    def state_backend(self) -> LinearStateBackend:
-        return self._backend
-
-    def bind_state(self, pool: torch.Tensor) -> None:
-        self.state = pool
-
     def forward(
         self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
     ) -> torch.Tensor:
@@ -227,63 +215,14 @@ class GatedDeltaNet(nn.Module):
         if self._kernels is None:
             self._kernels = select_gated_delta(hidden.device)
         tokens = hidden.shape[0]
-        spec, hv, dv = self.spec, self.v_heads, self.spec.head_v_dim
+        hv, dv = self.v_heads, self.spec.head_v_dim
         mixed, z, b, a = self._project(hidden)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         out = hidden.new_empty(tokens, hv, dv)
-        conv_pool, recurrent_pool = spec.views(self.state)
-        if rows.decode_slots is not None:
-            count, slots = rows.decode_slots.shape[0], rows.decode_slots
-            out[:count] = self._step(slots, slots, mixed[:count], g[:count], beta[:count])
-        for position in rows.verify:  # verify rows: one position at a time, each state kept
-            at = position.tokens
-            out[at] = self._step(position.reads, position.writes, mixed[at], g[at], beta[at])
-        for first, end, slot, continues in rows.prefills:
-            held = slice(slot, slot + 1)
-            x, new_conv = causal_conv1d(
-                mixed[None, first:end],
-                self.conv1d.weight,
-                None,
-                conv_pool[held] if continues else None,
-                "silu",
-            )
-            conv_pool[slot] = new_conv[0]
-            o, state = self._kernels.chunk(
-                *self._heads(x),
-                g[None, first:end],
-                beta[None, first:end],
-                recurrent_pool[held] if continues else None,
-                None,
-                True,
-            )
-            recurrent_pool[slot] = state[0]
-            out[first:end] = o[0]
+        self.run_rows(rows, mixed, g, beta, out)
         gated = self.norm(out, z.reshape(tokens, hv, dv))
         return self.out_proj(gated.reshape(tokens, hv * dv))
-
-    def _step(
-        self,
-        reads: torch.Tensor,
-        writes: torch.Tensor,
-        mixed: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-    ) -> torch.Tensor:
-        """One token for each row of mixed [n, conv_dim], g and beta [n, Hv], its state read
-        from slot `reads[i]` and the state after it written to `writes[i]` (the same slot for
-        a plain decode row); the output [n, Hv, dv]."""
-        assert self.state is not None and self._kernels is not None
-        conv_pool, recurrent_pool = self.spec.views(self.state)
-        x, new_conv = causal_conv1d(
-            mixed[:, None], self.conv1d.weight, None, conv_pool[reads], "silu"
-        )
-        conv_pool[writes] = new_conv.to(conv_pool.dtype)
-        o, state = self._kernels.recurrent(
-            *self._heads(x), g[:, None], beta[:, None], recurrent_pool[reads], None, True
-        )
-        recurrent_pool[writes] = state.to(recurrent_pool.dtype)
-        return o[:, 0]
 
     def _project(
         self, hidden: torch.Tensor

@@ -27,13 +27,13 @@ from torch import nn
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
+from dgpp.engine.layers.delta_state import ConvDeltaLayer
 from dgpp.engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
-from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_kimi_delta
 
 
@@ -93,7 +93,7 @@ class KimiConv(nn.Module):
         param.data[shard * self.local : (shard + 1) * self.local].copy_(part)
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(ConvDeltaLayer):
     """A state layer (`dgpp.engine.state_cache.StateLayer`) with attention's
     `forward(angles, hidden, metadata)` (the angles unused: KDA has no positions)."""
 
@@ -106,8 +106,7 @@ class KimiDeltaAttention(nn.Module):
     ) -> None:
         super().__init__()
         heads, dim, _ = kda_dims(config)
-        self.spec = kda_state_spec(config, parallel)
-        self._backend = backend
+        self.init_state(kda_state_spec(config, parallel), backend)
         hidden, local = config.hidden_size, self.spec.num_heads
         first = parallel.tp_rank * local
         self.num_heads, self.head_dim = local, dim
@@ -133,19 +132,7 @@ class KimiDeltaAttention(nn.Module):
                 [f"{prefix}.o_proj"], local * dim, first * dim, heads * dim
             ),
         )
-        self.state: torch.Tensor | None = None
         self._kernels: GatedDeltaFns | None = None
-
-    @property
-    def state_spec(self) -> LinearStateSpec:
-        return self.spec
-
-    @property
-    def state_backend(self) -> LinearStateBackend:
-        return self._backend
-
-    def bind_state(self, pool: torch.Tensor) -> None:
-        self.state = pool
 
     def forward(
         self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
@@ -161,49 +148,9 @@ class KimiDeltaAttention(nn.Module):
         g = -self.A_log.float().exp()[:, None] * F.softplus(decay.view(tokens, heads, dim))
         beta = self.b_proj(hidden).float().sigmoid()
         out = hidden.new_empty(tokens, heads, dim)
-        conv_pool, recurrent_pool = self.spec.views(self.state)
-        if rows.decode_slots is not None:
-            count, slots = rows.decode_slots.shape[0], rows.decode_slots
-            out[:count] = self._step(slots, slots, mixed[:count], g[:count], beta[:count])
-        for position in rows.verify:  # verify rows: one position at a time, each state kept
-            at = position.tokens
-            out[at] = self._step(position.reads, position.writes, mixed[at], g[at], beta[at])
-        for first, end, slot, continues in rows.prefills:
-            held = slice(slot, slot + 1)
-            previous = conv_pool[held] if continues else None
-            x, new_conv = causal_conv1d(mixed[None, first:end], self.conv1d.weight, None, previous)
-            conv_pool[slot] = new_conv[0]
-            o, state = self._kernels.chunk(
-                *self._heads(x),
-                g[None, first:end],
-                beta[None, first:end],
-                recurrent_pool[held] if continues else None,
-                None,
-                True,
-            )
-            recurrent_pool[slot] = state[0]
-            out[first:end] = o[0]
+        self.run_rows(rows, mixed, g, beta, out)
         gate = self.g_b_proj(self.g_a_proj(hidden)).view(tokens, heads, dim)
         return self.o_proj(self.o_norm(out, gate).reshape(tokens, heads * dim))
-
-    def _step(
-        self,
-        reads: torch.Tensor,
-        writes: torch.Tensor,
-        mixed: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-    ) -> torch.Tensor:
-        """One token per row, its state read from slot `reads[i]` and written to `writes[i]`."""
-        assert self.state is not None and self._kernels is not None
-        conv_pool, recurrent_pool = self.spec.views(self.state)
-        x, new_conv = causal_conv1d(mixed[:, None], self.conv1d.weight, None, conv_pool[reads])
-        conv_pool[writes] = new_conv.to(conv_pool.dtype)
-        o, state = self._kernels.recurrent(
-            *self._heads(x), g[:, None], beta[:, None], recurrent_pool[reads], None, True
-        )
-        recurrent_pool[writes] = state.to(recurrent_pool.dtype)
-        return o[:, 0]
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The convolved [B, T, 3 * H * D] as q, k, v [B, T, H, D]."""

@@ -31,7 +31,7 @@ from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.ngram_hash import NgramHashing
 from dgpp.engine.layers.ngram_table import NgramTable
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
-from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows
+from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows, StateSlotLayer
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 
 TABLE_ROW_MULTIPLE = 128  # transformers pads each table's rows to a multiple of this
@@ -127,7 +127,7 @@ def _segments(rows: StateRows, device: torch.device) -> Iterator[_Segment]:
         yield _Segment(slice(first, end), held, held, end - first, continues)
 
 
-class PerLayerEmbedding(nn.Module):
+class PerLayerEmbedding(StateSlotLayer):
     """One PLE layer: a state layer (`state_cache.StateLayer`) of the recurrent pools."""
 
     def __init__(
@@ -147,21 +147,8 @@ class PerLayerEmbedding(nn.Module):
         self.conv1d.weight = nn.Parameter(  # type: ignore[assignment]
             torch.empty(channels, 1, dims.kernel), requires_grad=False
         )
-        self.spec = dims.state_spec()
-        self._backend = backend
-        self.state: torch.Tensor | None = None
+        self.init_state(dims.state_spec(), backend)
         self.table: NgramTable | None = None  # attached after load (`attach_tables`)
-
-    @property
-    def state_spec(self) -> PleStateSpec:
-        return self.spec
-
-    @property
-    def state_backend(self) -> LinearStateBackend:
-        return self._backend
-
-    def bind_state(self, pool: torch.Tensor) -> None:
-        self.state = pool
 
     def forward(
         self, hidden: torch.Tensor, input_ids: torch.Tensor, metadata: StepMetadata

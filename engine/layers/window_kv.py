@@ -20,7 +20,7 @@ from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.layers.attention import PagedAttention
-from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows
+from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows, StateSlotLayer
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def window_attend(
     return out.reshape(rows, n, heads, values.shape[-1])
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(StateSlotLayer):
     """A state layer (`dgpp.engine.state_cache.StateLayer`) in a paged attention's place:
     query [T, H, D], key [T, H_kv, D] and value [T, H_kv, Dv] in (rotated, the keys), the
     output [T, H, Dv] out. `has_sinks` as `PagedAttention`'s, loaded the same way."""
@@ -106,24 +106,11 @@ class WindowAttention(nn.Module):
         if window < 2:
             raise ValueError(f"a window of {window} keys keeps no history; use at least 2")
         self.num_heads, self.scale, self.first_head = num_heads, scale, first_head
-        self.spec = WindowStateSpec(num_kv_heads, head_dim, v_head_dim, window - 1)
-        self._backend = backend
-        self.state: torch.Tensor | None = None
+        self.init_state(WindowStateSpec(num_kv_heads, head_dim, v_head_dim, window - 1), backend)
         sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False) if has_sinks else None
         self.register_parameter("sinks", sinks)
         if sinks is not None:
             sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
-
-    @property
-    def state_spec(self) -> WindowStateSpec:
-        return self.spec
-
-    @property
-    def state_backend(self) -> LinearStateBackend:
-        return self._backend
-
-    def bind_state(self, pool: torch.Tensor) -> None:
-        self.state = pool
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: StepMetadata
