@@ -26,6 +26,7 @@ up to rounding). fla's recurrent takes g, gk, gv, beta in that order, so it is c
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,84 +133,39 @@ def _through_fla(
     return out.to(v.dtype), state.float()
 
 
-def fla_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
-) -> Result:
-    """`recurrent_gated_delta_rule` on fla's `fused_recurrent_gated_delta_rule`."""
-    ops = _fla_ops()
-    kernel = None if ops is None else ops.fused_recurrent_gated_delta_rule
-    twin = recurrent_gated_delta_rule
-    return _through_fla(kernel, twin, (q, k, v, g, beta), initial_state, scale, use_qk_l2norm)
+def _adapter(ops: str, kernel: str, twin: Callable[..., Result]) -> Callable[..., Result]:
+    """`twin` (its signature, its results) on fla's `kernel` from the module `ops` names
+    (`_fla_ops` or `_fla_kda`, looked up at each call)."""
+
+    @functools.wraps(twin)
+    def adapter(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        scale: float | None = None,
+        use_qk_l2norm: bool = False,
+        chunk_size: int | None = None,
+    ) -> Result:
+        module = globals()[ops]()
+        found = None if module is None else getattr(module, kernel)
+        if chunk_size is None and "chunk_size" in inspect.signature(twin).parameters:
+            chunk_size = 64
+        args = (q, k, v, g, beta)
+        return _through_fla(found, twin, args, initial_state, scale, use_qk_l2norm, chunk_size)
+
+    adapter.__doc__ = f"`{twin.__name__}` on fla's `{kernel}`."
+    return adapter
 
 
-def fla_chunk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
-    chunk_size: int = 64,
-) -> Result:
-    """`chunk_gated_delta_rule` on fla's `chunk_gated_delta_rule` (chunks of 16, 32 or 64)."""
-    ops = _fla_ops()
-    kernel = None if ops is None else ops.chunk_gated_delta_rule
-    args = (q, k, v, g, beta)
-    return _through_fla(
-        kernel, chunk_gated_delta_rule, args, initial_state, scale, use_qk_l2norm, chunk_size
-    )
-
-
+fla_recurrent = _adapter("_fla_ops", "fused_recurrent_gated_delta_rule", recurrent_gated_delta_rule)
+fla_chunk = _adapter("_fla_ops", "chunk_gated_delta_rule", chunk_gated_delta_rule)
 FLA_FNS = GatedDeltaFns(fla_chunk, fla_recurrent, "fla")
 KDA_TORCH_FNS = GatedDeltaFns(chunk_kimi_delta_rule, recurrent_gated_delta_rule, "torch")
-
-
-def fla_kda_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
-) -> Result:
-    """`recurrent_gated_delta_rule` with a per-channel g on fla's `fused_recurrent_kda`."""
-    ops = _fla_kda()
-    kernel = None if ops is None else ops.fused_recurrent_kda
-    twin = recurrent_gated_delta_rule
-    return _through_fla(kernel, twin, (q, k, v, g, beta), initial_state, scale, use_qk_l2norm)
-
-
-def fla_kda_chunk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
-    chunk_size: int = 64,
-) -> Result:
-    """`chunk_kimi_delta_rule` on fla's `chunk_kda` (its own chunk size)."""
-    ops = _fla_kda()
-    kernel = None if ops is None else ops.chunk_kda
-    args = (q, k, v, g, beta)
-    return _through_fla(
-        kernel, chunk_kimi_delta_rule, args, initial_state, scale, use_qk_l2norm, chunk_size
-    )
-
-
+fla_kda_recurrent = _adapter("_fla_kda", "fused_recurrent_kda", recurrent_gated_delta_rule)
+fla_kda_chunk = _adapter("_fla_kda", "chunk_kda", chunk_kimi_delta_rule)
 FLA_KDA_FNS = GatedDeltaFns(fla_kda_chunk, fla_kda_recurrent, "fla")
 
 
