@@ -22,6 +22,8 @@ from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows, StateSlotLayer
 
+QUERY_BLOCK = 256  # prefill queries attended at a time (bounds the scores' memory)
+
 
 @dataclass(frozen=True)
 class WindowStateSpec:
@@ -159,20 +161,33 @@ class WindowAttention(StateSlotLayer):
     def _chunk(
         self, slot: int, held: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor:
-        """A prefill chunk after `held` tokens of the slot's history."""
+        """A prefill chunk after `held` tokens of the slot's history, its queries in blocks of
+        `QUERY_BLOCK`, each over the keys its window reaches: the scores stay [H, block,
+        block + window] however long the chunk."""
         assert self.state is not None, "the model runner binds every state before a forward"
         counts, key_pool, value_pool = self.spec.views(self.state)
         history, n = self.spec.history, query.shape[0]
         keys = torch.cat((key_pool[slot, history - held :], key.float()))  # [held + n, ...]
         values = torch.cat((value_pool[slot, history - held :], value.float()))
-        at = torch.arange(n, device=query.device)[:, None] + held  # each query's key index
-        index = torch.arange(held + n, device=query.device)[None]
-        visible = (index <= at) & (index > at - history - 1)
-        out = window_attend(
-            query[None], keys[None], values[None], visible[None], self.scale, self.sinks
-        )
+        out = query.new_empty(n, self.num_heads, value.shape[-1])
+        for low in range(0, n, QUERY_BLOCK):
+            high = min(n, low + QUERY_BLOCK)
+            first = max(0, held + low - history)  # the first key the block's first query sees
+            at = torch.arange(low, high, device=query.device)[:, None] + held  # query's own key
+            index = torch.arange(first, held + high, device=query.device)[None]
+            visible = (index <= at) & (index > at - history - 1)
+            span = slice(first, held + high)
+            attended = window_attend(
+                query[None, low:high],
+                keys[None, span],
+                values[None, span],
+                visible[None],
+                self.scale,
+                self.sinks,
+            )
+            out[low:high] = attended[0].to(query.dtype)
         kept = min(history, held + n)
         key_pool[slot, history - kept :] = keys[held + n - kept :]
         value_pool[slot, history - kept :] = values[held + n - kept :]
         counts[slot] = kept
-        return out[0].to(query.dtype)
+        return out

@@ -7,7 +7,7 @@ sliding-window attention (five windowed layers to one full one), over a GLM-4.5-
   layers' 5,000,000); both rotate the first third of each head (`partial_rotary_factor`).
 - The windowed layers keep their keys and values as a per-request state of the last
   `window - 1` tokens (`layers.window_kv`), not in the paged pool: only the nine full layers of
-  48 cache every position, a seventh of the bytes per token of caching all layers.
+  48 cache every position, about a tenth of the bytes per token of caching all layers.
 - Query and key heads of 192 dims, value heads of 128 (`v_head_dim`), the values scaled by
   `attention_value_scale` before they are cached. The paged pool keeps one width for keys and
   values, so a full layer's values are stored padded to the keys' width (zeros, which add

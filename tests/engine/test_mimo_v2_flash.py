@@ -101,6 +101,21 @@ def test_prefix_hits_restore_the_window_and_continue(checkpoint: Path) -> None:
     assert counters.hit_tokens == 28 + 24
 
 
+def test_long_chunks_attend_in_query_blocks(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill chunk's queries attend in blocks (each over the keys its window reaches); blocks
+    smaller than the window and than the chunk give one whole chunk's tokens."""
+    import dgpp.engine.layers.window_kv as window_kv
+
+    prompts = _prompts()
+    whole = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=64, seed=0)
+    expected = [o.outputs[0].token_ids for o in whole.generate(prompts, _greedy())]
+    monkeypatch.setattr(window_kv, "QUERY_BLOCK", 3)
+    blocked = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=64, seed=0)
+    assert [o.outputs[0].token_ids for o in blocked.generate(prompts, _greedy())] == expected
+
+
 def test_preempted_requests_resume_to_the_same_tokens(checkpoint: Path) -> None:
     """A cache too small for the batch preempts and recomputes; the tokens stay the same."""
     prompts = _prompts()
