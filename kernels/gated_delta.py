@@ -109,9 +109,11 @@ def _through_fla(
     scale: float | None,
     use_qk_l2norm: bool,
     chunk_size: int | None = None,
+    sized: bool = False,
 ) -> Result:
     """fla's `kernel` on (q, k, v, g, beta) = `args`, or the `twin` where fla does not apply
-    (no fla, float64, T == 0, K past the chunk kernel's limit); `chunk_size` for chunk forms."""
+    (no fla, float64, T == 0, K past the chunk kernel's limit); `chunk_size` for chunk forms,
+    passed on to a kernel that takes one (`sized`)."""
     q, k, v, g, beta = args
     chunk = chunk_size is not None
     if (
@@ -122,20 +124,23 @@ def _through_fla(
     ):
         extra = (chunk_size,) if chunk else ()
         return twin(*args, initial_state, scale, use_qk_l2norm, *extra)
-    sizes = {"chunk_size": chunk_size if chunk_size in FLA_CHUNK_SIZES else 64}
+    sizes = {"chunk_size": chunk_size if chunk_size in FLA_CHUNK_SIZES else 64} if sized else {}
     out, state = kernel(
         **_fla_inputs(q, k, v, g, beta, initial_state),
         scale=scale,
         output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
-        **(sizes if chunk and twin is chunk_gated_delta_rule else {}),
+        **sizes,
     )
     return out.to(v.dtype), state.float()
 
 
-def _adapter(ops: str, kernel: str, twin: Callable[..., Result]) -> Callable[..., Result]:
+def _adapter(
+    ops: str, kernel: str, twin: Callable[..., Result], sized: bool = False
+) -> Callable[..., Result]:
     """`twin` (its signature, its results) on fla's `kernel` from the module `ops` names
-    (`_fla_ops` or `_fla_kda`, looked up at each call)."""
+    (`_fla_ops` or `_fla_kda`, looked up at each call); `sized`: the kernel takes a chunk size."""
+    chunked = "chunk_size" in inspect.signature(twin).parameters  # once, not per call
 
     @functools.wraps(twin)
     def adapter(
@@ -151,17 +156,19 @@ def _adapter(ops: str, kernel: str, twin: Callable[..., Result]) -> Callable[...
     ) -> Result:
         module = globals()[ops]()
         found = None if module is None else getattr(module, kernel)
-        if chunk_size is None and "chunk_size" in inspect.signature(twin).parameters:
+        if chunk_size is None and chunked:
             chunk_size = 64
         args = (q, k, v, g, beta)
-        return _through_fla(found, twin, args, initial_state, scale, use_qk_l2norm, chunk_size)
+        return _through_fla(
+            found, twin, args, initial_state, scale, use_qk_l2norm, chunk_size, sized
+        )
 
     adapter.__doc__ = f"`{twin.__name__}` on fla's `{kernel}`."
     return adapter
 
 
 fla_recurrent = _adapter("_fla_ops", "fused_recurrent_gated_delta_rule", recurrent_gated_delta_rule)
-fla_chunk = _adapter("_fla_ops", "chunk_gated_delta_rule", chunk_gated_delta_rule)
+fla_chunk = _adapter("_fla_ops", "chunk_gated_delta_rule", chunk_gated_delta_rule, sized=True)
 FLA_FNS = GatedDeltaFns(fla_chunk, fla_recurrent, "fla")
 KDA_TORCH_FNS = GatedDeltaFns(chunk_kimi_delta_rule, recurrent_gated_delta_rule, "torch")
 fla_kda_recurrent = _adapter("_fla_kda", "fused_recurrent_kda", recurrent_gated_delta_rule)

@@ -8,10 +8,28 @@ slot (or from zeros at a sequence's start)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.state_cache import StateRows, StateSlotLayer
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns
+
+
+def head_param(first: int, count: int, width: int) -> nn.Parameter:
+    """A per-head parameter (Gated DeltaNet's `A_log`, `dt_bias` [H]; KDA's `A_log`
+    [1, 1, H, 1], `dt_bias` [H * width]) as this rank's heads `first .. first + count`, flat
+    [count * width]; the checkpoint's tensor has one axis longer than 1."""
+    param = nn.Parameter(torch.empty(count * width), requires_grad=False)
+
+    def load(target: nn.Parameter, loaded: torch.Tensor) -> None:
+        flat, end = loaded.reshape(-1), (first + count) * width
+        if sum(size > 1 for size in loaded.shape) > 1 or flat.shape[0] < end:
+            raise ModelLoadError(f"a per-head tensor of shape {tuple(loaded.shape)}")
+        target.data.copy_(flat[first * width : end])
+
+    param.weight_loader = load  # type: ignore[attr-defined]
+    return param
 
 
 class ConvDeltaLayer(StateSlotLayer):

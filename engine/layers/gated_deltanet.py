@@ -28,7 +28,7 @@ from torch import nn
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
-from dgpp.engine.layers.delta_state import ConvDeltaLayer
+from dgpp.engine.layers.delta_state import ConvDeltaLayer, head_param
 from dgpp.engine.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -178,8 +178,8 @@ class GatedDeltaNet(ConvDeltaLayer):
             )
         self.conv1d = DepthwiseConv(spec, parallel)
         first = parallel.tp_rank * self.v_heads
-        self.dt_bias = self._head_param(first)
-        self.A_log = self._head_param(first)
+        self.dt_bias = head_param(first, self.v_heads, 1)
+        self.A_log = head_param(first, self.v_heads, 1)
         gate = str(config.raw.get("output_gate_type") or "silu")  # Qwen4-Exp may say sigmoid
         self.norm = GatedRMSNorm(head_v, config.rms_norm_eps, gate)
         value_local = self.v_heads * head_v
@@ -193,18 +193,6 @@ class GatedDeltaNet(ConvDeltaLayer):
             ),
         )
         self._kernels: GatedDeltaFns | None = None
-
-    def _head_param(self, first: int) -> nn.Parameter:
-        param = nn.Parameter(torch.empty(self.v_heads), requires_grad=False)
-        count = self.v_heads
-
-        def load(target: nn.Parameter, loaded: torch.Tensor) -> None:
-            if loaded.dim() != 1 or loaded.shape[0] < first + count:
-                raise ModelLoadError(f"per-head tensor of shape {tuple(loaded.shape)}")
-            target.data.copy_(loaded[first : first + count])
-
-        param.weight_loader = load  # type: ignore[attr-defined]
-        return param
 
     def forward(
         self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata

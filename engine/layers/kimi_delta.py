@@ -27,7 +27,7 @@ from torch import nn
 from dgpp.engine.backends.base import StepMetadata
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
-from dgpp.engine.layers.delta_state import ConvDeltaLayer
+from dgpp.engine.layers.delta_state import ConvDeltaLayer, head_param
 from dgpp.engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import GatedRMSNorm
@@ -58,21 +58,6 @@ def kda_state_spec(config: ModelConfig, parallel: ParallelContext) -> LinearStat
         raise ConfigError(f"KDA's {heads} heads cannot be split over {parallel.tp_size} ranks")
     local = heads // parallel.tp_size
     return LinearStateSpec(3 * local * dim, width, local, dim, dim)
-
-
-def head_param(first: int, count: int, width: int) -> nn.Parameter:
-    """A per-head parameter (`A_log` [1, 1, H, 1], `dt_bias` [H * width]) as this rank's
-    heads, flat [count * width]."""
-    param = nn.Parameter(torch.empty(count * width), requires_grad=False)
-
-    def load(target: nn.Parameter, loaded: torch.Tensor) -> None:
-        flat, end = loaded.reshape(-1), (first + count) * width
-        if flat.shape[0] < end:
-            raise ModelLoadError(f"a per-head tensor of shape {tuple(loaded.shape)}")
-        target.data.copy_(flat[first * width : end])
-
-    param.weight_loader = load  # type: ignore[attr-defined]
-    return param
 
 
 class KimiConv(nn.Module):

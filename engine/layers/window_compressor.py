@@ -21,7 +21,7 @@ the keys a whole sequence does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ class WindowCompressor(nn.Module):
         usable = windows * rate
         rest = CompressorCarry(kv[usable:], gate[usable:], carry.prior_kv, carry.prior_gate)
         if not windows:
-            return kv.new_zeros(0, dim), _counted(rest, carry.windows)
+            return kv.new_zeros(0, dim), replace(rest, windows=carry.windows)
         kv = kv[:usable].view(windows, rate, -1)
         gate = gate[:usable].view(windows, rate, -1).float() + self.position_bias.float()
         prior_kv, prior_gate = carry.prior_kv, carry.prior_gate
@@ -83,8 +83,8 @@ class WindowCompressor(nn.Module):
         first = carry.windows * rate
         positions = torch.arange(windows, device=hidden.device) * rate + first
         keys = rotate_trailing_pairs(pooled[:, None], rotary.lookup(positions, pooled.dtype))[:, 0]
-        after = CompressorCarry(rest.pending_kv, rest.pending_gate, prior_kv, prior_gate)
-        return keys, _counted(after, carry.windows + windows)
+        after = replace(rest, prior_kv=prior_kv, prior_gate=prior_gate)
+        return keys, replace(after, windows=carry.windows + windows)
 
     def _overlapping(
         self, kv: torch.Tensor, gate: torch.Tensor, carry: CompressorCarry
@@ -99,9 +99,3 @@ class WindowCompressor(nn.Module):
         if carry.prior_kv is not None and carry.prior_gate is not None:
             slots_kv[0, :rate], slots_gate[0, :rate] = carry.prior_kv, carry.prior_gate
         return slots_kv, slots_gate, kv[-1, :, :dim].clone(), gate[-1, :, :dim].clone()
-
-
-def _counted(carry: CompressorCarry, windows: int) -> CompressorCarry:
-    return CompressorCarry(
-        carry.pending_kv, carry.pending_gate, carry.prior_kv, carry.prior_gate, windows
-    )

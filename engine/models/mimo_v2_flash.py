@@ -40,8 +40,9 @@ from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from dgpp.engine.layers.moe import expert_target
-from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
+from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, rotate_leading
 from dgpp.engine.layers.window_kv import WindowAttention, WindowStateSpec
+from dgpp.engine.models.gpt_oss import gpt_oss_target
 from dgpp.engine.models.llama import DecoderLayer, DecoderModel, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import grouped_moe_spec
@@ -150,7 +151,7 @@ class MimoAttention(nn.Module):
         )
         heads = self.qkv_proj.heads
         self.num_heads, self.num_kv_heads = heads.num_q, heads.num_kv
-        self.head_dim, self.v_head_dim, self.rotary_dim = dim, v_dim, config.rotary_dim
+        self.head_dim, self.v_head_dim = dim, v_dim
         self.value_scale = layout.value_scale
         columns = (heads.q_start * v_dim, heads.num_q * v_dim)
         total = config.num_heads * v_dim
@@ -193,18 +194,14 @@ class MimoAttention(nn.Module):
         tokens, dim, v_dim = hidden.shape[0], self.head_dim, self.v_head_dim
         widths = [self.num_heads * dim, self.num_kv_heads * dim, self.num_kv_heads * v_dim]
         q, k, v = self.qkv_proj(hidden).split(widths, dim=-1)
-        q = self._rotate(q.reshape(tokens, self.num_heads, dim), angles)
-        k = self._rotate(k.reshape(tokens, self.num_kv_heads, dim), angles)
+        q = rotate_leading(q.reshape(tokens, self.num_heads, dim), angles)
+        k = rotate_leading(k.reshape(tokens, self.num_kv_heads, dim), angles)
         v = v.reshape(tokens, self.num_kv_heads, v_dim) * self.value_scale
         if isinstance(self.attn, WindowAttention):
             out = self.attn(q, k, v, metadata)
         else:  # the paged pool keeps one width: values padded to the keys', the padding cut
             out = self.attn(q, k, F.pad(v, (0, dim - v_dim)), metadata)[..., :v_dim]
         return self.o_proj(out.reshape(tokens, self.num_heads * v_dim))
-
-    def _rotate(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-        rotated = apply_rotary(x[..., : self.rotary_dim], angles)
-        return torch.cat((rotated, x[..., self.rotary_dim :]), dim=-1)
 
 
 class MimoDecoderModel(DecoderModel):
@@ -227,10 +224,9 @@ def mimo_checkpoint_name(name: str) -> str | None:
 
 
 def mimo_target(name: str) -> tuple[str, Any] | None:
-    """The sinks live in the attention's paged layer; the experts as the MoE blocks keep them."""
-    if name.endswith(".self_attn.sinks"):
-        return name.replace(".self_attn.sinks", ".self_attn.attn.sinks"), None
-    return expert_target(name)
+    """The sinks live in the attention's inner layer (as gpt-oss's); the experts as the MoE
+    blocks keep them."""
+    return gpt_oss_target(name) or expert_target(name)
 
 
 class MiMoV2FlashForCausalLM(LlamaForCausalLM):
