@@ -286,6 +286,7 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         "MiniMaxM2ForCausalLM": transformers.MiniMaxM2Config,
         "MiMoV2FlashForCausalLM": transformers.MiMoV2FlashConfig,
         "KimiLinearForCausalLM": transformers.KimiLinearConfig,
+        "DeepseekV4ForCausalLM": transformers.DeepseekV4Config,
         "Qwen3VLForConditionalGeneration": transformers.Qwen3VLConfig,
         "Qwen3VLMoeForConditionalGeneration": transformers.Qwen3VLMoeConfig,
     }[architecture]
@@ -330,6 +331,12 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # MoE routers: a non-zero choice bias
                 buffer.normal_(0.0, 0.1)
+            if name.endswith("tid2eid"):  # hash routers: distinct experts per token, not zeros
+                experts = int(config.n_routed_experts)
+                buffer[:, 0].random_(0, experts)
+                for column in range(1, buffer.shape[1]):
+                    step = torch.randint_like(buffer[:, 0], 1, experts)
+                    buffer[:, column] = (buffer[:, column - 1] + step) % experts
     return model
 
 

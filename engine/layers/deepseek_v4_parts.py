@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.layers.linear import ColumnParallelLinear, RowParallelLinear
+from dgpp.engine.layers.linear import RowParallelLinear
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
 
@@ -37,6 +37,20 @@ def rotate_trailing_pairs(
     turned = torch.stack((-part[..., 1::2], part[..., 0::2]), dim=-1).flatten(-2)
     rotated = part * cos + turned * (-sin if inverse else sin)
     return torch.cat((x[..., :-rope], rotated.to(x.dtype)), dim=-1)
+
+
+class DenseRows(nn.Module):
+    """Rows `start ..` of a checkpoint's weight [rows, cols], kept dense and never packed: the
+    grouped projection reads it as one block per group in a batched product."""
+
+    def __init__(self, rows: int, cols: int, start: int) -> None:
+        super().__init__()
+        self.start = start
+        self.weight = nn.Parameter(torch.empty(rows, cols), requires_grad=False)
+        self.weight.weight_loader = self.load_rows  # type: ignore[attr-defined]
+
+    def load_rows(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        param.data.copy_(loaded.narrow(0, self.start, param.shape[0]))
 
 
 class GroupedOutputProjection(nn.Module):
@@ -59,8 +73,8 @@ class GroupedOutputProjection(nn.Module):
             )
         self.groups = groups // parallel.tp_size
         self.group_width = num_heads * head_dim // groups
-        self.o_a_proj = ColumnParallelLinear(self.group_width, groups * rank, False, parallel)
         local = self.groups * rank
+        self.o_a_proj = DenseRows(local, self.group_width, parallel.tp_rank * local)
         self.o_b_proj = RowParallelLinear(
             groups * rank,
             hidden_size,

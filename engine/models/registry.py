@@ -11,6 +11,7 @@ from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import UnsupportedModelError
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from dgpp.engine.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
 from dgpp.engine.models.glm4_moe import Glm4MoeForCausalLM
 from dgpp.engine.models.gpt_oss import GptOssForCausalLM
@@ -62,6 +63,7 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "MiniMaxM2ForCausalLM": MiniMaxM2ForCausalLM,
     "MiMoV2FlashForCausalLM": MiMoV2FlashForCausalLM,
     "KimiLinearForCausalLM": KimiLinearForCausalLM,
+    "DeepseekV4ForCausalLM": DeepseekV4ForCausalLM,
     # the vision-language checkpoints, with their vision towers (`models.vision_language`),
     # but Qwen4-Exp's (text-only)
     "Qwen3VLForConditionalGeneration": Qwen3VLForCausalLM,

@@ -1,0 +1,259 @@
+"""DeepSeek-V4's attention layer (docs/deepseek_v4.md): one shared key per token that is also
+its value, queries from a low-rank latent, a sink per head, and by layer kind
+
+- sliding: the last `window` keys (the query's own included);
+- heavily compressed (rate 128): those, plus one pooled key per closed window of `rate` tokens;
+- compressed sparse (rate 4, overlapping windows): the window keys plus the `index_topk`
+  compressed keys a lightning indexer picks for each query, gathered, never masked densely.
+
+All of them in one softmax with the sink. The window's keys and the compressors' carries are a
+per-request state (`v4_state`); the compressed keys (and the indexer's) are paged by block
+(`compressed_keys`). The rope dims are the trailing ones, in pairs, and turned back at the
+query's position on the output (keys are values).
+
+Tensor parallel: the query heads (with their sinks and whole output groups) split over the
+ranks; the query latent, the key projection, the compressors and the indexer replicated (every
+head reads the same keys and selection). Rows run one by one on the host: a first version,
+exact against transformers, with no fused kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dgpp.engine.backends.base import BatchLayout, StepMetadata
+from dgpp.engine.layers.attention import PagedAttention
+from dgpp.engine.layers.compressed_keys import CompressedKeys, LayoutBackend
+from dgpp.engine.layers.deepseek_v4_parts import GroupedOutputProjection, rotate_trailing_pairs
+from dgpp.engine.layers.linear import ColumnParallelLinear
+from dgpp.engine.layers.mla import RowSliceLinear
+from dgpp.engine.layers.norm import RMSNorm
+from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
+from dgpp.engine.layers.v4_indexer import LightningIndexer
+from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
+from dgpp.engine.layers.window_compressor import WindowCompressor
+from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims
+from dgpp.engine.parallel import ParallelContext
+from dgpp.engine.state_cache import LinearStateBackend, StateSlotLayer
+
+QUERY_BLOCK = 256  # a prefill chunk's queries attended at a time (bounds the scores' memory)
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """The compress rotary table, held by reference (not a submodule of every layer)."""
+
+    table: RotaryEmbedding
+
+
+def v4_state_spec(dims: V4Dims, index: int) -> V4StateSpec:
+    """Layer `index`'s state slot on any rank (everything in it is replicated)."""
+    rate, dim = dims.rate(index), dims.head_dim
+    carries: tuple[CarrySpec, ...] = ()
+    if rate and dims.layer_types[index] == CSA:
+        carries = (
+            CarrySpec(rate, 2 * dim, dim),
+            CarrySpec(rate, 2 * dims.index_dim, dims.index_dim),
+        )
+    elif rate:
+        carries = (CarrySpec(rate, dim),)
+    return V4StateSpec(dim, dims.window - 1, carries)
+
+
+class V4Attention(StateSlotLayer):
+    """Names as transformers' `DeepseekV4Attention` (the output projection's under `output`)."""
+
+    load_sinks = PagedAttention.load_sinks
+
+    def __init__(
+        self,
+        dims: V4Dims,
+        index: int,
+        parallel: ParallelContext,
+        state_backend: LinearStateBackend,
+        layout_backend: LayoutBackend,
+        rotary: Rotary,
+    ) -> None:
+        super().__init__()
+        hidden, dim, eps = dims.hidden, dims.head_dim, dims.eps
+        self.num_heads = parallel.shard(dims.heads, "num_attention_heads")
+        self.first_head = parallel.tp_rank * self.num_heads
+        self.head_dim, self.eps, self.scale = dim, eps, dim**-0.5
+        self.q_a_proj = RowSliceLinear(hidden, (0, dims.q_rank), bias=False)
+        self.q_a_norm = RMSNorm(dims.q_rank, eps)
+        self.q_b_proj = ColumnParallelLinear(dims.q_rank, dims.heads * dim, False, parallel)
+        self.kv_proj = RowSliceLinear(hidden, (0, dim), bias=False)
+        self.kv_norm = RMSNorm(dim, eps)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+        self.sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
+        self.output = GroupedOutputProjection(
+            dims.heads, dim, dims.o_groups, dims.o_rank, hidden, parallel
+        )
+        self.rate = dims.rate(index)
+        self.compressor: WindowCompressor | None = None
+        self.keys: CompressedKeys | None = None
+        self.index_keys: CompressedKeys | None = None
+        if self.rate:
+            sparse = dims.layer_types[index] == CSA
+            self.compressor = WindowCompressor(hidden, dim, self.rate, sparse, eps)
+            self.keys = CompressedKeys(dim, self.rate, layout_backend)
+            if sparse:
+                indexer = LightningIndexer(
+                    hidden,
+                    dims.q_rank,
+                    dims.index_heads,
+                    dims.index_dim,
+                    self.rate,
+                    dims.index_topk,
+                    eps,
+                )
+                self.compressor.add_module("indexer", indexer)  # transformers' place for it
+                self.index_keys = CompressedKeys(dims.index_dim, self.rate, layout_backend)
+        self.init_state(v4_state_spec(dims, index), state_backend)
+        self._layout, self._rotary = layout_backend, rotary
+
+    @property
+    def indexer(self) -> LightningIndexer | None:
+        return getattr(self.compressor, "indexer", None)
+
+    def forward(
+        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        layout: BatchLayout = metadata[self._layout.name]
+        tokens = hidden.shape[0]
+        latent = self.q_a_norm(self.q_a_proj(hidden))
+        q = self.q_b_proj(latent).view(tokens, self.num_heads, self.head_dim)
+        factor = torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps)
+        q = rotate_trailing_pairs(q * factor.to(q.dtype), angles)  # per-head, unweighted
+        kv = self.kv_norm(self.kv_proj(hidden))
+        kv = rotate_trailing_pairs(kv[:, None], angles)[:, 0]
+        out = torch.empty_like(q)
+        at = 0
+        for number, row in enumerate(layout.rows):
+            n, slot = row.num_tokens, row.state_slot
+            if number < layout.num_decodes and n > 1:  # a verify row: a state per position
+                draft = self._backend.layout
+                assert draft is not None, "verify rows need the runner's draft slots"
+                for j in range(n):
+                    reads = draft.draft_slot(slot, j - 1) if j else slot
+                    writes = slot if j == n - 1 else draft.draft_slot(slot, j)
+                    span = slice(at + j, at + j + 1)
+                    parts = (hidden[span], q[span], latent[span], kv[span])
+                    out[span] = self._row(*parts, row.start + j, row.block_table, reads, writes)
+            else:
+                span = slice(at, at + n)
+                parts = (hidden[span], q[span], latent[span], kv[span])
+                out[span] = self._row(*parts, row.start, row.block_table, slot, slot)
+            at += n
+        out = rotate_trailing_pairs(out, angles, inverse=True)
+        return self.output(out.reshape(tokens, -1))
+
+    def _row(
+        self,
+        hidden: torch.Tensor,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        kv: torch.Tensor,
+        start: int,
+        table: Sequence[int],
+        reads: int,
+        writes: int,
+    ) -> torch.Tensor:
+        """One request's `n` tokens from position `start`: the state read from slot `reads`,
+        the state after them written to slot `writes`; the attention output [n, H, D]."""
+        assert self.state is not None, "the model runner binds every state before a forward"
+        spec, n = self.spec, q.shape[0]
+        history = spec.history
+        held = min(start, history)
+        window = spec.window(self.state)
+        keys = torch.cat((window[reads, history - held :].to(kv.dtype), kv))  # [held + n, D]
+        positions = torch.arange(start, start + n, device=q.device)
+        compressed, chosen = self._compress(hidden, latent, positions, table, reads, writes)
+        out = q.new_empty(q.shape)
+        for low in range(0, n, QUERY_BLOCK):
+            high = min(n, low + QUERY_BLOCK)
+            pick = None if chosen is None else chosen[low:high]
+            out[low:high] = self._attend(
+                q[low:high], keys, held, low, positions[low:high], compressed, pick
+            )
+        kept = min(history, held + n)
+        window[writes, history - kept :] = keys[held + n - kept :]
+        return out
+
+    def _compress(
+        self,
+        hidden: torch.Tensor,
+        latent: torch.Tensor,
+        positions: torch.Tensor,
+        table: Sequence[int],
+        reads: int,
+        writes: int,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Close the windows these tokens complete, page their keys and carry the rest;
+        the request's compressed keys so far, and (sparse) each query's chosen ones."""
+        if self.compressor is None or self.keys is None:
+            return None, None
+        assert self.state is not None
+        start, rotary = int(positions[0]), self._rotary.table
+        carry = self.spec.read_carry(self.state, 0, reads, start, hidden.dtype)
+        new, after = self.compressor.compress(hidden, carry, rotary)
+        self.keys.store(new, table, carry.windows)
+        self.spec.write_carry(self.state, 0, writes, after)
+        keys = self.keys.read(table, after.windows)
+        if self.indexer is None or self.index_keys is None:
+            return keys, None
+        carry = self.spec.read_carry(self.state, 1, reads, start, hidden.dtype)
+        new, after = self.indexer.compress(hidden, carry, rotary)
+        self.index_keys.store(new, table, carry.windows)
+        self.spec.write_carry(self.state, 1, writes, after)
+        index_keys = self.index_keys.read(table, after.windows)
+        score = self.indexer.scores(hidden, latent, positions, index_keys, rotary)
+        return keys, self.indexer.select(score, positions)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        held: int,
+        low: int,
+        positions: torch.Tensor,
+        compressed: torch.Tensor | None,
+        chosen: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Queries `low ..` of the row ([b, H, D], at `positions`) over the window keys each
+        reaches and the compressed keys it may see, with the sink, in one float32 softmax."""
+        history, b = self.spec.history, q.shape[0]
+        first = max(0, held + low - history)
+        span = keys[first : held + low + b].float()  # [m, D]
+        index = torch.arange(first, held + low + b, device=q.device)[None]
+        own = torch.arange(low, low + b, device=q.device)[:, None] + held
+        visible = (index <= own) & (index >= own - history)  # [b, m]
+        qf = q.float()
+        window = torch.einsum("bhd,md->hbm", qf, span) * self.scale
+        scores = [window.masked_fill(~visible, float("-inf"))]
+        values = [span]
+        if compressed is not None and compressed.shape[0]:
+            if chosen is None:  # every closed window
+                picked = compressed.float()  # [T, D]
+                closed = (positions + 1) // self.rate
+                seen = torch.arange(picked.shape[0], device=q.device)[None] < closed[:, None]
+                logits = torch.einsum("bhd,td->hbt", qf, picked) * self.scale
+            else:  # the indexer's choice, gathered
+                picked = compressed[chosen.clamp(min=0)].float()  # [b, k, D]
+                seen = chosen >= 0
+                logits = torch.einsum("bhd,bkd->hbk", qf, picked) * self.scale
+            scores.append(logits.masked_fill(~seen, float("-inf")))
+            values.append(picked)
+        sink = self.sinks.float().view(-1, 1, 1).expand(-1, b, 1)
+        probs = torch.softmax(torch.cat([*scores, sink], dim=-1), dim=-1)
+        widths = [score.shape[-1] for score in scores]
+        parts = probs[..., : sum(widths)].split(widths, dim=-1)
+        out = torch.einsum("hbm,md->bhd", parts[0], values[0])
+        if len(parts) > 1:
+            pattern = "hbt,td->bhd" if chosen is None else "hbk,bkd->bhd"
+            out = out + torch.einsum(pattern, parts[1], values[1])
+        return out.to(q.dtype)
