@@ -1,5 +1,5 @@
 """Speculative decoding on hybrid models (Qwen3-Next, Qwen3.5, Kimi-Linear, MiMo-V2-Flash's
-windowed layers): a verify row keeps its recurrent state after each position in draft slots, and a
+windowed layers, DeepSeek-V4): a verify row keeps its recurrent state after each position in draft slots, and a
 rejected draft rolls the state back to the last accepted token. Drafts that are partly right (an
 oracle proposer: the plain run's next tokens with one wrong at a varying depth) exercise every
 rollback depth; the output is plain decoding's, cold, under pool pressure (preempted requests
@@ -21,6 +21,7 @@ from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.state_plan import engine_state_layout
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.mtp_checks import partly_right
+from tests.engine.test_deepseek_v4 import TINY as DEEPSEEK_V4
 from tests.engine.test_kimi_linear import TINY as KIMI
 from tests.engine.test_mimo_v2_flash import TINY as MIMO
 
@@ -36,7 +37,9 @@ FAMILIES = {"qwen3-next": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),
             "qwen3.5-moe": ("Qwen3_5MoeForCausalLM", {}),
             # windowed layers' keys and values kept as a state (layers/window_kv.py)
             "mimo-v2-flash": ("MiMoV2FlashForCausalLM", MIMO),
-            "kimi-linear": ("KimiLinearForCausalLM", KIMI)}  # fmt: skip
+            "kimi-linear": ("KimiLinearForCausalLM", KIMI),
+            # every layer's window and compressor carries a state, compressed keys paged
+            "deepseek-v4": ("DeepseekV4ForCausalLM", DEEPSEEK_V4)}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
