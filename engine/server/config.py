@@ -10,7 +10,15 @@ from typing import Any, ClassVar, Literal
 from dgpp.engine.knobs import check_knobs, knob
 
 ToolCallParser = Literal[
-    "auto", "hermes", "glm45", "deepseek_v3", "harmony", "qwen3_coder", "minimax_m2", "kimi_k2"
+    "auto",
+    "hermes",
+    "glm45",
+    "deepseek_v3",
+    "harmony",
+    "qwen3_coder",
+    "minimax_m2",
+    "kimi_k2",
+    "dsml",
 ]
 
 

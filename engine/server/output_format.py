@@ -11,13 +11,15 @@ template shows it, as the template is what teaches the model to write its calls:
 | `qwen3_coder` | `<function=` and `<parameter=`              | Qwen3-Coder, Qwen3-Next, MiMo   |
 | `minimax_m2`  | `<minimax:tool_call>`                       | MiniMax-M2                      |
 | `kimi_k2`     | `<|tool_calls_section_begin|>`              | Kimi K2, Kimi-Linear            |
+| `dsml`        | `｜DSML｜`                                    | DeepSeek-V3.2, DeepSeek-V4      |
 | `hermes`      | none of those                               | Hermes/Qwen `<tool_call>` JSON, |
 |               |                                             | Llama 3 JSON (as before)        |
 
-The harmony, DeepSeek, GLM and Kimi markers are (or may be, by tokenizer version) special tokens,
-which the engine drops when it decodes with `skip_special_tokens` (vLLM turns that off for the same
-parsers). For those formats the output is decoded with special tokens kept and the parser
-strips every special token it did not consume from what the client sees (special_tokens.py).
+The harmony, DeepSeek (both forms), GLM and Kimi markers are (or may be, by tokenizer version)
+special tokens, which the engine drops when it decodes with `skip_special_tokens` (vLLM turns
+that off for the same parsers). For those formats the output is decoded with special tokens kept
+and the parser strips every special token it did not consume from what the client sees
+(special_tokens.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from dgpp.engine.server.special_tokens import SpecialTokenText
 from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_format_deepseek import CALLS_BEGIN, deepseek_parser
+from dgpp.engine.server.tool_format_dsml import DSML, dsml_parser
 from dgpp.engine.server.tool_format_glm import ARG_KEY_OPEN, glm_parser
 from dgpp.engine.server.tool_format_harmony import CHANNEL
 from dgpp.engine.server.tool_format_kimi import CALLS_BEGIN as KIMI_CALLS
@@ -51,11 +54,18 @@ class ToolFormat(StrEnum):
     QWEN3_CODER = "qwen3_coder"
     MINIMAX_M2 = "minimax_m2"
     KIMI_K2 = "kimi_k2"
+    DSML = "dsml"
 
 
 SETTINGS = (AUTO, *(kind.value for kind in ToolFormat))
 KEEPS_SPECIAL_TOKENS = frozenset(
-    {ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY, ToolFormat.KIMI_K2}
+    {
+        ToolFormat.GLM45,
+        ToolFormat.DEEPSEEK_V3,
+        ToolFormat.HARMONY,
+        ToolFormat.KIMI_K2,
+        ToolFormat.DSML,
+    }
 )
 
 
@@ -63,6 +73,8 @@ def detect_format(chat_template: str) -> ToolFormat:
     """The format a chat template teaches; the first rule that matches wins."""
     if CHANNEL in chat_template:
         return ToolFormat.HARMONY
+    if DSML in chat_template:
+        return ToolFormat.DSML
     if CALLS_BEGIN in chat_template:
         return ToolFormat.DEEPSEEK_V3
     if KIMI_CALLS in chat_template:
@@ -121,6 +133,8 @@ def content_tool_parser(kind: ToolFormat, schemas: ToolSchemas) -> ToolCallParse
         return minimax_parser(schemas)
     if kind is ToolFormat.KIMI_K2:
         return kimi_parser()
+    if kind is ToolFormat.DSML:
+        return dsml_parser(schemas)
     if kind is ToolFormat.HARMONY:
         raise ValueError("harmony output is parsed whole by HarmonyParser")
     return ToolCallParser()

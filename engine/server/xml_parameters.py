@@ -1,9 +1,11 @@
 """The parameters of an XML-style tool call (Qwen3-Coder's `<parameter=K>V</parameter>`,
-MiniMax-M2's `<parameter name="K">V</parameter>`), each value typed by the tool's schema."""
+MiniMax-M2's `<parameter name="K">V</parameter>`, DeepSeek's DSML), each value typed by the
+tool's schema (or, DSML, by the tag's own `string` attribute)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
@@ -11,12 +13,24 @@ from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
 PARAMETER_CLOSE = "</parameter>"
 
 
+# A value's conversion from its text, given the opening tag's match (DSML: its `string` flag),
+# or None for the schema's.
+Convert = Callable[[str, re.Match[str]], Any]
+
+
 def read_parameters(
-    region: str, pos: int, opener: re.Pattern[str], next_open: str, name: str, schemas: ToolSchemas
+    region: str,
+    pos: int,
+    opener: re.Pattern[str],
+    next_open: str,
+    name: str,
+    schemas: ToolSchemas,
+    close_tag: str = PARAMETER_CLOSE,
+    convert: Convert | None = None,
 ) -> tuple[dict[str, Any], int] | None:
     """`(arguments, end)` of the parameters of call `name` from `pos` in `region`, `opener`
     matching each one's opening tag (its key the first group) and `next_open` the start of any
-    opening tag; None for an empty key. A missing `</parameter>` ends at the next opening tag or
+    opening tag; None for an empty key. A missing `close_tag` ends at the next opening tag or
     at the region's end; one newline just inside the tags is layout and dropped."""
     arguments: dict[str, Any] = {}
     while (parameter := opener.match(region, pos)) is not None:
@@ -24,14 +38,17 @@ def read_parameters(
         if not key:
             return None
         start = parameter.end()
-        close = region.find(PARAMETER_CLOSE, start)
+        close = region.find(close_tag, start)
         following = region.find(next_open, start)
         if close < 0 or 0 <= following < close:  # unclosed: up to the next parameter or the end
             stop = following if following >= 0 else len(region)
             pos = stop
         else:
             stop = close
-            pos = close + len(PARAMETER_CLOSE)
+            pos = close + len(close_tag)
         value = region[start:stop].removeprefix("\n").removesuffix("\n")
-        arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
+        if convert is not None:
+            arguments[key] = convert(value, parameter)
+        else:
+            arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
     return arguments, pos

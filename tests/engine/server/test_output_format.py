@@ -60,7 +60,13 @@ def test_auto_follows_the_template_and_a_setting_overrides_it() -> None:
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_setting_is_accepted(setting: str) -> None:
     chosen = choose_output_format(setting, tokenizer_with(HERMES_TEMPLATE))
-    special = (ToolFormat.GLM45, ToolFormat.DEEPSEEK_V3, ToolFormat.HARMONY, ToolFormat.KIMI_K2)
+    special = (
+        ToolFormat.GLM45,
+        ToolFormat.DEEPSEEK_V3,
+        ToolFormat.HARMONY,
+        ToolFormat.KIMI_K2,
+        ToolFormat.DSML,
+    )
     keeps = chosen.tool_format in special
     assert chosen.keeps_special_tokens == keeps
 

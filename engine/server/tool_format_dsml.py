@@ -1,0 +1,81 @@
+"""DeepSeek's DSML tool calls (DeepSeek-V3.2, DeepSeek-V4):
+
+    <｜DSML｜function_calls>
+    <｜DSML｜invoke name="get_weather">
+    <｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>
+    <｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜function_calls>
+
+One block may hold several invokes (parallel calls), each a call; the block's tags are dropped
+from the content. A parameter tagged `string="true"` is its text as written; `string="false"`
+is JSON (a number, a boolean, an object...); without the attribute, or with JSON that does not
+parse, the tool's schema types it as the other XML formats' values are (tool_arguments.py). One
+newline just inside the tags is layout. Reasoning is `<think>…</think>`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import partial
+from typing import Any
+
+from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
+from dgpp.engine.server.tool_parser import ToolCallParser
+from dgpp.engine.server.xml_parameters import read_parameters
+
+DSML = "｜DSML｜"
+BLOCK_OPEN = f"<{DSML}function_calls>"
+BLOCK_CLOSE = f"</{DSML}function_calls>"
+INVOKE_OPEN = f"<{DSML}invoke name="
+INVOKE_CLOSE = f"</{DSML}invoke>"
+PARAMETER_OPEN = f"<{DSML}parameter"
+PARAMETER_CLOSE = f"</{DSML}parameter>"
+_NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
+_PARAMETER = re.compile(
+    rf"""\s*{PARAMETER_OPEN} name=["']?([^"'<>]*?)["']?(?:\s+string=["']?(true|false)["']?)?\s*>"""
+)
+
+
+def _value(text: str, tag: re.Match[str], name: str, schemas: ToolSchemas) -> Any:
+    """A parameter's value by its `string` flag, else by the schema."""
+    flag, key = tag.group(2), tag.group(1).strip()
+    if flag == "true":
+        return text
+    if flag == "false":
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            pass
+    return convert_argument(text, schemas.types(name, key), untyped_json=flag == "false")
+
+
+def dsml_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` of an invoke's body (after `invoke name=`, up to its close), or
+    None when it is not a call."""
+    head = _NAME.match(body)
+    if head is None:
+        return None
+    name = head.group(1)
+    convert = partial(_value, name=name, schemas=schemas)
+    found = read_parameters(
+        body, head.end(), _PARAMETER, PARAMETER_OPEN, name, schemas, PARAMETER_CLOSE, convert
+    )
+    if found is None:
+        return None
+    arguments, pos = found
+    if body[pos:].strip():
+        return None  # text that is not a parameter: not a call
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def dsml_parser(schemas: ToolSchemas) -> ToolCallParser:
+    return ToolCallParser(
+        partial(dsml_call, schemas=schemas),
+        open_tag=INVOKE_OPEN,
+        close_tag=INVOKE_CLOSE,
+        llama_json=False,
+        dropped=(BLOCK_OPEN, BLOCK_CLOSE),
+        strip_after_dropped=True,
+    )
