@@ -1,10 +1,10 @@
 """Speculative decoding on hybrid models (Qwen3-Next, Qwen3.5, Kimi-Linear, MiMo-V2-Flash's
 windowed layers, DeepSeek-V4): a verify row keeps its recurrent state after each position in
-draft slots, and a rejected draft rolls the state back to the last accepted token. Drafts that are partly right (an
-oracle proposer: the plain run's next tokens with one wrong at a varying depth) exercise every
-rollback depth; the output is plain decoding's, cold, under pool pressure (preempted requests
-recomputed), through prefix hits that restore a state snapshot, with stop strings and logprobs,
-and at world 2 with the n-gram proposer."""
+draft slots, and a rejected draft rolls the state back to the last accepted token. Drafts that
+are partly right (an oracle proposer: the plain run's next tokens with one wrong at a varying
+depth) exercise every rollback depth; the output is plain decoding's, cold, under pool pressure
+(preempted requests recomputed), through prefix hits that restore a state snapshot, with stop
+strings and logprobs, and at world 2 with the n-gram proposer."""
 
 from __future__ import annotations
 
