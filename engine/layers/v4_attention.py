@@ -172,14 +172,18 @@ class V4Attention(StateSlotLayer):
         window = spec.window(self.state)
         keys = torch.cat((window[reads, history - held :].to(kv.dtype), kv))  # [held + n, D]
         positions = torch.arange(start, start + n, device=q.device)
-        compressed, chosen = self._compress(hidden, latent, positions, table, reads, writes)
+        compressed, index_keys = self._compress(hidden, start, table, reads, writes)
         out = q.new_empty(q.shape)
         for low in range(0, n, QUERY_BLOCK):
-            high = min(n, low + QUERY_BLOCK)
-            pick = None if chosen is None else chosen[low:high]
-            out[low:high] = self._attend(
-                q[low:high], keys, held, low, positions[low:high], compressed, pick
-            )
+            span = slice(low, min(n, low + QUERY_BLOCK))
+            chosen = None
+            if self.indexer is not None and index_keys is not None:  # this block's choice
+                rotary = self._rotary.table
+                score = self.indexer.scores(
+                    hidden[span], latent[span], positions[span], index_keys, rotary
+                )
+                chosen = self.indexer.select(score, positions[span])
+            out[span] = self._attend(q[span], keys, held, low, positions[span], compressed, chosen)
         kept = min(history, held + n)
         window[writes, history - kept :] = keys[held + n - kept :]
         return out
@@ -187,32 +191,27 @@ class V4Attention(StateSlotLayer):
     def _compress(
         self,
         hidden: torch.Tensor,
-        latent: torch.Tensor,
-        positions: torch.Tensor,
+        start: int,
         table: Sequence[int],
         reads: int,
         writes: int,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Close the windows these tokens complete, page their keys and carry the rest;
-        the request's compressed keys so far, and (sparse) each query's chosen ones."""
+        """Close the windows these tokens complete, page their keys and carry the rest; the
+        request's compressed keys so far, and (sparse layers) its indexer keys."""
         if self.compressor is None or self.keys is None:
             return None, None
         assert self.state is not None
-        start, rotary = int(positions[0]), self._rotary.table
-        carry = self.spec.read_carry(self.state, 0, reads, start, hidden.dtype)
-        new, after = self.compressor.compress(hidden, carry, rotary)
-        self.keys.store(new, table, carry.windows)
-        self.spec.write_carry(self.state, 0, writes, after)
-        keys = self.keys.read(table, after.windows)
-        if self.indexer is None or self.index_keys is None:
-            return keys, None
-        carry = self.spec.read_carry(self.state, 1, reads, start, hidden.dtype)
-        new, after = self.indexer.compress(hidden, carry, rotary)
-        self.index_keys.store(new, table, carry.windows)
-        self.spec.write_carry(self.state, 1, writes, after)
-        index_keys = self.index_keys.read(table, after.windows)
-        score = self.indexer.scores(hidden, latent, positions, index_keys, rotary)
-        return keys, self.indexer.select(score, positions)
+        compressors = [(self.compressor, self.keys)]
+        if self.indexer is not None and self.index_keys is not None:
+            compressors.append((self.indexer, self.index_keys))
+        found: list[torch.Tensor] = []
+        for index, (compressor, paged) in enumerate(compressors):
+            carry = self.spec.read_carry(self.state, index, reads, start, hidden.dtype)
+            new, after = compressor.compress(hidden, carry, self._rotary.table)
+            paged.store(new, table, carry.windows)
+            self.spec.write_carry(self.state, index, writes, after)
+            found.append(paged.read(table, after.windows))
+        return found[0], found[1] if len(found) > 1 else None
 
     def _attend(
         self,

@@ -22,6 +22,10 @@ from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.rotary import RotaryEmbedding
 from dgpp.engine.layers.window_compressor import WindowCompressor
 
+# The per-head scores [queries, heads, keys] are made this many float32 values at a time (256
+# MiB): a 1M-token context has 262,144 compressed keys, 64 indexer heads and 256-query blocks.
+SCORE_ELEMENTS = 1 << 26
+
 
 class IndexerScorer(nn.Module):
     """`weights_proj`: the per-head weights of the scores."""
@@ -52,9 +56,13 @@ class LightningIndexer(WindowCompressor):
         the indexer keys [T, dim]; -inf where a key's window is not closed yet."""
         q = self.q_b_proj(q_latent).view(-1, self.heads, self.dim)
         q = rotate_trailing_pairs(q, rotary.lookup(positions, q.dtype)).float()
-        relu = torch.relu(torch.einsum("shd,td->sht", q, keys.float())) * self.dim**-0.5
         weights = self.scorer.weights_proj(hidden).float() * self.heads**-0.5  # [S, heads]
-        score = (relu * weights.unsqueeze(-1)).sum(dim=1)  # [S, T]
+        score = q.new_empty(q.shape[0], keys.shape[0])
+        step = max(1, SCORE_ELEMENTS // (q.shape[0] * self.heads))  # keys at a time
+        for first in range(0, keys.shape[0], step):
+            part = keys[first : first + step].float()
+            relu = torch.relu(torch.einsum("shd,td->sht", q, part)) * self.dim**-0.5
+            score[:, first : first + step] = torch.einsum("sht,sh->st", relu, weights)
         closed = (positions + 1) // self.rate  # [S]: windows closed by each query
         future = torch.arange(keys.shape[0], device=keys.device)[None] >= closed[:, None]
         return score.masked_fill(future, float("-inf"))
