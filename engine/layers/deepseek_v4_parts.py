@@ -15,13 +15,17 @@ output), and the grouped low-rank output projection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.layers.linear import RowParallelLinear
+from dgpp.engine.layers.linear import RowParallelLinear, WeightFormat
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.parallel import ParallelContext
+
+FormatOf = Callable[[int, int, int], WeightFormat]  # (cols, in_start, in_total) -> format
 
 
 def rotate_trailing_pairs(
@@ -64,7 +68,9 @@ class GroupedOutputProjection(nn.Module):
         rank: int,
         hidden_size: int,
         parallel: ParallelContext,
+        formats: FormatOf | None = None,
     ) -> None:
+        """`formats(cols, in_start, in_total)`: how `o_b_proj` keeps its weight (None: dense)."""
         super().__init__()
         if groups % parallel.tp_size or num_heads % groups:
             raise ConfigError(
@@ -74,13 +80,15 @@ class GroupedOutputProjection(nn.Module):
         self.groups = groups // parallel.tp_size
         self.group_width = num_heads * head_dim // groups
         local = self.groups * rank
-        self.o_a_proj = DenseRows(local, self.group_width, parallel.tp_rank * local)
+        start = parallel.tp_rank * local
+        self.o_a_proj = DenseRows(local, self.group_width, start)
         self.o_b_proj = RowParallelLinear(
             groups * rank,
             hidden_size,
             False,
             parallel,
-            input_range=(parallel.tp_rank * local, local),
+            input_range=(start, local),
+            weight_format=formats(local, start, groups * rank) if formats else None,
         )
 
     def forward(self, out: torch.Tensor) -> torch.Tensor:

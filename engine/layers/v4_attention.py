@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
 from dgpp.engine.backends.base import BatchLayout, StepMetadata
+from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.compressed_keys import CompressedKeys, LayoutBackend
 from dgpp.engine.layers.deepseek_v4_parts import GroupedOutputProjection, rotate_trailing_pairs
@@ -74,24 +77,44 @@ class V4Attention(StateSlotLayer):
         dims: V4Dims,
         index: int,
         parallel: ParallelContext,
-        state_backend: LinearStateBackend,
-        layout_backend: LayoutBackend,
+        backends: tuple[LinearStateBackend, LayoutBackend],
         rotary: Rotary,
+        config: ModelConfig | None = None,
     ) -> None:
+        """`config`: how the checkpoint stores the query and output projections (FP8 kept
+        packed); the others are kept dense (dequantized at load)."""
         super().__init__()
+        state_backend, layout_backend = backends
+        prefix = f"model.layers.{index}.self_attn"
+
+        def format_of(names: list[str], cols: int, start: int = 0, total: int = 0) -> Any:
+            return config.weight_format(names, cols, start, total) if config else None
+
         hidden, dim, eps = dims.hidden, dims.head_dim, dims.eps
         self.num_heads = parallel.shard(dims.heads, "num_attention_heads")
         self.first_head = parallel.tp_rank * self.num_heads
         self.head_dim, self.eps, self.scale = dim, eps, dim**-0.5
         self.q_a_proj = RowSliceLinear(hidden, (0, dims.q_rank), bias=False)
         self.q_a_norm = RMSNorm(dims.q_rank, eps)
-        self.q_b_proj = ColumnParallelLinear(dims.q_rank, dims.heads * dim, False, parallel)
+        self.q_b_proj = ColumnParallelLinear(
+            dims.q_rank,
+            dims.heads * dim,
+            False,
+            parallel,
+            format_of([f"{prefix}.q_b_proj"], dims.q_rank),
+        )
         self.kv_proj = RowSliceLinear(hidden, (0, dim), bias=False)
         self.kv_norm = RMSNorm(dim, eps)
         self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
         self.sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
         self.output = GroupedOutputProjection(
-            dims.heads, dim, dims.o_groups, dims.o_rank, hidden, parallel
+            dims.heads,
+            dim,
+            dims.o_groups,
+            dims.o_rank,
+            hidden,
+            parallel,
+            partial(format_of, [f"{prefix}.output.o_b_proj"]),
         )
         self.rate = dims.rate(index)
         self.compressor: WindowCompressor | None = None

@@ -16,8 +16,9 @@ Checkpoints: the release's names (`layers.{i}.attn.wq_a`, `ffn.experts.{e}.w1`, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
 from dgpp.engine.layers.v4_attention import Rotary, V4Attention, v4_state_spec
+from dgpp.engine.layers.v4_experts import Fp4Experts, fp4_expert_target
 from dgpp.engine.layers.v4_state import V4StateSpec
 from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims, v4_ropes
 from dgpp.engine.models.llama import DecoderMLP, DecoderModel, LlamaForCausalLM
@@ -91,11 +93,27 @@ def v4_checkpoint_name(name: str) -> str | None:
     return f"model.{bare}"
 
 
-def v4_target(name: str) -> tuple[str, Any] | None:
-    """The compressors' `gate_proj` is not a gate/up pair: loaded as itself; experts stacked."""
-    if ".compressor." in name and ".gate_proj." in name:
-        return name, None
-    return expert_target(name)
+def expert_dtype(raw: Mapping[str, Any]) -> str:
+    """How the routed experts are stored: `fp4` (the release's), `fp8`, or the model dtype;
+    top-level in V4's config.json, inside `quantization_config` in later ones."""
+    quant = raw.get("quantization_config") or {}
+    return str(raw.get("expert_dtype") or quant.get("expert_dtype") or "").lower()
+
+
+def with_model_names(config: ModelConfig) -> ModelConfig:
+    """The config with its quantized modules (found under the release's names in the
+    safetensors headers) named as this model's layers are."""
+    schemes = config.quant_schemes
+    if not schemes.items:
+        return config
+    renamed = []
+    for module, scheme in schemes.items:
+        name = v4_checkpoint_name(f"{module}.weight")
+        if name is not None:
+            renamed.append((name.removesuffix(".weight"), scheme))
+    return dataclasses.replace(
+        config, quant_schemes=dataclasses.replace(schemes, items=tuple(renamed))
+    )
 
 
 class V4DecoderLayer(nn.Module):
@@ -176,7 +194,13 @@ class V4DecoderModel(DecoderModel):
 class DeepseekV4ForCausalLM(LlamaForCausalLM):
     decoder_model = V4DecoderModel
     checkpoint_name = staticmethod(v4_checkpoint_name)
-    checkpoint_target = staticmethod(v4_target)
+
+    def checkpoint_target(self, name: str) -> tuple[str, Any] | None:
+        """The compressors' `gate_proj` is not a gate/up pair (loaded as itself); experts
+        stacked, dense or packed."""
+        if ".compressor." in name and ".gate_proj." in name:
+            return name, None
+        return fp4_expert_target(name) if self.fp4_experts else expert_target(name)
 
     def __init__(
         self,
@@ -185,7 +209,9 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         max_position: int,
         attention: PagedAttentionBackend,
     ) -> None:
+        config = with_model_names(config)
         self.dims = V4Dims.of(config)
+        self.fp4_experts = expert_dtype(config.raw) == "fp4"
         device = getattr(attention, "device", torch.device("cpu"))
         self._state_backend = LinearStateBackend(device)
         self._layout_backend = LayoutBackend(device)
@@ -209,9 +235,8 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         prefix: str,
     ) -> nn.Module:
         del attention, prefix  # no paged attention: the layers' own caches
-        self_attn = V4Attention(
-            self.dims, index, parallel, self._state_backend, self._layout_backend, self._rotary
-        )
+        backends = (self._state_backend, self._layout_backend)
+        self_attn = V4Attention(self.dims, index, parallel, backends, self._rotary, config)
         spec = deepseek_v4_moe_spec(config.raw, index)
         shared = None
         if spec.shared_intermediate_size:
@@ -222,7 +247,8 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
                 spec.shared_intermediate_size,
             )
             shared.act = ClampedSiluAndMul(spec.swiglu_limit)
-        mlp = SparseMoeBlock(spec, config.hidden_size, parallel, shared)
+        experts = Fp4Experts(spec, config.hidden_size, parallel) if self.fp4_experts else None
+        mlp = SparseMoeBlock(spec, config.hidden_size, parallel, shared, experts=experts)
         return V4DecoderLayer(config, self_attn, mlp)
 
     @classmethod

@@ -13,8 +13,9 @@ Layouts, as their writers store them (W is [N = out, K = in]):
   nibble first), `weight_scale` [N, groups], optional `weight_zero_point` int32 [N/8, groups]
   packed along N. W = (q - zp) * s.
 - FP8 e4m3: `weight` float8_e4m3fn [N, K] with `weight_scale_inv` (the `fp8` method: blocks of
-  `weight_block_size`) or `weight_scale` (compressed-tensors / ModelOpt: per tensor, per channel
-  or per block). W = w * s.
+  `weight_block_size`; DeepSeek-V4 names it `scale` and stores E8M0 powers of two) or
+  `weight_scale` (compressed-tensors / ModelOpt: per tensor, per channel or per block).
+  W = w * s.
 - NVFP4: `weight_packed` (compressed-tensors) or `weight` (ModelOpt) uint8 [N, K/2], e2m1 codes,
   even column in the low nibble; `weight_scale` float8_e4m3fn [N, K/16]; one global scale:
   compressed-tensors W = q * (s / weight_global_scale), ModelOpt W = q * (s * weight_scale_2).

@@ -318,11 +318,10 @@ def schemes_from_meta(method: str, quant: dict[str, Any], meta: TensorMeta) -> Q
             scheme = _compressed(quant, tensors)
         elif method == "fp8":
             block = quant.get("weight_block_size")
-            scheme = _fp8(
-                tensors,
-                "weight_scale_inv" if block else "weight_scale",
-                (int(block[0]), int(block[1])) if block else None,
-            )
+            scale = "weight_scale_inv" if block else "weight_scale"
+            if scale not in tensors and "scale" in tensors:
+                scale = "scale"  # DeepSeek-V4's block scales (E8M0)
+            scheme = _fp8(tensors, scale, (int(block[0]), int(block[1])) if block else None)
         else:
             scheme = _modelopt(quant, tensors)
         if scheme is not None:
