@@ -21,7 +21,11 @@ from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.layers.ple import ple_table_bytes
-from dgpp.engine.models.registry import layer_cache_specs, layer_mtp_cache_specs
+from dgpp.engine.models.registry import (
+    attention_workspace,
+    layer_cache_specs,
+    layer_mtp_cache_specs,
+)
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import StateLayout
 from dgpp.engine.state_plan import engine_state_layout
@@ -177,6 +181,8 @@ def workspace_bytes(
         + max_context * heads * (key_dim + value_dim) * FP32_BYTES  # gathered keys, values
         + rows * heads * max_context * FP32_BYTES  # decode scores
     )
+    own = attention_workspace(model, tokens, chunk, heads, max_context, b)
+    attention = attention if own is None else own  # a family's own (DeepSeek-V4's)
     mlp = tokens * 2 * inter * b + 2 * tokens * inter * b
     logits = (
         rows * shapes.vocab_rows * FP32_BYTES

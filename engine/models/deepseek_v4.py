@@ -33,8 +33,9 @@ from dgpp.engine.layers.mhc import HyperHead, ManifoldHyperConnection
 from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
-from dgpp.engine.layers.v4_attention import Rotary, V4Attention, v4_state_spec
+from dgpp.engine.layers.v4_attention import QUERY_BLOCK, Rotary, V4Attention, v4_state_spec
 from dgpp.engine.layers.v4_experts import Fp4Experts, fp4_expert_target
+from dgpp.engine.layers.v4_indexer import SCORE_ELEMENTS
 from dgpp.engine.layers.v4_state import V4StateSpec
 from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims, v4_ropes
 from dgpp.engine.models.llama import DecoderMLP, DecoderModel, LlamaForCausalLM
@@ -263,6 +264,36 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
             if kind == CSA:
                 specs.append(CompressedKeySpec(dims.index_dim, rate))
         return specs
+
+    @classmethod
+    def attention_workspace(
+        cls,
+        config: ModelConfig,
+        tokens: int,
+        chunk: int,
+        heads: int,
+        max_context: int,
+        dtype_bytes: int,
+    ) -> int:
+        """One layer's attention activations (`layers.v4_attention`): the step's queries, keys
+        and latents; then, per block of `QUERY_BLOCK` queries of a chunk, the window's scores,
+        the request's compressed and indexer keys read from their pages (and as float32),
+        the indexer's scores in pieces of `SCORE_ELEMENTS`, the gathered sparse keys and the
+        scores over them: no term grows with the context but the compressed keys, 1 in 4."""
+        dims, f32 = V4Dims.of(config), 4
+        block = min(QUERY_BLOCK, chunk)
+        sparse = max_context // (dims.rates.get(CSA) or max_context)
+        heavy = max(
+            (max_context // rate for kind, rate in dims.rates.items() if kind != CSA), default=0
+        )
+        step = tokens * (2 * heads * dims.head_dim + 2 * dims.head_dim + dims.q_rank) * dtype_bytes
+        keys = sparse * (dims.head_dim + dims.index_dim) * (dtype_bytes + f32)
+        keys += heavy * dims.head_dim * (dtype_bytes + f32)
+        window = 2 * heads * block * (block + dims.window) * f32
+        indexer = block * sparse * f32 + 2 * SCORE_ELEMENTS * f32
+        topk = min(dims.index_topk, sparse)
+        gathered = block * topk * dims.head_dim * f32 + 2 * heads * block * (topk + heavy) * f32
+        return step + keys + window + indexer + gathered
 
     @classmethod
     def state_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[Any]:

@@ -104,6 +104,19 @@ def layer_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[Ca
     return list(model_class(config).cache_specs(config, parallel))
 
 
+def attention_workspace(
+    config: ModelConfig, tokens: int, chunk: int, heads: int, max_context: int, dtype_bytes: int
+) -> int | None:
+    """A family's own estimate of one layer's attention activations in a step of `tokens`
+    tokens (prefill chunks of `chunk`) against `max_context`, with `heads` query heads on the
+    rank, where the generic one (dense scores against the whole context) does not describe it;
+    None for the generic estimate."""
+    estimate = getattr(model_class(config), "attention_workspace", None)
+    if estimate is None:
+        return None
+    return int(estimate(config, tokens, chunk, heads, max_context, dtype_bytes))
+
+
 def layer_mtp_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
     """The cache specs of the MTP layer: the family's `mtp_cache_specs` where it declares them
     (a layer of several caches), else the last layer's one."""

@@ -46,6 +46,10 @@ STATED_PARAMS = {
     # MiMo-V2-Flash: 309B on the card, of which about 1B its three MTP layers (not loaded), at
     # FP8 with block scales; its attention output projections are kept in bfloat16
     "XiaomiMiMo/MiMo-V2-Flash": 308.0 * (1 + 4 / 128),
+    # DeepSeek-V4-Flash: 284B on the card (without its MTP layer), of which 277.03B routed
+    # experts in FP4 (half a byte, and a bfloat16 scale per 32) and the rest counted at a byte:
+    # FP8 (q_b, o_b, shared experts, with block scales) or dequantized at load
+    "deepseek-ai/DeepSeek-V4-Flash": 277.03 * (0.5 + 2 / 32) + (284.0 - 277.03),
     # Kimi-Linear: "48B" on the card; 49,122,681,728 parameters in its bfloat16 tensors
     "moonshotai/Kimi-Linear-48B-A3B-Instruct": 49.12,
     "meta-llama/Llama-3.1-8B-Instruct": 8.03,
@@ -65,6 +69,8 @@ MOE_TEMPLATES = [
     "mimo-v2-flash_bfloat16_w4",
     "kimi-linear-48b-a3b-instruct_bfloat16_w1",
     "kimi-linear-48b-a3b-instruct_bfloat16_w2",
+    "deepseek-v4-flash_bfloat16_w2",
+    "deepseek-v4-flash_bfloat16_w4",
 ]
 
 
@@ -279,3 +285,38 @@ def test_the_sparse_attention_releases_fit_no_spark_world(repo: str, world: int)
         EngineConfig(model=repo, dtype="bfloat16"), rank_cache_specs(model, world, 0)
     )
     assert per_token == model.num_layers * (latent + keys) * 2
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_deepseek_v4_flash_at_a_million_tokens(world: int) -> None:
+    """DeepSeek-V4-Flash as released (FP8, FP4 experts) with its 1,048,576-token context: no
+    key per token in any layer, 320 bytes per token in each of its 21 compressed sparse layers
+    (a 512-dim key and a 128-dim indexer key per 4 tokens) and 8 in each of its 20 heavily
+    compressed ones, on every rank; the windows and compressor carries a state per request.
+    One Spark cannot hold its 155 GiB of weights; two and four serve the whole context."""
+    raw = {
+        "model": "deepseek-ai/DeepSeek-V4-Flash",
+        "world_size": world,
+        "engine": {
+            "dtype": "bfloat16",
+            "device": "cuda",
+            "max_model_len": 1048576,
+            "block_size": 128,
+            "prefill_chunk_tokens": 2048,
+            "memory_fraction": 0.9,  # the KV pool sized from the memory left
+        },
+    }
+    deployment = parse_deployment(raw)
+    model = model_config_of(deployment)[0]
+    engine = EngineConfig(model=str(raw["model"]), dtype="bfloat16", max_model_len=16384)
+    per_token = kv_bytes_per_token(engine, rank_cache_specs(model, world, 0))
+    assert per_token == 21 * (512 + 128) * 2 // 4 + 20 * 512 * 2 // 128 == 6880
+    if world == 1:
+        with pytest.raises(ConfigError, match=r"budget 103\.56 GiB, weights 155\.\d\d GiB"):
+            resolve_deployment(deployment, model)
+        return
+    plans = plan_deployment(resolve_deployment(deployment, model))
+    refuse_unfit(plans)
+    for entry in plans:
+        assert entry.largest_context == 1048576 and entry.plan.kv_tokens >= 1048576
+        assert entry.plan.workspace_bytes < 8 * GIB  # no dense scores against 1M keys
