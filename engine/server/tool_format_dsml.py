@@ -1,4 +1,5 @@
-"""DeepSeek's DSML tool calls (DeepSeek-V3.2, DeepSeek-V4):
+"""DeepSeek's DSML tool calls (DeepSeek-V3.2 brackets them in `function_calls`, DeepSeek-V4 in
+`tool_calls`):
 
     <｜DSML｜function_calls>
     <｜DSML｜invoke name="get_weather">
@@ -26,8 +27,12 @@ from dgpp.engine.server.tool_parser import ToolCallParser
 from dgpp.engine.server.xml_parameters import read_parameters
 
 DSML = "｜DSML｜"
-BLOCK_OPEN = f"<{DSML}function_calls>"
-BLOCK_CLOSE = f"</{DSML}function_calls>"
+BLOCKS = (
+    f"<{DSML}function_calls>",
+    f"</{DSML}function_calls>",
+    f"<{DSML}tool_calls>",
+    f"</{DSML}tool_calls>",
+)
 INVOKE_OPEN = f"<{DSML}invoke name="
 INVOKE_CLOSE = f"</{DSML}invoke>"
 PARAMETER_OPEN = f"<{DSML}parameter"
@@ -76,6 +81,6 @@ def dsml_parser(schemas: ToolSchemas) -> ToolCallParser:
         open_tag=INVOKE_OPEN,
         close_tag=INVOKE_CLOSE,
         llama_json=False,
-        dropped=(BLOCK_OPEN, BLOCK_CLOSE),
+        dropped=BLOCKS,
         strip_after_dropped=True,
     )

@@ -45,8 +45,8 @@ def invoke(name: str, *parameters: str) -> str:
     return f'<{D}invoke name="{name}">\n{"".join(parameters)}</{D}invoke>\n'
 
 
-def block(*invokes: str) -> str:
-    return f"<{D}function_calls>\n" + "".join(invokes) + f"</{D}function_calls>"
+def block(*invokes: str, name: str = "function_calls") -> str:
+    return f"<{D}{name}>\n" + "".join(invokes) + f"</{D}{name}>"
 
 
 EDIT = invoke(
@@ -67,6 +67,13 @@ CASES = [
         content="On it.\n",
         reasoning="Two calls.\n",
         calls=(("edit", EDIT_ARGS), ("run", {})),
+        options=DSML_OPTIONS,
+    ),
+    Case(
+        "v4-tool-calls-block",
+        f"Sure.\n\n{block(EDIT, name='tool_calls')}",
+        content="Sure.\n\n",
+        calls=(("edit", EDIT_ARGS),),
         options=DSML_OPTIONS,
     ),
     Case(
