@@ -59,7 +59,7 @@ class LLMEngine:
         self.checkpoint = checkpoint
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        self.tokenizer = load_tokenizer(checkpoint)
+        self.tokenizer = load_tokenizer(checkpoint, model_config.architecture)
         self.eos_token_ids = eos_token_ids(checkpoint, model_config, self.tokenizer)
         self.grammars = Grammars(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.sampling_defaults = load_sampling_defaults(checkpoint)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from dgpp.engine import chat_dsv4
 from dgpp.engine.config import ModelConfig, read_generation_config
 from dgpp.engine.errors import InvalidRequestError, ModelLoadError
 
@@ -25,14 +26,20 @@ def check_token_ids(token_ids: object, vocab_size: int, param: str = "prompt") -
     return list(token_ids)
 
 
-def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: Path, architecture: str = "") -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer; DeepSeek-V4's (released without a chat template) encoding
+    chats as its release documents (`chat_dsv4`)."""
     try:
         direct = _direct_class(path)
         if direct is not None:
-            return direct.from_pretrained(str(path))
-        return AutoTokenizer.from_pretrained(str(path))
+            tokenizer = direct.from_pretrained(str(path))
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as err:
         raise ModelLoadError(f"cannot load the tokenizer from {path}: {err}") from None
+    if architecture == "DeepseekV4ForCausalLM":
+        chat_dsv4.attach(tokenizer)
+    return tokenizer
 
 
 def _direct_class(path: Path) -> type[PreTrainedTokenizerBase] | None:
