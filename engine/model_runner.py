@@ -307,7 +307,8 @@ class ModelRunner:
         elif whole:
             hidden = self._forward(plain, None)
             if self.mtp is not None:
-                self.mtp.keep(plain, hidden)
+                read = getattr(self.model, "mtp_input", None)  # DeepSeek-V4: its streams
+                self.mtp.keep(plain, hidden if read is None else read(hidden))
             copy_slots(self.state_pools, message.saves)  # states at snapshot points, kept
             logits.append(self._logits(message, whole, hidden))
         for row in message.rows:  # a layer slice (at most one, after the other rows)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class MtpDrafting:
     """The MTP layer of a runner's model and what a draft pass reads."""
 
-    def __init__(self, layer: MtpLayer, backend: Any, caches: list[torch.Tensor]) -> None:
+    def __init__(self, layer: Any, backend: Any, caches: list[torch.Tensor]) -> None:
         self.layer = layer
         self.backend = backend
         self.caches = caches
@@ -54,7 +54,9 @@ class MtpDrafting:
                 f"{count}: use --spec ngram or off"
             )
         with torch.device("cpu"):
-            layer = MtpLayer(model, parallel, attention, config.num_layers)
+            layer = getattr(model, "mtp_layer", MtpLayer)(
+                model, parallel, attention, config.num_layers
+            )
         layer = layer.to(runner.dtype)
         try:
             load_weights(layer, checkpoint)

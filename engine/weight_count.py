@@ -86,7 +86,8 @@ def count_weights(
         built = build_model(model, parallel, 1, TorchPagedAttention(meta))
         parts = [built]
         if mtp:
-            parts.append(MtpLayer(built, parallel, TorchPagedAttention(meta), model.num_layers))
+            layer = getattr(built, "mtp_layer", MtpLayer)
+            parts.append(layer(built, parallel, TorchPagedAttention(meta), model.num_layers))
     floats = packed = 0
     for param in (param for part in parts for param in part.parameters()):
         if param.is_floating_point():

@@ -67,8 +67,9 @@ def v4_state_spec(dims: V4Dims, index: int) -> V4StateSpec:
     return V4StateSpec(dim, dims.window - 1, carries)
 
 
-class V4Attention(StateSlotLayer):
-    """Names as transformers' `DeepseekV4Attention` (the output projection's under `output`)."""
+class V4Projections(nn.Module):
+    """The query, key and output projections every V4 attention layer has, under
+    transformers' `DeepseekV4Attention` names (the output projection's under `output`)."""
 
     load_sinks = PagedAttention.load_sinks
 
@@ -77,14 +78,13 @@ class V4Attention(StateSlotLayer):
         dims: V4Dims,
         index: int,
         parallel: ParallelContext,
-        backends: tuple[LinearStateBackend, LayoutBackend],
-        rotary: Rotary,
         config: ModelConfig | None = None,
+        own_sinks: bool = True,
     ) -> None:
         """`config`: how the checkpoint stores the query and output projections (FP8 kept
-        packed); the others are kept dense (dequantized at load)."""
+        packed); the others are kept dense (dequantized at load). `own_sinks`: the sinks are
+        a parameter here (else the paged attention's)."""
         super().__init__()
-        state_backend, layout_backend = backends
         prefix = f"model.layers.{index}.self_attn"
 
         def format_of(names: list[str], cols: int, start: int = 0, total: int = 0) -> Any:
@@ -105,8 +105,9 @@ class V4Attention(StateSlotLayer):
         )
         self.kv_proj = RowSliceLinear(hidden, (0, dim), bias=False)
         self.kv_norm = RMSNorm(dim, eps)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
-        self.sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
+        if own_sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+            self.sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
         self.output = GroupedOutputProjection(
             dims.heads,
             dim,
@@ -116,6 +117,73 @@ class V4Attention(StateSlotLayer):
             parallel,
             partial(format_of, [f"{prefix}.output.o_b_proj"]),
         )
+
+    def project(
+        self, angles: RopeAngles, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [T, H, D], the query latent [T, q_rank], the key kv [T, D]), rotated."""
+        tokens = hidden.shape[0]
+        latent = self.q_a_norm(self.q_a_proj(hidden))
+        q = self.q_b_proj(latent).view(tokens, self.num_heads, self.head_dim)
+        factor = torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps)
+        q = rotate_trailing_pairs(q * factor.to(q.dtype), angles)  # per-head, unweighted
+        kv = self.kv_norm(self.kv_proj(hidden))
+        return q, latent, rotate_trailing_pairs(kv[:, None], angles)[:, 0]
+
+    def finish(self, out: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        """The heads' outputs [T, H, D] turned back at the queries' positions, projected."""
+        out = rotate_trailing_pairs(out, angles, inverse=True)
+        return self.output(out.reshape(out.shape[0], -1))
+
+
+class PagedV4Attention(V4Projections):
+    """A sliding V4 layer whose window keys are paged (the MTP layer's: its drafts' keys are
+    overwritten by position when rejected, as any paged key is): one key head, the key its own
+    value, the paged backend's sliding window and sinks."""
+
+    def __init__(
+        self,
+        dims: V4Dims,
+        index: int,
+        parallel: ParallelContext,
+        backend: Any,
+        config: ModelConfig | None = None,
+    ) -> None:
+        super().__init__(dims, index, parallel, config, own_sinks=False)
+        self.rate = 0
+        self.attn = PagedAttention(
+            self.num_heads,
+            1,
+            dims.head_dim,
+            self.scale,
+            backend,
+            has_sinks=True,
+            sliding_window=dims.window,
+            first_head=self.first_head,
+        )
+
+    def forward(
+        self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
+    ) -> torch.Tensor:
+        q, _, kv = self.project(angles, hidden)
+        return self.finish(self.attn(q, kv[:, None], kv[:, None], metadata), angles)
+
+
+class V4Attention(V4Projections, StateSlotLayer):
+    """The layer as the model serves it: window and carries a state slot, pooled keys paged."""
+
+    def __init__(
+        self,
+        dims: V4Dims,
+        index: int,
+        parallel: ParallelContext,
+        backends: tuple[LinearStateBackend, LayoutBackend],
+        rotary: Rotary,
+        config: ModelConfig | None = None,
+    ) -> None:
+        super().__init__(dims, index, parallel, config)
+        state_backend, layout_backend = backends
+        hidden, dim, eps = dims.hidden, dims.head_dim, dims.eps
         self.rate = dims.rate(index)
         self.compressor: WindowCompressor | None = None
         self.keys: CompressedKeys | None = None
@@ -147,13 +215,7 @@ class V4Attention(StateSlotLayer):
         self, angles: RopeAngles, hidden: torch.Tensor, metadata: StepMetadata
     ) -> torch.Tensor:
         layout: BatchLayout = metadata[self._layout.name]
-        tokens = hidden.shape[0]
-        latent = self.q_a_norm(self.q_a_proj(hidden))
-        q = self.q_b_proj(latent).view(tokens, self.num_heads, self.head_dim)
-        factor = torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps)
-        q = rotate_trailing_pairs(q * factor.to(q.dtype), angles)  # per-head, unweighted
-        kv = self.kv_norm(self.kv_proj(hidden))
-        kv = rotate_trailing_pairs(kv[:, None], angles)[:, 0]
+        q, latent, kv = self.project(angles, hidden)
         out = torch.empty_like(q)
         at = 0
         for number, row in enumerate(layout.rows):
@@ -172,8 +234,7 @@ class V4Attention(StateSlotLayer):
                 parts = (hidden[span], q[span], latent[span], kv[span])
                 out[span] = self._row(*parts, row.start, row.block_table, slot, slot)
             at += n
-        out = rotate_trailing_pairs(out, angles, inverse=True)
-        return self.output(out.reshape(tokens, -1))
+        return self.finish(out, angles)
 
     def _row(
         self,

@@ -11,7 +11,7 @@ rates (128 for V4-Flash: its templates say so).
 
 Checkpoints: the release's names (`layers.{i}.attn.wq_a`, `ffn.experts.{e}.w1`, `hc_attn_fn`,
 ...; transformers saves them too) mapped to transformers' module names; the MTP layers
-(`mtp.*`) are not loaded.
+(`mtp.*`) build `speculative: mtp`'s draft layer (`deepseek_v4_mtp.py`).
 """
 
 from __future__ import annotations
@@ -33,11 +33,18 @@ from dgpp.engine.layers.mhc import HyperHead, ManifoldHyperConnection
 from dgpp.engine.layers.moe import SparseMoeBlock, expert_target
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
-from dgpp.engine.layers.v4_attention import QUERY_BLOCK, Rotary, V4Attention, v4_state_spec
+from dgpp.engine.layers.v4_attention import (
+    QUERY_BLOCK,
+    Rotary,
+    V4Attention,
+    V4Projections,
+    v4_state_spec,
+)
 from dgpp.engine.layers.v4_experts import Fp4Experts, fp4_expert_target
 from dgpp.engine.layers.v4_indexer import SCORE_ELEMENTS
 from dgpp.engine.layers.v4_state import V4StateSpec
 from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims, v4_ropes
+from dgpp.engine.models.deepseek_v4_mtp import V4MtpLayer, v4_mtp_cache_specs
 from dgpp.engine.models.llama import DecoderMLP, DecoderModel, LlamaForCausalLM
 from dgpp.engine.models.moe_config import deepseek_v4_moe_spec
 from dgpp.engine.parallel import ParallelContext
@@ -109,9 +116,8 @@ def with_model_names(config: ModelConfig) -> ModelConfig:
         return config
     renamed = []
     for module, scheme in schemes.items:
-        name = v4_checkpoint_name(f"{module}.weight")
-        if name is not None:
-            renamed.append((name.removesuffix(".weight"), scheme))
+        name = v4_checkpoint_name(f"{module}.weight")  # the MTP layer's (None) keep theirs
+        renamed.append((module if name is None else name.removesuffix(".weight"), scheme))
     return dataclasses.replace(
         config, quant_schemes=dataclasses.replace(schemes, items=tuple(renamed))
     )
@@ -120,7 +126,7 @@ def with_model_names(config: ModelConfig) -> ModelConfig:
 class V4DecoderLayer(nn.Module):
     """Attention and experts, each read from and written into the streams by its mHC."""
 
-    def __init__(self, config: ModelConfig, self_attn: V4Attention, mlp: nn.Module) -> None:
+    def __init__(self, config: ModelConfig, self_attn: V4Projections, mlp: nn.Module) -> None:
         super().__init__()
         raw, hidden, eps = config.raw, config.hidden_size, config.rms_norm_eps
         streams = int(raw.get("hc_mult") or 4)
@@ -154,6 +160,7 @@ class V4DecoderModel(DecoderModel):
 
     plain_residual = False
     compress_rotary: RotaryEmbedding
+    final_streams: torch.Tensor  # the last forward's, for the MTP layer
 
     def __init__(
         self,
@@ -184,6 +191,7 @@ class V4DecoderModel(DecoderModel):
         streams = hidden.unsqueeze(1).expand(-1, self.streams, -1).contiguous()
         for index, layer in enumerate(self.layers):
             streams = layer(angles[index], streams, metadata, input_ids)
+        self.final_streams = streams  # the MTP layer's input (`mtp_input`)
         return self.norm(self.hc_head(streams))
 
     def layer_angles(self, positions: torch.Tensor, dtype: torch.dtype) -> Sequence[RopeAngles]:
@@ -194,6 +202,9 @@ class V4DecoderModel(DecoderModel):
 
 class DeepseekV4ForCausalLM(LlamaForCausalLM):
     decoder_model = V4DecoderModel
+    decoder_layer = V4DecoderLayer
+    mtp_layer = V4MtpLayer
+    mtp_cache_specs = staticmethod(v4_mtp_cache_specs)
     checkpoint_name = staticmethod(v4_checkpoint_name)
 
     def checkpoint_target(self, name: str) -> tuple[str, Any] | None:
@@ -238,6 +249,10 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         del attention, prefix  # no paged attention: the layers' own caches
         backends = (self._state_backend, self._layout_backend)
         self_attn = V4Attention(self.dims, index, parallel, backends, self._rotary, config)
+        return V4DecoderLayer(config, self_attn, self.build_moe(config, parallel, index))
+
+    def build_moe(self, config: ModelConfig, parallel: ParallelContext, index: int) -> nn.Module:
+        """Layer `index`'s experts (the MTP layer's too): clamped SwiGLU, FP4 ones packed."""
         spec = deepseek_v4_moe_spec(config.raw, index)
         shared = None
         if spec.shared_intermediate_size:
@@ -249,8 +264,14 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
             )
             shared.act = ClampedSiluAndMul(spec.swiglu_limit)
         experts = Fp4Experts(spec, config.hidden_size, parallel) if self.fp4_experts else None
-        mlp = SparseMoeBlock(spec, config.hidden_size, parallel, shared, experts=experts)
-        return V4DecoderLayer(config, self_attn, mlp)
+        return SparseMoeBlock(spec, config.hidden_size, parallel, shared, experts=experts)
+
+    def mtp_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the MTP layer reads of a step: the streams after the last layer [T, hc, H]
+        (`hidden` is the final-normed read of them)."""
+        del hidden
+        streams: torch.Tensor = self.model.final_streams
+        return streams
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:

@@ -88,7 +88,7 @@ def deepseek_v4_moe_spec(raw: Mapping[str, Any], layer: int) -> MoeSpec:
     kinds = raw.get("mlp_layer_types") or [
         "hash_moe" if i < int(raw.get("num_hash_layers", 3)) else "moe" for i in range(num_layers)
     ]
-    hashed = kinds[layer] == "hash_moe"
+    hashed = layer < len(kinds) and kinds[layer] == "hash_moe"  # past them: the MTP layer
     router = RouterSpec(
         kind="sqrtsoftplus",
         num_experts=int(_require(raw, "n_routed_experts", "num_local_experts")),
