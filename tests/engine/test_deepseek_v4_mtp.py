@@ -126,3 +126,12 @@ def test_mtp_drafts_change_nothing(checkpoint: Path, monkeypatch: pytest.MonkeyP
 
 def test_the_memory_plan_holds_the_layer(checkpoint: Path) -> None:
     check_mtp_memory_plan(checkpoint, **KNOBS)
+
+
+def test_world_of_two_drafts_with_its_sharded_layer(checkpoint: Path) -> None:
+    """The layer's heads and experts split over two ranks, its keys paged on each: world two
+    with MTP drafts gives world one's plain tokens."""
+    from tests.engine.test_tensor_parallel import KNOBS as TP_KNOBS
+    from tests.engine.test_tensor_parallel import _check_world_of_two
+
+    _check_world_of_two(checkpoint, {**TP_KNOBS, "speculative": "mtp"})
