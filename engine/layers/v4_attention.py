@@ -36,10 +36,10 @@ from dgpp.engine.layers.linear import ColumnParallelLinear
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
+from dgpp.engine.layers.v4_config import CSA, V4Dims
 from dgpp.engine.layers.v4_indexer import LightningIndexer
 from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
 from dgpp.engine.layers.window_compressor import WindowCompressor
-from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims
 from dgpp.engine.parallel import ParallelContext
 from dgpp.engine.state_cache import LinearStateBackend, StateSlotLayer
 

@@ -40,10 +40,10 @@ from dgpp.engine.layers.v4_attention import (
     V4Projections,
     v4_state_spec,
 )
+from dgpp.engine.layers.v4_config import CSA, V4Dims, v4_ropes
 from dgpp.engine.layers.v4_experts import Fp4Experts, fp4_expert_target
 from dgpp.engine.layers.v4_indexer import SCORE_ELEMENTS
 from dgpp.engine.layers.v4_state import V4StateSpec
-from dgpp.engine.models.deepseek_v4_config import CSA, V4Dims, v4_ropes
 from dgpp.engine.models.deepseek_v4_mtp import V4MtpLayer, v4_mtp_cache_specs
 from dgpp.engine.models.llama import DecoderMLP, DecoderModel, LlamaForCausalLM
 from dgpp.engine.models.moe_config import deepseek_v4_moe_spec

@@ -27,7 +27,7 @@ from dgpp.engine.layers.mhc import HyperHead
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.v4_attention import PagedV4Attention
-from dgpp.engine.models.deepseek_v4_config import V4Dims
+from dgpp.engine.layers.v4_config import V4Dims
 from dgpp.engine.parallel import ParallelContext
 
 _OWN = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.")

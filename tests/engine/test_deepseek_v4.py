@@ -20,9 +20,9 @@ from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.compressed_keys import CompressedKeys, CompressedKeySpec
+from dgpp.engine.layers.v4_config import V4Dims, v4_ropes
 from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
 from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
-from dgpp.engine.models.deepseek_v4_config import V4Dims, v4_ropes
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference
