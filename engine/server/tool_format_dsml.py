@@ -24,7 +24,7 @@ from typing import Any
 
 from dgpp.engine.server.tool_arguments import ToolSchemas, convert_argument
 from dgpp.engine.server.tool_parser import ToolCallParser
-from dgpp.engine.server.xml_parameters import read_parameters
+from dgpp.engine.server.xml_parameters import invoke_call
 
 DSML = "｜DSML｜"
 BLOCKS = (
@@ -37,7 +37,6 @@ INVOKE_OPEN = f"<{DSML}invoke name="
 INVOKE_CLOSE = f"</{DSML}invoke>"
 PARAMETER_OPEN = f"<{DSML}parameter"
 PARAMETER_CLOSE = f"</{DSML}parameter>"
-_NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
 _PARAMETER = re.compile(
     rf"""\s*{PARAMETER_OPEN} name=["']?([^"'<>]*?)["']?(?:\s+string=["']?(true|false)["']?)?\s*>"""
 )
@@ -59,20 +58,11 @@ def _value(text: str, tag: re.Match[str], name: str, schemas: ToolSchemas) -> An
 def dsml_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
     """`(name, arguments JSON)` of an invoke's body (after `invoke name=`, up to its close), or
     None when it is not a call."""
-    head = _NAME.match(body)
-    if head is None:
-        return None
-    name = head.group(1)
-    convert = partial(_value, name=name, schemas=schemas)
-    found = read_parameters(
-        body, head.end(), _PARAMETER, PARAMETER_OPEN, name, schemas, PARAMETER_CLOSE, convert
-    )
-    if found is None:
-        return None
-    arguments, pos = found
-    if body[pos:].strip():
-        return None  # text that is not a parameter: not a call
-    return name, json.dumps(arguments, ensure_ascii=False)
+
+    def convert_for(name: str) -> Any:
+        return partial(_value, name=name, schemas=schemas)
+
+    return invoke_call(body, schemas, _PARAMETER, PARAMETER_OPEN, PARAMETER_CLOSE, convert_for)
 
 
 def dsml_parser(schemas: ToolSchemas) -> ToolCallParser:

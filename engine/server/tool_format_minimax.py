@@ -20,36 +20,24 @@ A missing `</parameter>` ends at the next `<parameter` or at the call's end. Rea
 
 from __future__ import annotations
 
-import json
 import re
 from functools import partial
 
 from dgpp.engine.server.tool_arguments import ToolSchemas
 from dgpp.engine.server.tool_parser import ToolCallParser
-from dgpp.engine.server.xml_parameters import read_parameters
+from dgpp.engine.server.xml_parameters import invoke_call
 
 BLOCK_OPEN = "<minimax:tool_call>"
 BLOCK_CLOSE = "</minimax:tool_call>"
 INVOKE_OPEN = "<invoke name="
 INVOKE_CLOSE = "</invoke>"
-_NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
 _PARAMETER = re.compile(r"""\s*<parameter name=["']?([^"'<>]*?)["']?\s*>""")
 
 
 def minimax_call(body: str, schemas: ToolSchemas) -> tuple[str, str] | None:
     """`(name, arguments JSON)` of an `<invoke name=` body (up to its `</invoke>`), or None
     when it is not a call."""
-    head = _NAME.match(body)
-    if head is None:
-        return None
-    name = head.group(1)
-    found = read_parameters(body, head.end(), _PARAMETER, "<parameter", name, schemas)
-    if found is None:
-        return None
-    arguments, pos = found
-    if body[pos:].strip():
-        return None  # text that is not a parameter: not a call
-    return name, json.dumps(arguments, ensure_ascii=False)
+    return invoke_call(body, schemas, _PARAMETER, "<parameter")
 
 
 def minimax_parser(schemas: ToolSchemas) -> ToolCallParser:

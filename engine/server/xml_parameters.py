@@ -4,6 +4,7 @@ tool's schema (or, DSML, by the tag's own `string` attribute)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -52,3 +53,31 @@ def read_parameters(
         else:
             arguments[key] = convert_argument(value, schemas.types(name, key), untyped_json=False)
     return arguments, pos
+
+
+_INVOKE_NAME = re.compile(r"""\s*["']?([^"'<>\s]+)["']?\s*>""")
+
+
+def invoke_call(
+    body: str,
+    schemas: ToolSchemas,
+    opener: re.Pattern[str],
+    next_open: str,
+    close_tag: str = PARAMETER_CLOSE,
+    convert_for: Callable[[str], Convert] | None = None,
+) -> tuple[str, str] | None:
+    """`(name, arguments JSON)` of an `<invoke name="NAME">` body (after `name=`, up to the
+    invoke's close) of parameters (MiniMax-M2, DSML), or None when it is not a call.
+    `convert_for(name)`: how that tool's values are read (else by its schema)."""
+    head = _INVOKE_NAME.match(body)
+    if head is None:
+        return None
+    name = head.group(1)
+    convert = convert_for(name) if convert_for is not None else None
+    found = read_parameters(body, head.end(), opener, next_open, name, schemas, close_tag, convert)
+    if found is None:
+        return None
+    arguments, pos = found
+    if body[pos:].strip():
+        return None  # text that is not a parameter: not a call
+    return name, json.dumps(arguments, ensure_ascii=False)

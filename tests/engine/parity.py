@@ -54,3 +54,29 @@ def engines_logit_difference(
     # a later test's host pool, made in it, refused in-place copies from a reader thread)
     assert not torch.is_inference_mode_enabled()
     return worst
+
+
+def random_prompts(seed: int, lengths: tuple[int, ...] = (1, 5, 13, 40)) -> list[list[int]]:
+    """Prompts of random token ids (the tiny checkpoints' vocabulary), one per length."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 49000, (n,), generator=generator).tolist() for n in lengths]
+
+
+def check_batch_matches_transformers(
+    llm: LLM, hf_model: torch.nn.Module, prompts: list[list[int]], new: int
+) -> None:
+    """The prompts in one batch give transformers' greedy tokens (of which more than 20
+    distinct: a broken model repeats itself), and teacher-forced logits within 1e-3 of its
+    (every prompt but the first, continued by 6 of transformers' tokens)."""
+    from dgpp.engine import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    outputs = llm.generate(prompts, greedy)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert list(output.outputs[0].token_ids) == hf_greedy(hf_model, prompt, new)
+    assert len({token for o in outputs for token in o.outputs[0].token_ids}) > 20
+    worst = max(
+        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 6))
+        for prompt in prompts[1:]
+    )
+    assert worst < 1e-3, worst

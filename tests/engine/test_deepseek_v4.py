@@ -25,7 +25,7 @@ from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
 from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.parity import check_batch_matches_transformers, hf_greedy, random_prompts
 
 NEW = 12
 TYPES = [
@@ -84,24 +84,14 @@ def _greedy(max_tokens: int = NEW) -> SamplingParams:
 
 
 def _prompts() -> list[list[int]]:
-    generator = torch.Generator().manual_seed(5)
-    return [torch.randint(3, 49000, (n,), generator=generator).tolist() for n in (1, 5, 13, 40)]
+    return random_prompts(5)
 
 
 def test_greedy_tokens_and_logits_match_transformers(
     checkpoint: Path, hf_model: torch.nn.Module
 ) -> None:
-    prompts = _prompts()
     llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
-    outputs = llm.generate(prompts, _greedy())
-    for prompt, output in zip(prompts, outputs, strict=True):
-        assert list(output.outputs[0].token_ids) == hf_greedy(hf_model, prompt, NEW)
-    assert len({token for o in outputs for token in o.outputs[0].token_ids}) > 20
-    worst = max(
-        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 6))
-        for prompt in prompts[1:]
-    )
-    assert worst < 1e-3, worst
+    check_batch_matches_transformers(llm, hf_model, _prompts(), NEW)
 
 
 def test_the_paged_keys_equal_transformers_cache(

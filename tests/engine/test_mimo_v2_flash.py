@@ -23,7 +23,7 @@ from dgpp.engine.layers.window_kv import WindowStateSpec
 from dgpp.engine.models.mimo_v2_flash import MimoLayout, MiMoV2FlashForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.parity import check_batch_matches_transformers, hf_greedy
 
 NEW = 12
 WINDOW = 6
@@ -67,15 +67,7 @@ def test_greedy_tokens_and_logits_match_transformers(checkpoint: Path) -> None:
     hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     prompts = _prompts()
     llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
-    outputs = llm.generate(prompts, _greedy())
-    for prompt, output in zip(prompts, outputs, strict=True):
-        assert list(output.outputs[0].token_ids) == hf_greedy(hf_model, prompt, NEW)
-    assert len({token for o in outputs for token in o.outputs[0].token_ids}) > 20
-    worst = max(
-        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 6))
-        for prompt in prompts[1:]
-    )
-    assert worst < 1e-3, worst
+    check_batch_matches_transformers(llm, hf_model, prompts, NEW)
 
 
 def test_prefix_hits_restore_the_window_and_continue(checkpoint: Path) -> None:

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.models.minimax_m2 import minimax_checkpoint_name
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.parity import check_batch_matches_transformers, hf_greedy
 
 NEW = 12
 TINY = dict(
@@ -45,15 +45,7 @@ def test_greedy_tokens_and_logits_match_transformers(checkpoint: Path) -> None:
     generator = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, 49000, (n,), generator=generator).tolist() for n in (1, 5, 13, 40)]
     llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=11, kv_capacity=2048, seed=0)
-    outputs = llm.generate(prompts, _greedy())
-    for prompt, output in zip(prompts, outputs, strict=True):
-        assert list(output.outputs[0].token_ids) == hf_greedy(hf_model, prompt, NEW)
-    assert len({token for o in outputs for token in o.outputs[0].token_ids}) > 20
-    worst = max(
-        max_logit_difference(llm, hf_model, prompt, hf_greedy(hf_model, prompt, 6))
-        for prompt in prompts[1:]
-    )
-    assert worst < 1e-3, worst
+    check_batch_matches_transformers(llm, hf_model, prompts, NEW)
     shared = list(range(500, 530))  # a prefix-cache hit gives the same tokens
     cached = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=0)
     for suffix in ([7, 8, 9], [11, 12]):
