@@ -92,16 +92,10 @@ class CompressedKeys(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The blocks and rows of keys first .. first + count - 1."""
         assert self.cache is not None, "the model runner binds every cache before a forward"
-        rate, per_block = self.spec.rate, self.cache.shape[1]
-        block_size = rate * per_block
-        starts = [w * rate for w in range(first, first + count)]
-        blocks = [table[start // block_size] for start in starts]
-        rows = [(start % block_size) // rate for start in starts]
-        device, dtype = self.cache.device, torch.int64
-        return (
-            torch.tensor(blocks, dtype=dtype, device=device),
-            torch.tensor(rows, dtype=dtype, device=device),
-        )
+        rate, per_block, device = self.spec.rate, self.cache.shape[1], self.cache.device
+        starts = torch.arange(first, first + count, device=device) * rate  # windows' tokens
+        blocks = torch.as_tensor(table, dtype=torch.int64, device=device)
+        return blocks[starts // (rate * per_block)], (starts // rate) % per_block
 
     def store(self, keys: torch.Tensor, table: Sequence[int], first: int) -> None:
         """Keep keys [n, width] as windows first .. first + n - 1 of the request."""
