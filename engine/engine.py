@@ -223,7 +223,8 @@ class LLMEngine:
                 params.include_stop_str_in_output,
                 params.skip_special_tokens,
             ),
-            use_prefix_cache=use_prefix_cache,
+            # scoring the prompt computes every position: cached ones have no logits
+            use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
             fills_prefix_cache=fills_cache,
             matcher=self.grammars.matcher(params.grammar) if params.grammar else None,
             reasoning=ReasoningBudget(params.reasoning_budget, params.reasoning_end)

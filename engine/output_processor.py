@@ -116,6 +116,7 @@ class OutputProcessor:
                 finished=request.finished_time,
             ),
             prompt_class=request.prompt_class,
+            prompt_logprobs=_prompt_logprobs(request),
         )
 
     def _take(self, row: SampledRow) -> int:
@@ -174,3 +175,11 @@ class OutputProcessor:
             latency.queue_sum_s += request.first_scheduled_time - request.arrival_time
             latency.ttft_sum_s += ttft
             latency.count += 1
+
+
+def _prompt_logprobs(request: Request) -> tuple[TokenLogprobs | None, ...] | None:
+    """The prompt's tokens' log-probabilities, the first's None, once all are known."""
+    scored = request.prompt_logprobs
+    if request.params.prompt_logprobs is None or len(scored) < request.num_prompt_tokens - 1:
+        return None
+    return (None, *(scored[at] for at in range(1, request.num_prompt_tokens)))

@@ -85,6 +85,9 @@ class Request:
     stop_reason: str | int | None = None
     num_preemptions: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # `prompt_logprobs`: prompt position p's token's log-probability (p >= 1), by position (a
+    # recomputed chunk writes the same values again)
+    prompt_logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -194,3 +197,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     prompt_class: str | None = None  # "short" / "long": see `Request.prompt_class`
+    # With `prompt_logprobs`: each prompt token's (the first's None), once the prompt is read
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None

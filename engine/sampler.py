@@ -309,6 +309,26 @@ def _exponential_race(
     return probs.div_(q).argmax(dim=-1)
 
 
+def scored_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, n: int) -> list[TokenLogprobs]:
+    """Each row's log-probability of `token_ids` [B] under raw logits [B, V] (float32), its
+    rank and the `n` best alternatives (`prompt_logprobs`)."""
+    logprobs = raw.to(torch.float32).log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [B, 1]
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    top_values, top_ids = logprobs.topk(min(n, logprobs.shape[1]), dim=-1)
+    return [
+        TokenLogprobs(token, value, rank, tuple(zip(ids, values, strict=True)))
+        for token, value, rank, ids, values in zip(
+            token_ids.tolist(),
+            chosen.squeeze(1).tolist(),
+            ranks,
+            top_ids.tolist(),
+            top_values.tolist(),
+            strict=True,
+        )
+    ]
+
+
 def _logprobs(
     raw: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplerRow]
 ) -> list[TokenLogprobs | None]:

@@ -34,6 +34,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    # The prompt's tokens' log-probabilities (each under the positions before it; the first has
+    # none) with this many alternatives: evaluation clients' loglikelihoods (vLLM's name).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # llguidance grammar text (dgpp.engine.grammar): the output must match it.
     grammar: str | None = None
@@ -89,8 +92,14 @@ class SamplingParams:
                 "repetition_penalty",
                 f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}",
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            fail("logprobs", f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_TOP_LOGPROBS
+            ):
+                fail(name, f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):

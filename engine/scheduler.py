@@ -55,9 +55,20 @@ class ScheduledChunk:
         return self.completes and end == self.request.num_tokens
 
     @property
+    def num_scored(self) -> int:
+        """Leading positions of this chunk whose logits score the next prompt token (a request
+        with `prompt_logprobs`): every computed position before the prompt's last."""
+        request = self.request
+        if request.params.prompt_logprobs is None or self.draft or not self.completes:
+            return 0
+        last = request.num_prompt_tokens - 1
+        return max(0, min(self.start + self.num_tokens, last) - self.start)
+
+    @property
     def num_sampled(self) -> int:
-        """Positions of this chunk whose logits the sampler reads."""
-        return 1 + len(self.draft) if self.is_sampling else 0
+        """Positions of this chunk whose logits the step returns: those it scores, then those
+        the sampler reads (trailing: a chunk scores all its positions but the sampled one)."""
+        return self.num_scored + (1 + len(self.draft) if self.is_sampling else 0)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 from dgpp.engine.grammar import consume, mask_rows
 from dgpp.engine.reasoning_budget import force_rows
 from dgpp.engine.request import Request
-from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs
+from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs, scored_logprobs
 from dgpp.engine.scheduler import ScheduledChunk, StepPlan
 
 
@@ -50,9 +50,12 @@ def sample_step(
     rows: list[SampledRow] = []
     offset = 0
     for chunk in plan.chunks:
-        if chunk.num_sampled:
-            rows.append(SampledRow(chunk, offset))
-            offset += chunk.num_sampled
+        scored = chunk.num_scored
+        if scored:
+            _score_prompt(chunk, logits[offset : offset + scored], sampler.vocab_size)
+        if chunk.num_sampled > scored:
+            rows.append(SampledRow(chunk, offset + scored))
+        offset += chunk.num_sampled
     assert offset == logits.shape[0], "the step's logits do not match its plan"
     alive = rows
     depth = 0
@@ -79,6 +82,16 @@ def sample_step(
         alive = survivors
         depth += 1
     return rows
+
+
+def _score_prompt(chunk: ScheduledChunk, logits: torch.Tensor, vocab_size: int) -> None:
+    """Record the log-probability of each prompt token the chunk's positions predict."""
+    request, first = chunk.request, chunk.start + 1  # position p's logits predict token p + 1
+    targets = request.token_ids[first : first + logits.shape[0]]
+    index = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+    n = request.params.prompt_logprobs or 0
+    for at, scored in enumerate(scored_logprobs(logits[:, :vocab_size], index, n), first):
+        request.prompt_logprobs[at] = scored
 
 
 def _forced(row: SampledRow) -> int | None:

@@ -1,0 +1,84 @@
+"""Prompt logprobs (`SamplingParams.prompt_logprobs`, issue 44): every prompt token's
+log-probability under the positions before it (the first has none), its rank and the best
+alternatives, computed in the engine's prefill chunks, equal to transformers' (float32); a
+cached prefix is recomputed for them, a preempted request's come out the same, and the tokens
+generated after them are unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.errors import InvalidRequestError
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.parity import random_prompts
+
+TOP = 3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    out = tmp_path_factory.mktemp("prompt-logprobs")
+    return build_tiny_checkpoint(out, tokenizer_dir, "Qwen3ForCausalLM")
+
+
+def _params(**extra: object) -> SamplingParams:
+    settings: dict[str, object] = {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True}
+    return SamplingParams(**{**settings, **extra})  # type: ignore[arg-type]
+
+
+def _reference(hf_model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([prompt])).logits[0].float()
+    return logits.log_softmax(dim=-1)  # [P, V]: row p predicts token p + 1
+
+
+def test_prompt_logprobs_equal_transformers(checkpoint: Path) -> None:
+    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    prompts = random_prompts(11, (2, 9, 30))
+    llm = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=7, kv_capacity=1024)
+    plain = llm.generate(prompts, _params())
+    scored = llm.generate(prompts, _params(prompt_logprobs=TOP))
+    for prompt, output, before in zip(prompts, scored, plain, strict=True):
+        assert output.outputs[0].token_ids == before.outputs[0].token_ids
+        got = output.prompt_logprobs
+        assert got is not None and len(got) == len(prompt) and got[0] is None
+        want = _reference(hf_model, prompt)
+        for position in range(1, len(prompt)):
+            entry, row = got[position], want[position - 1]
+            assert entry is not None and entry.token_id == prompt[position]
+            assert abs(entry.logprob - row[prompt[position]].item()) < 1e-4
+            chosen = row[prompt[position]]  # the rank up to tokens within rounding of it
+            assert (
+                int((row > chosen + 1e-4).sum())
+                < entry.rank
+                <= int((row > chosen - 1e-4).sum()) + 1
+            )
+            best = row.topk(TOP)
+            assert [token for token, _ in entry.top] == best.indices.tolist()
+            for (_, value), expected in zip(entry.top, best.values.tolist(), strict=True):
+                assert abs(value - expected) < 1e-4
+    assert plain[0].prompt_logprobs is None
+
+
+def test_a_cached_prefix_is_recomputed_and_preemption_changes_nothing(checkpoint: Path) -> None:
+    prompt = list(range(300, 340))
+    roomy = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=4)
+    first = roomy.generate([prompt], _params(prompt_logprobs=1))[0]
+    again = roomy.generate([prompt], _params(prompt_logprobs=1))[0]  # its blocks are cached
+    assert again.num_cached_tokens == 0 and again.prompt_logprobs == first.prompt_logprobs
+    tight = LLM(str(checkpoint), block_size=4, kv_capacity=64, prefill_chunk_tokens=8)
+    batch = [prompt, list(range(700, 730))]
+    outputs = tight.generate(batch, _params(prompt_logprobs=1, max_tokens=12))
+    assert tight.engine.counters.num_preemptions > 0
+    assert outputs[0].prompt_logprobs == first.prompt_logprobs
+
+
+@pytest.mark.parametrize("value", [-1, 21, True, 1.5])
+def test_bad_values_are_refused_by_name(value: object) -> None:
+    with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=value)  # type: ignore[arg-type]
