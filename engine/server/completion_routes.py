@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.request import RequestOutput
-from dgpp.engine.server import openai_bodies
+from dgpp.engine.server import openai_bodies, prompt_scores
 from dgpp.engine.server.api_sampling import ApiSampling, check_unsupported, resolve_max_tokens
 from dgpp.engine.server.deps import State, Tracker
 from dgpp.engine.server.pipeline import (
@@ -57,7 +57,9 @@ async def completions(
     prompts = await asyncio.to_thread(_completion_prompts, state, request)  # off the event loop
     if request.stream and len(prompts) > 1:
         raise InvalidRequestError("streaming supports one prompt per request", param="prompt")
+    scored, score_only = prompt_scores.scoring(request)
     requested = 16 if request.max_tokens is None else request.max_tokens  # OpenAI's default
+    requested = max(requested, 1)  # max_tokens 0: one token generated and dropped
     request_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
@@ -72,6 +74,7 @@ async def completions(
             n=request.n,
             logprobs=request.logprobs,
             use_prefix_cache=request.prefix_cache,
+            prompt_logprobs=scored,
         )
         for number, prompt in enumerate(prompts)
     ]
@@ -88,19 +91,19 @@ async def completions(
         for output in outputs:
             completion = output.outputs[0]
             prefix = state.tokenizer.decode(prompt) if request.echo else ""
-            choices.append(
-                {
-                    "index": len(choices),
-                    "text": prefix + completion.text,
-                    "logprobs": openai_bodies.completion_logprobs(
-                        state.tokenizer, completion.logprobs, len(prefix)
-                    )
-                    if completion.logprobs is not None
-                    else None,
-                    "finish_reason": openai_bodies.finish_reason(completion),
-                }
-            )
-            completion_tokens += len(completion.token_ids)
+            text, count = prompt_scores.generated(completion, score_only)
+            choice = {
+                "index": len(choices),
+                "text": prefix + text,
+                "logprobs": prompt_scores.choice_logprobs(state.tokenizer, request, prompt, output),
+                "finish_reason": openai_bodies.finish_reason(completion),
+            }
+            if request.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_scores.vllm_prompt_logprobs(
+                    state.tokenizer, output
+                )
+            choices.append(choice)
+            completion_tokens += count
     return JSONResponse(
         {
             **base,

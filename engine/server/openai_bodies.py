@@ -25,12 +25,12 @@ def usage(
     }
 
 
-def _token_text(tokenizer: Any, token_id: int) -> str:
+def token_text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def _entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
-    text = _token_text(tokenizer, token_id)
+    text = token_text(tokenizer, token_id)
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
@@ -51,7 +51,7 @@ def completion_logprobs(
 ) -> dict[str, Any]:
     tokens, offsets = [], []
     for entry in entries:
-        token = _token_text(tokenizer, entry.token_id)
+        token = token_text(tokenizer, entry.token_id)
         tokens.append(token)
         offsets.append(text_offset)
         text_offset += len(token)
@@ -59,7 +59,7 @@ def completion_logprobs(
         "tokens": tokens,
         "token_logprobs": [entry.logprob for entry in entries],
         "top_logprobs": [
-            {_token_text(tokenizer, t): lp for t, lp in entry.top} for entry in entries
+            {token_text(tokenizer, t): lp for t, lp in entry.top} for entry in entries
         ],
         "text_offset": offsets,
     }

@@ -60,6 +60,7 @@ def prepare(
     use_prefix_cache: bool = True,
     parser: Callable[[], ResponseParser] | None = None,
     budget: Callable[[ResponseParser], dict[str, object]] | None = None,
+    prompt_logprobs: int | None = None,
 ) -> GenerationJob:
     """The job of one prompt: `n` choices sampled as `sampling` says (settings it leaves out
     from the checkpoint's generation config, else the API's defaults), each read by its own
@@ -78,6 +79,7 @@ def prepare(
             state.sampling_defaults,
             grammar,
             vocab_size,
+            prompt_logprobs=prompt_logprobs,
             **extra,
         )
         params.append(decoding_params(state, choice) if parsers else choice)

@@ -151,6 +151,8 @@ class CompletionRequest(SamplingFields):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     echo: StrictBool = False
+    max_tokens: StrictInt | None = Field(default=None, ge=0)  # 0: score the prompt only
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)  # vLLM's
     best_of: StrictInt | None = Field(default=None, ge=1)
     suffix: StrictStr | None = None
 

@@ -82,3 +82,40 @@ def test_a_cached_prefix_is_recomputed_and_preemption_changes_nothing(checkpoint
 def test_bad_values_are_refused_by_name(value: object) -> None:
     with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=value)  # type: ignore[arg-type]
+
+
+def test_completions_score_an_echoed_prompt(checkpoint: Path, tokenizer_dir: Path) -> None:
+    """lm-evaluation-harness's request (`echo`, `logprobs`, `max_tokens: 0`) and vLLM's
+    `prompt_logprobs` through the server: the prompt's tokens with transformers' logprobs,
+    the first null, nothing generated; streaming them is refused by name."""
+    import httpx
+
+    from tests.engine.server.harness import running_server
+
+    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    text = "The quick brown fox jumps over the lazy dog"
+    with running_server(checkpoint, ("m",), {"block_size": 4, "kv_capacity": 1024}) as server:
+        ids = server.state.tokenizer(text).input_ids
+        body = {"model": "m", "prompt": text, "echo": True, "logprobs": 2, "max_tokens": 0}
+        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        vllm = {**body, "echo": False, "max_tokens": 1, "prompt_logprobs": 1}
+        other = httpx.post(f"{server.url}/v1/completions", json=vllm, timeout=60)
+        streamed = httpx.post(
+            f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60
+        )
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["text"] == text and reply.json()["usage"]["completion_tokens"] == 0
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(ids) and logprobs["token_logprobs"][0] is None
+    assert logprobs["top_logprobs"][0] is None and len(logprobs["top_logprobs"][1]) == 2
+    want = _reference(hf_model, ids)
+    for position in range(1, len(ids)):
+        expected = want[position - 1, ids[position]].item()
+        assert abs(logprobs["token_logprobs"][position] - expected) < 1e-4
+    assert other.status_code == 200, other.text
+    listed = other.json()["choices"][0]["prompt_logprobs"]
+    assert listed[0] is None and len(listed) == len(ids)
+    entry = listed[1][str(ids[1])]
+    assert abs(entry["logprob"] - want[0, ids[1]].item()) < 1e-4 and entry["rank"] >= 1
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"

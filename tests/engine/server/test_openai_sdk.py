@@ -168,18 +168,24 @@ def test_completion_logprobs(sdk: openai.OpenAI) -> None:
     choice = reply.choices[0]
     logprobs = choice.logprobs
     assert logprobs is not None
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5
-    assert len(logprobs.top_logprobs) == len(logprobs.text_offset) == 5
-    assert all(value <= 0.0 and math.isfinite(value) for value in logprobs.token_logprobs)
-    assert prompt + "".join(logprobs.tokens) == choice.text
-    assert logprobs.text_offset[0] == len(prompt)  # offsets count the echoed prompt
+    # echoed: the prompt's tokens first (the first without a logprob), as OpenAI's legacy API
+    prompted = len(logprobs.tokens) - 5
+    assert prompted > 1 and "".join(logprobs.tokens[:prompted]) == prompt
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) == len(logprobs.text_offset)
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(value <= 0.0 and math.isfinite(value) for value in logprobs.token_logprobs[1:])
+    assert "".join(logprobs.tokens) == choice.text and logprobs.text_offset[0] == 0
     for offset, token, following in zip(
         logprobs.text_offset, logprobs.tokens, logprobs.text_offset[1:], strict=False
     ):
         assert following == offset + len(token)
-    for token, value, top in zip(
-        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
-    ):
+    generated = zip(
+        logprobs.tokens[prompted:],
+        logprobs.token_logprobs[prompted:],
+        logprobs.top_logprobs[prompted:],
+        strict=True,
+    )
+    for token, value, top in generated:
         assert 1 <= len(top) <= 3
         assert all(v <= 0.0 for v in top.values())
         # greedy: the chosen token is the most likely one
