@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -311,7 +311,7 @@ def _exponential_race(
 
 def scored_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, n: int) -> list[TokenLogprobs]:
     """Each row's log-probability of `token_ids` [B] under raw logits [B, V] (float32), its
-    rank and the `n` best alternatives (`prompt_logprobs`)."""
+    rank (vLLM's: 1 + the tokens strictly more likely) and the `n` best alternatives."""
     logprobs = raw.to(torch.float32).log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [B, 1]
     ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
@@ -338,27 +338,10 @@ def _logprobs(
     if not wanted:
         return result
     index = torch.tensor(wanted, dtype=torch.long, device=raw.device)
-    logprobs = raw.index_select(0, index).to(torch.float32).log_softmax(dim=-1)  # [W, V]
-    chosen_ids = token_ids.index_select(0, index).unsqueeze(1)  # [W, 1]
-    chosen = logprobs.gather(1, chosen_ids)  # [W, 1]
-    # vLLM's rank: 1 + how many tokens are strictly more likely than the chosen one.
-    ranks = (logprobs > chosen).sum(dim=-1) + 1  # [W]
     top_n = max(rows[i].params.logprobs or 0 for i in wanted)
-    top_values, top_ids = logprobs.topk(min(top_n, logprobs.shape[1]), dim=-1)  # [W, N] each
-
-    chosen_list = chosen.squeeze(1).tolist()
-    chosen_id_list = chosen_ids.squeeze(1).tolist()
-    rank_list = ranks.tolist()
-    top_value_list = top_values.tolist()
-    top_id_list = top_ids.tolist()
-    for j, i in enumerate(wanted):
-        n = rows[i].params.logprobs or 0
-        result[i] = TokenLogprobs(
-            token_id=chosen_id_list[j],
-            logprob=chosen_list[j],
-            rank=rank_list[j],
-            top=tuple(zip(top_id_list[j][:n], top_value_list[j][:n], strict=True)),
-        )
+    chosen = scored_logprobs(raw.index_select(0, index), token_ids.index_select(0, index), top_n)
+    for i, entry in zip(wanted, chosen, strict=True):
+        result[i] = replace(entry, top=entry.top[: rows[i].params.logprobs or 0])
     return result
 
 
