@@ -80,3 +80,28 @@ def check_batch_matches_transformers(
         for prompt in prompts[1:]
     )
     assert worst < 1e-3, worst
+
+
+def check_snapshot_hits(checkpoint: object, hf_model: torch.nn.Module) -> None:
+    """A hybrid model's prefix hits (its states restored from snapshots) give transformers'
+    tokens: where prompts branch (the third prompt restores what the second saved: 28 tokens)
+    and on a conversation's next turn (restored after the first prompt's 24 tokens)."""
+    from dgpp.engine import SamplingParams
+
+    cached = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=8)
+    counters = cached.engine.counters.prefix_cache
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def run(prompt: list[int]) -> list[int]:
+        got = list(cached.generate([prompt], greedy)[0].outputs[0].token_ids)
+        assert got == hf_greedy(hf_model, prompt, 8)
+        return got
+
+    shared = list(range(500, 530))
+    for suffix in ([7, 8, 9], [11, 12], [13, 14, 15]):
+        run(shared + suffix)
+    assert counters.hit_tokens == 28
+    first = list(range(900, 927))
+    reply = run(first)
+    run(first + reply + [40, 41])
+    assert counters.hit_tokens == 28 + 24

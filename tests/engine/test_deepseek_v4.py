@@ -25,7 +25,11 @@ from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
 from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import check_batch_matches_transformers, hf_greedy, random_prompts
+from tests.engine.parity import (
+    check_batch_matches_transformers,
+    check_snapshot_hits,
+    random_prompts,
+)
 
 NEW = 12
 TYPES = [
@@ -131,22 +135,7 @@ def test_prefix_hits_restore_the_state_and_reuse_the_keys(
     """Where prompts branch (the third prompt restores what the second saved) and a
     conversation's next turn: the window and carries from the snapshot, the compressed keys
     from the shared blocks; both hits give transformers' tokens."""
-    cached = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=8)
-    counters = cached.engine.counters.prefix_cache
-
-    def run(prompt: list[int]) -> list[int]:
-        got = list(cached.generate([prompt], _greedy(8))[0].outputs[0].token_ids)
-        assert got == hf_greedy(hf_model, prompt, 8)
-        return got
-
-    shared = list(range(500, 530))
-    for suffix in ([7, 8, 9], [11, 12], [13, 14, 15]):
-        run(shared + suffix)
-    assert counters.hit_tokens == 28
-    first = list(range(900, 927))
-    reply = run(first)
-    run(first + reply + [40, 41])
-    assert counters.hit_tokens == 28 + 24
+    check_snapshot_hits(checkpoint, hf_model)
 
 
 def test_preempted_requests_resume_to_the_same_tokens(checkpoint: Path) -> None:

@@ -23,7 +23,7 @@ from dgpp.engine.layers.window_kv import WindowStateSpec
 from dgpp.engine.models.mimo_v2_flash import MimoLayout, MiMoV2FlashForCausalLM
 from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import check_batch_matches_transformers, hf_greedy
+from tests.engine.parity import check_batch_matches_transformers, check_snapshot_hits
 
 NEW = 12
 WINDOW = 6
@@ -75,22 +75,7 @@ def test_prefix_hits_restore_the_window_and_continue(checkpoint: Path) -> None:
     branch (the third prompt restores what the second saved) and after a prompt's last full
     block (a conversation's next turn); both hits give transformers' tokens."""
     hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    cached = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=8)
-    counters = cached.engine.counters.prefix_cache
-
-    def run(prompt: list[int]) -> list[int]:
-        got = list(cached.generate([prompt], _greedy(8))[0].outputs[0].token_ids)
-        assert got == hf_greedy(hf_model, prompt, 8)
-        return got
-
-    shared = list(range(500, 530))
-    for suffix in ([7, 8, 9], [11, 12], [13, 14, 15]):
-        run(shared + suffix)
-    assert counters.hit_tokens == 28
-    first = list(range(900, 927))
-    reply = run(first)
-    run(first + reply + [40, 41])  # the next turn: restored after the first prompt's 24 tokens
-    assert counters.hit_tokens == 28 + 24
+    check_snapshot_hits(checkpoint, hf_model)
 
 
 def test_long_chunks_attend_in_query_blocks(

@@ -9,24 +9,8 @@ import pytest
 from dgpp.engine.server.output_format import ToolFormat, detect_format
 from dgpp.engine.server.tool_arguments import ToolSchemas
 from tests.engine.server.format_cases import Case, check_every_split
+from tests.engine.server.test_tool_format_minimax import TOOLS  # the same tool schema
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "edit",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "line": {"type": "integer"},
-                    "force": {"type": "boolean"},
-                    "files": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-        },
-    }
-]
 DSML_OPTIONS = {
     "reasoning": True,
     "tools": True,
