@@ -18,6 +18,7 @@ from dgpp.appliance.cache_cli import add_cache_parser
 from dgpp.appliance.default_model import DEFAULT_FORM, INSTALL_FORMS
 from dgpp.appliance.deploy_cli import add_deploy_parsers
 from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
+from dgpp.appliance.eval_cli import add_eval_parser
 from dgpp.appliance.exit_codes import (
     EXIT_CONFIG,
     EXIT_ERROR,
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(chat)
     add_sampling_options(chat)
     add_cache_parser(commands)
+    add_eval_parser(commands)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda point: point.name):
         command.load()(commands)
     return parser
@@ -150,6 +152,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.rank_cli import run_rank
 
         return run_rank(args)
+    if args.command == "eval":
+        from dgpp.appliance.eval_cli import run_eval
+
+        return run_eval(args)
     if args.command == "cache":
         from dgpp.appliance.cache_cli import run_cache
 

@@ -199,6 +199,13 @@ class LLMEngine:
         num_prompt = len(prompt_ids)
         max_tokens = params.max_tokens or self.max_model_len - num_prompt
         check_context(num_prompt, self.max_model_len, max_tokens)
+        if params.prompt_logprobs is not None and num_prompt > self.config.max_scored_prompt_tokens:
+            raise InvalidRequestError(
+                f"the prompt has {num_prompt} tokens; scoring a prompt (prompt_logprobs, or echo "
+                f"with logprobs) is limited to {self.config.max_scored_prompt_tokens} "
+                "(engine.max_scored_prompt_tokens)",
+                param="prompt_logprobs",
+            )
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)

@@ -81,6 +81,14 @@ class EngineConfig:
         unit="tokens",
         ge=1,
     )
+    max_scored_prompt_tokens: int = knob(
+        32768,
+        "longest prompt a request may score (prompt_logprobs, or echo with logprobs); longer "
+        "ones are refused",
+        label="Longest scored prompt",
+        unit="tokens",
+        ge=1,
+    )
     quantization: Quantization = knob(
         "auto",
         "auto serves the checkpoint as it is stored; a method (or none) refuses a checkpoint "

@@ -36,6 +36,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32_BYTES = 4
 WORKSPACE_MARGIN = 1.25  # on top of the counted activations: temporaries the sum misses
 SAMPLER_COPIES = 4  # fp32 [rows, vocab] copies alive while sampling: logits, probs, sort, indices
+# Scoring a prompt (`prompt_logprobs`) returns the logits of every position of its chunk; they
+# are scored `SCORE_ROWS` at a time, with `SCORE_COPIES` fp32 copies (log-softmax, rank mask).
+SCORE_ROWS, SCORE_COPIES = 128, 2
 # `size_kv_pool` leaves this share of the budget unused, so the same plan still fits when it is
 # checked again, slightly later, after small allocations (the tokenizer) moved the free memory.
 SIZING_SLACK = 0.02
@@ -156,7 +159,9 @@ def workspace_bytes(
       fp32 and expanded to the query heads [S, H, D]; decode scores [R, H, S];
     - MLP: fused gate/up [T, 2I] plus silu(gate) and the product [T, I];
     - logits: the local fp32 slice [R, V/tp], `SAMPLER_COPIES` fp32 copies of the gathered
-      [R, V], and the LM head cast to fp32 when fp32 logits come from a lower-precision model.
+      [R, V], and the LM head cast to fp32 when fp32 logits come from a lower-precision model;
+      a scored prompt chunk adds its positions' logits [chunk, V/tp] and [chunk, V] and the
+      scoring's copies of `SCORE_ROWS` of them.
     The torch twin's decode key/value gather (all decode rows padded to the longest) is not
     counted: it is kernel-specific and goes with the paged kernels; the margin covers modest use.
     """
@@ -184,9 +189,11 @@ def workspace_bytes(
     own = attention_workspace(model, tokens, chunk, heads, max_context, b)
     attention = attention if own is None else own  # a family's own (DeepSeek-V4's)
     mlp = tokens * 2 * inter * b + 2 * tokens * inter * b
+    scored = min(chunk, config.max_scored_prompt_tokens)
     logits = (
-        rows * shapes.vocab_rows * FP32_BYTES
-        + SAMPLER_COPIES * rows * shapes.padded_vocab_size * FP32_BYTES
+        (rows + scored) * (shapes.vocab_rows + shapes.padded_vocab_size) * FP32_BYTES
+        + (SAMPLER_COPIES - 1) * rows * shapes.padded_vocab_size * FP32_BYTES
+        + SCORE_COPIES * min(scored, SCORE_ROWS) * shapes.padded_vocab_size * FP32_BYTES
     )
     if b != FP32_BYTES and config.prefill_precision == "fp32":
         logits += shapes.vocab_rows * hidden * FP32_BYTES  # LM head weight cast for fp32 logits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +88,9 @@ class Request:
     # `prompt_logprobs`: prompt position p's token's log-probability (p >= 1), by position (a
     # recomputed chunk writes the same values again)
     prompt_logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    # Rank 0's consumer of the raw logits that score the prompt (`dgpp eval`), called as
+    # sink(first target position, logits [n, V]) in place of recording `prompt_logprobs`
+    score_sink: Callable[[int, torch.Tensor], None] | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.grammar import consume, mask_rows
+from dgpp.engine.memory_plan import SCORE_ROWS
 from dgpp.engine.reasoning_budget import force_rows
 from dgpp.engine.request import Request
 from dgpp.engine.sampler import Sampler, SamplerRow, TokenLogprobs, scored_logprobs
@@ -85,13 +86,20 @@ def sample_step(
 
 
 def _score_prompt(chunk: ScheduledChunk, logits: torch.Tensor, vocab_size: int) -> None:
-    """Record the log-probability of each prompt token the chunk's positions predict."""
+    """Record the log-probability of each prompt token the chunk's positions predict, in slices
+    of `SCORE_ROWS` positions (the float32 log-softmax of a whole chunk would be [chunk, V])."""
     request, first = chunk.request, chunk.start + 1  # position p's logits predict token p + 1
-    targets = request.token_ids[first : first + logits.shape[0]]
-    index = torch.tensor(targets, dtype=torch.int64, device=logits.device)
+    logits = logits[:, :vocab_size]
+    if request.score_sink is not None:
+        request.score_sink(first, logits)
+        return
     n = request.params.prompt_logprobs or 0
-    for at, scored in enumerate(scored_logprobs(logits[:, :vocab_size], index, n), first):
-        request.prompt_logprobs[at] = scored
+    for begin in range(0, logits.shape[0], SCORE_ROWS):
+        rows = logits[begin : begin + SCORE_ROWS]
+        at = first + begin
+        index = torch.tensor(request.token_ids[at : at + rows.shape[0]], device=logits.device)
+        for offset, scored in enumerate(scored_logprobs(rows, index, n)):
+            request.prompt_logprobs[at + offset] = scored
 
 
 def _forced(row: SampledRow) -> int | None:

@@ -300,7 +300,7 @@ def test_engine_sizes_its_pool_from_memory_fraction(
     tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
-    memory = DeviceMemory(160 << 20, 150 << 20, "test host", is_accelerator=False)
+    memory = DeviceMemory(240 << 20, 230 << 20, "test host", is_accelerator=False)
     monkeypatch.setattr(memory_plan, "read_device_memory", lambda device: memory)
     config = EngineConfig(
         model=str(checkpoint), memory_fraction=0.5, max_concurrency=4, prefill_chunk_tokens=64
