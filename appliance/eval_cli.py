@@ -32,7 +32,7 @@ def add_eval_parser(commands: Any) -> None:
         each.add_argument(
             "--deployment", default=None, help="deployment file: its model and engine knobs"
         )
-        each.add_argument("--context", type=int, default=None, help="window tokens (512)")
+        each.add_argument("--context", type=int, default=None, help="window tokens (512, or what one request may score)")
         each.add_argument(
             "--stride", type=int, default=None, help="tokens between windows (context / 2)"
         )
@@ -85,9 +85,9 @@ def run_eval(args: argparse.Namespace) -> int:
     tokens = list(engine.tokenizer(text).input_ids)[: args.max_text_tokens]
     if len(tokens) < 2:
         raise ConfigError(f"{args.text} has {len(tokens)} token(s); scoring needs 2", param="text")
-    context = args.context or (identity_ref.context if identity_ref else 512)
-    stride = args.stride or (identity_ref.stride if identity_ref else max(1, context // 2))
     limit = min(engine.max_model_len - 1, engine.config.max_scored_prompt_tokens)
+    context = args.context or (identity_ref.context if identity_ref else min(512, limit))
+    stride = args.stride or (identity_ref.stride if identity_ref else max(1, context // 2))
     if context > limit:
         raise ConfigError(
             f"--context {context} exceeds what one request may score here ({limit} tokens: "

@@ -25,6 +25,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.engine.memory_plan import SCORE_ROWS
 from dgpp.engine.sampling_params import SamplingParams
 
+REST_FLOOR = 1e-6  # of probability mass: below it, the rest bucket is rounding
 Progress = Callable[[int, int, float], None]  # (tokens scored, of, seconds so far)
 
 
@@ -117,9 +118,12 @@ def coarse_kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     reference, other = reference.double(), other.double()
     p = reference.exp()
     top = (p * (reference - other)).sum(dim=-1)
-    p_rest = (1 - p.sum(dim=-1)).clamp(min=0)
-    q_rest = (1 - other.exp().sum(dim=-1)).clamp(min=1e-300)
-    rest = torch.where(p_rest > 0, p_rest * (p_rest.clamp(min=1e-300).log() - q_rest.log()), 0)
+    p_rest = 1 - p.sum(dim=-1)
+    q_rest = (1 - other.exp().sum(dim=-1)).clamp(min=REST_FLOOR)
+    # A rest below REST_FLOOR is the float32 log-probabilities' rounding, not mass.
+    kept = p_rest > REST_FLOOR
+    rest = p_rest.clamp(min=REST_FLOOR) * (p_rest.clamp(min=REST_FLOOR).log() - q_rest.log())
+    rest = torch.where(kept, rest, 0)
     return (top + rest).float()
 
 

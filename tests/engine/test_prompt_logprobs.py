@@ -119,3 +119,43 @@ def test_completions_score_an_echoed_prompt(checkpoint: Path, tokenizer_dir: Pat
     entry = listed[1][str(ids[1])]
     assert abs(entry["logprob"] - want[0, ids[1]].item()) < 1e-4 and entry["rank"] >= 1
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
+
+
+def test_world_of_two_scores_as_transformers_and_bounds_the_prompt(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """`dgpp serve --world 2` (two ranks over gloo, each half the heads and of the vocabulary's
+    logits): the prompt's logprobs equal transformers'; a prompt longer than
+    `engine.max_scored_prompt_tokens` is refused by name and the server still serves."""
+    import httpx
+
+    from tests.appliance.world_harness import start, wait_healthy
+    from tests.engine.server.harness import free_port
+
+    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    port = free_port()
+    args = ["serve", "--model", str(checkpoint), "--world", "2", "--port", str(port)]
+    args += ["--rendezvous-port", str(free_port()), "--served-model-name", "m"]
+    args += ["--kv-capacity", "1024", "--prefill-chunk-tokens", "7", "--block-size", "4"]
+    args += ["--max-scored-prompt-tokens", "30"]
+    process = start(args, tmp_path / "serve.log", {"DGPP_CONSUMER_DEADLINE_S": "10"})
+    url = f"http://127.0.0.1:{port}"
+    prompt = random_prompts(5, (30,))[0]
+    body = {"model": "m", "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}
+    try:
+        assert wait_healthy(url, process)["world_size"] == 2
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        longer = {**body, "prompt": [*prompt, 7]}
+        refused = httpx.post(f"{url}/v1/completions", json=longer, timeout=60)
+        plain = httpx.post(f"{url}/v1/completions", json={**longer, "echo": False}, timeout=60)
+    finally:
+        assert process.stop() == 0, process.text()[-3000:]
+    assert reply.status_code == 200, reply.text
+    got = reply.json()["choices"][0]["logprobs"]["token_logprobs"]
+    want = _reference(hf_model, prompt)
+    assert got[0] is None and len(got) == len(prompt)
+    for position in range(1, len(prompt)):
+        assert abs(got[position] - want[position - 1, prompt[position]].item()) < 1e-4
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    assert "max_scored_prompt_tokens" in refused.json()["error"]["message"]
+    assert plain.status_code == 200, plain.text  # scoring nothing: no bound
