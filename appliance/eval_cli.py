@@ -32,7 +32,12 @@ def add_eval_parser(commands: Any) -> None:
         each.add_argument(
             "--deployment", default=None, help="deployment file: its model and engine knobs"
         )
-        each.add_argument("--context", type=int, default=None, help="window tokens (512, or what one request may score)")
+        each.add_argument(
+            "--context",
+            type=int,
+            default=None,
+            help="window tokens (512, or what one request may score)",
+        )
         each.add_argument(
             "--stride", type=int, default=None, help="tokens between windows (context / 2)"
         )
