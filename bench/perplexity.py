@@ -1,0 +1,163 @@
+"""Perplexity and KL divergence of the default model's GGUF files (F32, Q8_0, Q4_1), dgpp beside
+llama.cpp on the same files, the same text and the same windows (issue 44).
+
+    .venv/bin/python bench/perplexity.py [--text FILE] [--tokens 8192] [--context 512]
+
+dgpp scores through `dgpp eval`'s own path (`dgpp.engine.eval_scoring`: the engine's chunked
+prefill with a score sink); llama.cpp through llama-cpp-python with every position's logits
+(bench/llama_cpp_perplexity.py, in the venv bench/gguf_decode.py builds once, about 7 minutes,
+outside the repository). Each engine's F32 run is its own reference: the KL of Q8_0 and Q4_1 is
+measured against the same engine's F32, over the reference's top K tokens and one bucket for
+the rest (`coarse_kl`); the last row is dgpp's F32 against llama.cpp's F32. The default text is
+the GPL-3 from Debian's common licenses (on every Debian machine, about 8,000 tokens).
+Prints a markdown table with the ratios; docs/quality.md records it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dgpp.appliance.default_model import install_default
+from dgpp.appliance.offline import LLM
+from dgpp.engine.eval_reference import perplexity
+from dgpp.engine.eval_scoring import Collector, Reference, coarse_kl, score_text, windows
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gguf_decode import peer_python
+from gguf_variants import variant
+
+FORMATS = ("F32", "Q8_0", "Q4_1")
+
+
+def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Reference | None):
+    llm = LLM(str(path), kv_capacity=4096)
+    collector = Collector(tokens, top_k if ref is None else 0, ref)
+    started = time.perf_counter()
+    score_text(llm.engine, collector, spans)
+    return {
+        "seconds": time.perf_counter() - started,
+        "nll": collector.nll.numpy(),
+        "top1": collector.top1.numpy(),
+        "top_ids": collector.top_ids.numpy(),
+        "top_logprobs": collector.top_logprobs.numpy(),
+        "kl": collector.kl.numpy() if ref is not None else None,
+    }
+
+
+def peer_side(path: Path, tokens: list[int], spans: list, top_k: int, ref_ids: Path | None,
+              threads: int, work: Path) -> dict:  # fmt: skip
+    job = work / "job.json"
+    job.write_text(
+        json.dumps(
+            {
+                "tokens": tokens,
+                "windows": [[s.begin, s.end, s.first] for s in spans],
+                "top_k": top_k,
+                "reference_ids": str(ref_ids) if ref_ids else None,
+            }
+        )
+    )
+    out = work / "peer.npz"
+    script = Path(__file__).with_name("llama_cpp_perplexity.py")
+    command = [str(peer_python()), str(script), str(path), str(threads), str(job), str(out)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    data = dict(np.load(out))
+    data["seconds"] = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return data
+
+
+def kl_of(reference: dict, at_reference: np.ndarray) -> np.ndarray:
+    return coarse_kl(
+        torch.from_numpy(reference["top_logprobs"]), torch.from_numpy(at_reference)
+    ).numpy()
+
+
+def row(name: str, side: dict, ref: dict | None, computed: int) -> dict:
+    result = {"name": name, **perplexity(torch.from_numpy(side["nll"]))}
+    result["tokens_per_s"] = computed / side["seconds"]
+    if ref is not None:
+        result["kl"] = float(np.mean(side["kl"]))
+        result["kl_p99"] = float(np.quantile(side["kl"], 0.99))
+        result["same_top"] = float(np.mean(side["top1"] == ref["top_ids"][:, 0]))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--text", type=Path, default=Path("/usr/share/common-licenses/GPL-3"))
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--top-k", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    shipped = install_default() / "model.gguf"
+    files = {fmt: shipped if fmt == "Q4_1" else variant(shipped, fmt) for fmt in FORMATS}
+    tokens = list(LLM(str(shipped), kv_capacity=64).tokenizer(args.text.read_text()).input_ids)
+    tokens = tokens[: args.tokens]
+    spans = windows(len(tokens), args.context, args.context // 2)
+    computed = sum(s.end - s.begin for s in spans)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ours = dgpp_side(files["F32"], tokens, spans, args.top_k, None)
+        theirs = peer_side(files["F32"], tokens, spans, args.top_k, None, args.threads, work)
+        np.savez(work / "theirs_ref.npz", top_ids=theirs["top_ids"])
+        rows += [
+            row("F32 dgpp", ours, None, computed),
+            row("F32 llama.cpp", theirs, None, computed),
+        ]
+        own_ref = Reference(
+            torch.from_numpy(ours["top_ids"]), torch.from_numpy(ours["top_logprobs"]),
+            -torch.from_numpy(ours["nll"]),
+        )  # fmt: skip
+        for fmt in FORMATS[1:]:
+            print(f"{fmt} ...", file=sys.stderr)
+            side = dgpp_side(files[fmt], tokens, spans, args.top_k, own_ref)
+            peer = peer_side(files[fmt], tokens, spans, args.top_k, work / "theirs_ref.npz",
+                             args.threads, work)  # fmt: skip
+            peer["kl"] = kl_of(theirs, peer["at_reference"])
+            rows += [row(f"{fmt} dgpp", side, ours, computed)]
+            rows += [row(f"{fmt} llama.cpp", peer, theirs, computed)]
+        cross_ref = Reference(
+            torch.from_numpy(theirs["top_ids"]), torch.from_numpy(theirs["top_logprobs"]),
+            -torch.from_numpy(theirs["nll"]),
+        )  # fmt: skip
+        cross = dgpp_side(files["F32"], tokens, spans, args.top_k, cross_ref)
+        rows.append(row("F32 dgpp vs F32 llama.cpp", cross, theirs, computed))
+    report(rows, args, len(tokens))
+
+
+def report(rows: list[dict], args: argparse.Namespace, tokens: int) -> None:
+    print(
+        f"{args.text.name}: {tokens:,} tokens, windows of {args.context} every "
+        f"{args.context // 2}, {args.threads} threads; KL against the same engine's F32 over "
+        f"its top {args.top_k} + the rest"
+    )
+    print("| file, engine | perplexity (95% interval) | ppl / llama.cpp's | KL mean | KL p99 | "
+          "same top | tokens/s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    peers = {r["name"].split()[0]: r["ppl"] for r in rows if r["name"].endswith("llama.cpp")}
+    for r in rows:
+        ratio = r["ppl"] / peers[r["name"].split()[0]]
+        kl = (
+            f"{r['kl']:.6f} | {r['kl_p99']:.6f} | {100 * r['same_top']:.2f}%"
+            if "kl" in r
+            else " |  | "
+        )
+        print(
+            f"| {r['name']} | {r['ppl']:.4f} ({r['ppl_low']:.3f} to {r['ppl_high']:.3f}) | "
+            f"{ratio:.5f} | {kl} | {r['tokens_per_s']:,.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
