@@ -175,3 +175,23 @@ def test_bad_inputs_are_refused_by_name(
     foreign = tmp_path / "foreign.safetensors"
     save_file(tensors, str(foreign), metadata={**metadata, "tokenizer": "0" * 64})
     _refused(capsys, [*against, str(foreign)], "another tokenizer")
+
+
+def test_a_deployment_file_sets_the_model_and_knobs(
+    checkpoint: Path, text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The deployment's model and engine knobs are the ones evaluated; flags override them."""
+    engine = {"kv_capacity": 512, "block_size": 4, "dtype": "bfloat16"}
+    deployment = tmp_path / "site.json"
+    deployment.write_text(json.dumps({"model": str(checkpoint), "engine": engine}))
+    common = ["perplexity", str(text), *WINDOWS, "--json"]
+    code, filed, err = _eval(capsys, *common, "--deployment", str(deployment))
+    assert code == EXIT_OK, err
+    flags = ["--model", str(checkpoint), *ENGINE]
+    _, bf16, _ = _eval(capsys, *common, *flags, "--dtype", "bfloat16")
+    _, fp32, _ = _eval(capsys, *common, *flags)
+    assert filed["model"] == str(checkpoint)
+    assert abs(filed["nll"] - bf16["nll"]) < 1e-3 and filed["nll"] != fp32["nll"]
+    code, over, err = _eval(capsys, *common, "--deployment", str(deployment), "--dtype", "float32")
+    assert code == EXIT_OK, err
+    assert abs(over["nll"] - fp32["nll"]) < 1e-5
