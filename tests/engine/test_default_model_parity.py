@@ -87,15 +87,43 @@ def _perplexity(llm: LLM, token_ids: list[int]) -> float:
     return float(torch.exp(torch.tensor(total / (len(token_ids) - 1))))
 
 
-@pytest.mark.slow
-def test_q4_1_perplexity_matches_the_float32_expansion(
-    default_checkpoint: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def expanded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model's float32 expansion (what `install-default --dtype float32` writes)."""
     from dgpp.appliance.default_model import _write_float32, ensure_default_gguf
 
-    expanded = tmp_path / "float32"
-    expanded.mkdir()
-    _write_float32(ensure_default_gguf(), expanded)  # what `install-default --dtype float32` does
+    out = tmp_path_factory.mktemp("float32")
+    _write_float32(ensure_default_gguf(), out)
+    return out
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_of_the_float32_expansion_equal_transformers(expanded: Path) -> None:
+    """Issue 44's target on real weights: every prompt token's logprob and the best two within
+    1e-4 of transformers' float32 log-softmax, in 24-token chunks."""
+    hf_model = AutoModelForCausalLM.from_pretrained(str(expanded), dtype=torch.float32).eval()
+    llm = LLM(str(expanded), kv_capacity=1024, prefill_chunk_tokens=24)
+    token_ids = llm.tokenizer.encode(TEXT)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=2)
+    scored = llm.generate([token_ids], params)[0].prompt_logprobs
+    with torch.inference_mode():
+        want = hf_model(torch.tensor([token_ids])).logits[0].float().log_softmax(dim=-1)
+    assert scored is not None and scored[0] is None and len(scored) == len(token_ids)
+    worst = 0.0
+    for position in range(1, len(token_ids)):
+        entry, row = scored[position], want[position - 1]
+        assert entry is not None and entry.token_id == token_ids[position]
+        worst = max(worst, abs(entry.logprob - row[token_ids[position]].item()))
+        for token, value in entry.top:
+            worst = max(worst, abs(value - row[token].item()))
+    print(f"{len(token_ids)} prompt tokens: max |logprob difference| = {worst:.2e}")
+    assert worst < 1e-4
+
+
+@pytest.mark.slow
+def test_q4_1_perplexity_matches_the_float32_expansion(
+    default_checkpoint: Path, expanded: Path
+) -> None:
     packed = LLM(str(default_checkpoint), kv_capacity=1024)
     assert packed.engine.model_config.weight_formats, "the default model should serve at Q4_1"
     token_ids = packed.tokenizer.encode(TEXT)
