@@ -56,6 +56,7 @@ class EngineConfig:
         16384,
         "tokens the KV-cache pool holds, on every rank (rounded up to whole blocks)",
         label="KV capacity",
+        group="memory",
         unit="tokens",
         ge=1,
     )
@@ -64,6 +65,7 @@ class EngineConfig:
         None,
         "tokens per request, prompt and output together",
         label="Max context",
+        group="memory",
         unit="tokens",
         ge=1,
         when_unset="the smaller of the model's position limit and the pool",
@@ -73,11 +75,13 @@ class EngineConfig:
         "fp32 computes prefill attention and its logits in float32 (exact); model keeps the "
         "model dtype (faster)",
         label="Prefill precision",
+        group="memory",
     )
     prefill_chunk_tokens: int = knob(
         512,
         "prompt tokens computed per step across all prefills (the step's prompt budget)",
         label="Prefill chunk",
+        group="scheduling",
         unit="tokens",
         ge=1,
     )
@@ -86,6 +90,8 @@ class EngineConfig:
         "longest prompt a request may score (prompt_logprobs, or echo with logprobs); longer "
         "ones are refused",
         label="Longest scored prompt",
+        group="memory",
+        advanced=True,
         unit="tokens",
         ge=1,
     )
@@ -94,11 +100,14 @@ class EngineConfig:
         "auto serves the checkpoint as it is stored; a method (or none) refuses a checkpoint "
         "stored otherwise, before loading",
         label="Quantization",
+        group="memory",
     )
     short_prompt_tokens: int = knob(
         256,
         "prompts with at most this many tokens left go before long ones",
         label="Short prompt",
+        group="scheduling",
+        advanced=True,
         unit="tokens",
         ge=1,
         live=True,
@@ -107,6 +116,8 @@ class EngineConfig:
         0.25,
         "share of a step's prompt budget the oldest long prompt keeps while short ones are served",
         label="Long prefill share",
+        group="scheduling",
+        advanced=True,
         gt=0.0,
         le=1.0,
         live=True,
@@ -116,6 +127,8 @@ class EngineConfig:
         "while streams decode, steps with prompt work stay near this time (0: from the "
         "predicted time of the latency-sensitive work; negative: unbounded)",
         label="Step target (ms)",
+        group="scheduling",
+        advanced=True,
         unit="ms",
         live=True,
     )
@@ -125,20 +138,31 @@ class EngineConfig:
         "as a short request's first token, so the next arrival waits for no long chunk "
         "(0: long chunks at once; models whose long chunks go in layer slices stay bounded)",
         label="Arrival hold (ms)",
+        group="scheduling",
+        advanced=True,
         unit="ms",
         ge=0.0,
         live=True,
     )
     max_concurrency: int = knob(
-        64, "requests in the running batch at most", label="Max concurrency", ge=1
+        64,
+        "requests in the running batch at most",
+        label="Max concurrency",
+        group="scheduling",
+        ge=1,
     )
     prefix_cache: bool = knob(
-        True, "reuse the KV blocks of earlier requests that share a prefix", label="Prefix cache"
+        True,
+        "reuse the KV blocks of earlier requests that share a prefix",
+        label="Prefix cache",
+        group="prefix",
     )
     prefix_min_tokens: int = knob(
         1024,
         "prompts shorter than this may hit the prefix cache but add nothing to it",
         label="Prefix cache floor",
+        group="prefix",
+        advanced=True,
         unit="tokens",
         ge=0,
     )
@@ -147,6 +171,8 @@ class EngineConfig:
         "vision-language models: image tokens of encoder output kept per rank by image "
         "content, so a repeated image (a screenshot in an agent's history) is encoded once",
         label="Image encoder cache",
+        group="memory",
+        advanced=True,
         unit="tokens",
         ge=0,
     )
@@ -156,6 +182,7 @@ class EngineConfig:
         "loaded back on a later hit instead of recomputed (0: off; hybrid models give half to "
         "their recurrent-state snapshots)",
         label="Prefix cache host tier (GiB)",
+        group="prefix",
         unit="GiB",
         ge=0.0,
         le=float(1 << 20),  # beyond any machine
@@ -166,6 +193,7 @@ class EngineConfig:
         "across restarts; a later hit reads them back through the host tier (0: off; needs "
         "the host tier; hybrid models give half to their snapshots)",
         label="Prefix cache disk tier (GiB)",
+        group="prefix",
         unit="GiB",
         ge=0.0,
         le=float(1 << 30),
@@ -174,6 +202,8 @@ class EngineConfig:
         None,
         "the disk tier's directory, on the node's local disk (not the weights mount)",
         label="Prefix cache directory",
+        group="prefix",
+        advanced=True,
         pattern=r"[/~$][^\x00]*",
         allowed="an absolute path (or one from ~ or a $VARIABLE)",
         when_unset="the node's ($DGPP_PREFIX_CACHE_DIR, else ~/.cache/dgpp/prefix)",
@@ -183,6 +213,8 @@ class EngineConfig:
         "memory per rank for the prefix cache's recurrent-state snapshots (hybrid models such "
         "as Qwen3-Next)",
         label="Prefix snapshots (GiB)",
+        group="prefix",
+        advanced=True,
         unit="GiB",
         ge=0.0,
         le=float(1 << 20),  # beyond any machine
@@ -193,6 +225,7 @@ class EngineConfig:
         "checkpoint's multi-token-prediction layer (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5); "
         "the target verifies them in one forward; the output is unchanged",
         label="Speculative decoding",
+        group="speculative",
         deployment="speculative.method",
         flag="--spec",
         negation=("--no-spec", "off"),
@@ -201,6 +234,7 @@ class EngineConfig:
         4,
         "draft tokens verified per step at most",
         label="Speculative depth",
+        group="speculative",
         unit="tokens",
         ge=1,
         le=16,
@@ -210,12 +244,16 @@ class EngineConfig:
         True,
         "mtp: each request drafts as deep as its recent acceptance pays, at most the depth",
         label="Adaptive depth",
+        group="speculative",
+        advanced=True,
         deployment="speculative.adaptive",
     )
     spec_ngram_max: int = knob(
         4,
         "longest suffix of the history looked up",
         label="N-gram max",
+        group="speculative",
+        advanced=True,
         unit="tokens",
         ge=1,
         le=16,
@@ -225,6 +263,8 @@ class EngineConfig:
         2,
         "shortest suffix looked up; at most n-gram max",
         label="N-gram min",
+        group="speculative",
+        advanced=True,
         unit="tokens",
         ge=1,
         le=16,
@@ -235,6 +275,7 @@ class EngineConfig:
         "share of the device's memory (host RAM on CPU) this rank may use; sizes the KV pool "
         "from what the weights leave of it, instead of KV capacity",
         label="Memory fraction",
+        group="memory",
         gt=0.0,
         le=1.0,
         when_unset="the pool is KV capacity",
@@ -244,6 +285,8 @@ class EngineConfig:
         "decode steps of at most this many requests replay a CUDA graph captured at start "
         "(CUDA only; 0: always eager)",
         label="CUDA-graph batch",
+        group="scheduling",
+        advanced=True,
         unit="requests",
         ge=0,
         le=512,
@@ -253,6 +296,8 @@ class EngineConfig:
         "CPU decode steps of the plain Llama-family decoder run every layer in one native call "
         "(kernels/cpu/decoder_step.cpp); off: the PyTorch layer path, for comparison",
         label="Native CPU decode",
+        group="scheduling",
+        advanced=True,
     )
     mlock: bool = knob(
         False,
@@ -263,6 +308,8 @@ class EngineConfig:
         "read Qwen4-Exp's PLE n-gram tables into host RAM at start (counted by the memory "
         "plan) instead of reading their rows from the checkpoint per token",
         label="N-gram tables in RAM",
+        group="speculative",
+        advanced=True,
     )
     seed: int | None = knob(
         None, "seed of the sampler for requests without their own", when_unset="random"

@@ -25,6 +25,17 @@ from dgpp.engine.errors import ConfigError
 
 _SAME = "="  # `deployment` / `flag` left at their default: derived from the knob's name
 
+# What a console knob governs, in the form's order (its sections): every labelled knob names
+# one, and says whether it is common or folded under the section's "advanced".
+GROUPS: dict[str, str] = {
+    "memory": "Memory and context",
+    "scheduling": "Scheduling",
+    "prefix": "Prefix cache",
+    "speculative": "Speculative decoding",
+    "api": "API behaviour",
+    "timeouts": "Timeouts and health",
+}
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -47,6 +58,8 @@ class Knob:
     # A running rank 0 takes a new value without a restart (a reload): the knob is read only
     # by rank 0's scheduler or HTTP server, never by the other ranks or to size memory.
     live: bool = False
+    group: str = ""  # the console's section (`GROUPS`); required with a label
+    advanced: bool = False  # folded under the section's "advanced" on the console
 
     @property
     def optional(self) -> bool:
@@ -103,13 +116,18 @@ def knob(
     negation: tuple[str, Any] | None = None,
     factory: Callable[[], Any] | None = None,
     live: bool = False,
+    group: str = "",
+    advanced: bool = False,
 ) -> Any:
     """A knob's dataclass field. `deployment` is "section.key" (or "section" for the knob's own
-    name in it; None: not in the file); `flag` defaults to `--the-name` (None: no flag)."""
+    name in it; None: not in the file); `flag` defaults to `--the-name` (None: no flag). A knob
+    with a console `label` names its `group` there (`GROUPS`)."""
+    if label and group not in GROUPS:
+        raise ValueError(f"console knob {label!r} needs a group, one of {', '.join(GROUPS)}")
     spec = dict(
         help=help, label=label, unit=unit, ge=ge, gt=gt, le=le, pattern=pattern,
         allowed=allowed, when_unset=when_unset, deployment=deployment, flag=flag,
-        negation=negation, factory=factory, live=live,
+        negation=negation, factory=factory, live=live, group=group, advanced=advanced,
     )  # fmt: skip
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata={"knob": spec})

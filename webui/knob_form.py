@@ -18,15 +18,15 @@ from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
 from dgpp.engine.distributed.world_spec import WorldTimeouts
 from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.knobs import knobs_of
+from dgpp.engine.knobs import GROUPS, Knob, knobs_of
 from dgpp.engine.server.config import ServerConfig
 
 # The console's knobs: every knob with a label (dgpp.engine.knobs), as (key path, label, help),
 # in declaration order: the engine's, then the server's, then the runtime's deadlines. A live
 # knob says so: a change of live knobs alone is applied without a restart (the switch reloads).
 LIVE_NOTE = " (applied live, no restart)"
-KNOBS: tuple[tuple[str, str, str], ...] = tuple(
-    (each.deployment, each.label, each.help + (LIVE_NOTE if each.live else ""))
+KNOBS: tuple[Knob, ...] = tuple(
+    each
     for cls in (EngineConfig, ServerConfig, WorldTimeouts)
     for each in knobs_of(cls)
     if each.label and each.deployment is not None
@@ -47,6 +47,8 @@ class KnobField:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
+    group: str = ""  # the form's section (`dgpp.engine.knobs.GROUPS`)
+    advanced: bool = False  # folded under the section's "advanced"
 
     @property
     def name(self) -> str:  # the form input's name
@@ -97,7 +99,10 @@ def _kind(annotation: Any) -> tuple[Kind, bool, tuple[str, ...]]:
 
 def knob_fields() -> list[KnobField]:
     fields = []
-    for path, label, help_text in KNOBS:
+    for each in KNOBS:
+        path = each.deployment
+        assert path is not None
+        help_text = each.help + (LIVE_NOTE if each.live else "")
         info = _field_info(path)
         kind, optional, choices = _kind(info.annotation)
         bounds: dict[str, Any] = {}
@@ -109,8 +114,45 @@ def knob_fields() -> list[KnobField]:
             elif isinstance(item, annotated_types.Le):
                 bounds["maximum"] = item.le
         default = info.get_default(call_default_factory=True)
-        fields.append(KnobField(path, label, help_text, kind, optional, default, choices, **bounds))
+        fields.append(
+            KnobField(
+                path,
+                each.label,
+                help_text,
+                kind,
+                optional,
+                default,
+                choices,
+                **bounds,
+                group=each.group,
+                advanced=each.advanced,
+            )
+        )
     return fields
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the form: the knobs of a group, the common ones first, the rest folded."""
+
+    id: str
+    title: str
+    common: tuple[KnobField, ...]
+    advanced: tuple[KnobField, ...]
+
+
+def sections(fields: list[KnobField]) -> list[Section]:
+    """The form's sections in `GROUPS` order, each field in its declaration order."""
+    return [
+        Section(
+            group,
+            title,
+            tuple(f for f in fields if f.group == group and not f.advanced),
+            tuple(f for f in fields if f.group == group and f.advanced),
+        )
+        for group, title in GROUPS.items()
+        if any(f.group == group for f in fields)
+    ]
 
 
 def current_values(deployment: Deployment) -> dict[str, Any]:
@@ -220,7 +262,7 @@ def _check_all(
     is no knob the form changed."""
     errors: dict[str, str] = {}
     candidate = new_raw
-    paths = {path for path, _, _ in KNOBS}
+    paths = {each.deployment for each in KNOBS}
     while True:
         found = validation_errors(candidate)
         if not found:
@@ -300,7 +342,7 @@ def _owner(message: str, section: str | None = None) -> str:
     """The knob a check's message is about (it starts with the key's name), or "". With
     `section`, only that section's knobs (its model validator names its keys bare)."""
     first = message.split(" ", 1)[0].rstrip(":")
-    for path, _, _ in KNOBS:
+    for path in (each.deployment or "" for each in KNOBS):
         if section is not None and not path.startswith(f"{section}."):
             continue
         if first in (path, path.split(".")[1]):

@@ -10,10 +10,13 @@ from typing import Any, ClassVar
 from dgpp.engine.knobs import Rule, check_knobs, knob
 
 
-def _deadline(default: float, help: str, label: str) -> Any:
+def _deadline(default: float, help: str, label: str, advanced: bool = True) -> Any:
     """A deadline knob: seconds, positive, in the deployment's `timeouts:` and on the console
     (no flag: the CLI takes three of them from the environment, see `timeout_env`)."""
-    return knob(default, help, label=label, unit="s", gt=0.0, flag=None)
+    return knob(
+        default, help, label=label, unit="s", gt=0.0, flag=None, group="timeouts",
+        advanced=advanced,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,11 @@ class WorldTimeouts:
     heartbeat_s: float = _deadline(
         1.0, "idle heartbeat to the workers; at most half the control deadline", "Heartbeat (s)"
     )
-    step_watchdog_s: float = _deadline(600.0, "one whole engine step", "Step watchdog (s)")
+    step_watchdog_s: float = _deadline(
+        600.0, "one whole engine step", "Step watchdog (s)", advanced=False
+    )
     load_s: float = _deadline(
-        1800.0, "every rank loads its weights within this", "Load timeout (s)"
+        1800.0, "every rank loads its weights within this", "Load timeout (s)", advanced=False
     )
     shutdown_s: float = _deadline(30.0, "an orderly stop", "Shutdown timeout (s)")
 

@@ -36,6 +36,7 @@ class ServerConfig:
         "names clients use for the model (the first is reported); a pattern such as claude-* "
         "answers to every matching name, * to any",
         label="Served names",
+        group="api",
         flag="--served-model-name",
         when_unset="the model reference's last path part",
         live=True,
@@ -54,11 +55,17 @@ class ServerConfig:
         "a max_tokens beyond what the context leaves after the prompt: clamp generates until "
         "the context is full (finish reason length); reject refuses the request",
         label="Over-long max_tokens",
+        group="api",
         live=True,
     )
     max_body_bytes: int = knob(32 * 1024 * 1024, "largest request body", unit="bytes", ge=1024)
     queue_limit: int = knob(
-        256, "waiting requests before 503 overloaded", label="Queue limit", ge=0, live=True
+        256,
+        "waiting requests before 503 overloaded",
+        label="Queue limit",
+        group="api",
+        ge=0,
+        live=True,
     )
     responses_store_size: int = knob(
         1024,
@@ -89,6 +96,8 @@ class ServerConfig:
         'JSON object passed to the chat template, e.g. {"enable_thinking": false}; a '
         "request's chat_template_kwargs win",
         label="Chat-template kwargs",
+        group="api",
+        advanced=True,
         factory=dict,
         live=True,
     )
@@ -107,6 +116,8 @@ class ServerConfig:
         "vision-language models: an image with fewer pixels is scaled up to about this many "
         "(aspect kept; each 32x32 square is one vision token)",
         label="Image min pixels",
+        group="api",
+        advanced=True,
         unit="pixels",
         ge=1024,
         when_unset="the checkpoint's image processor's",
@@ -118,19 +129,29 @@ class ServerConfig:
         "(the image-quality knob: fewer pixels, fewer vision tokens, a shorter prefill); a "
         "request's mm_processor_kwargs may ask for other bounds within these",
         label="Image max pixels",
+        group="api",
+        advanced=True,
         unit="pixels",
         ge=1024,
         when_unset="the checkpoint's image processor's",
         live=True,
     )
     max_images_per_request: int = knob(
-        32, "images one request may carry", label="Images per request", ge=0, live=True
+        32,
+        "images one request may carry",
+        label="Images per request",
+        group="api",
+        advanced=True,
+        ge=0,
+        live=True,
     )
     image_url_fetch: bool = knob(
         False,
         "fetch http(s) image URLs (at most 20 MiB, within image_fetch_timeout_s); off: only "
         "data: URLs and base64 images are taken",
         label="Fetch image URLs",
+        group="api",
+        advanced=True,
         live=True,
     )
     image_fetch_timeout_s: float = knob(
@@ -143,6 +164,8 @@ class ServerConfig:
         "coordinates need no mapping); model leaves them as written; a request's "
         "image_coordinates wins",
         label="Image coordinates",
+        group="api",
+        advanced=True,
         live=True,
     )
 

@@ -111,7 +111,12 @@ def test_console_end_to_end(
     # Invalid knobs: each error is shown on its field, in one pass, nothing restarts.
     uptime_before = appliance.health()["uptime_s"]
     page.goto(f"{appliance.console_url}/knobs")
+    # Grouped by what the knobs govern; the less common ones folded under "advanced".
+    legends = page.locator("fieldset.knob-group > legend").all_inner_texts()
+    assert legends[:2] == ["Memory and context", "Scheduling"] and len(legends) == 6
+    assert not page.is_visible("input[name='speculative.ngram_min']")
     page.fill("input[name='engine.kv_capacity']", "-5")
+    page.click("#advanced-speculative > summary")
     page.fill("input[name='speculative.ngram_min']", "6")
     page.click("#preview-knobs")
     error = page.inner_text("[id='error-engine.kv_capacity']")
@@ -119,7 +124,9 @@ def test_console_end_to_end(
     error = page.inner_text("[id='error-speculative.ngram_min']")
     assert error == "ngram_min (6) must not exceed ngram_max (4)"
     appliance.shot(page, "03-knob-invalid.png")
-    # A KV pool that cannot fit is refused by the memory plan, before anything restarts.
+    # A KV pool that cannot fit is refused by the memory plan, before anything restarts; the
+    # folded section with an error came back open.
+    assert page.is_visible("input[name='speculative.ngram_min']")
     page.fill("input[name='engine.kv_capacity']", "100000000000")
     page.fill("input[name='speculative.ngram_min']", "2")
     page.click("#preview-knobs")
@@ -134,9 +141,12 @@ def test_console_end_to_end(
     # Valid knobs: the memory plan is shown, the engine restarts with them, n-gram on.
     page.fill("input[name='engine.kv_capacity']", "1024")
     page.select_option("select[name='speculative.method']", "ngram")
+    page.click("#advanced-timeouts > summary")  # and one from a folded section
+    page.fill("input[name='timeouts.shutdown_s']", "20")
     page.click("#preview-knobs")
     diff = page.inner_text("#diff")
     assert "engine.kv_capacity" in diff and "speculative.method" in diff
+    assert "timeouts.shutdown_s" in diff
     assert "speculative.ngram_min" not in diff
     assert "fits" in page.inner_text("#memory-plan")
     appliance.shot(page, "04-knob-preview.png")
@@ -145,6 +155,7 @@ def test_console_end_to_end(
     written = json.loads(appliance.deployment.read_text())
     assert written["engine"]["kv_capacity"] == 1024
     assert written["speculative"] == {"method": "ngram"}
+    assert written["timeouts"]["shutdown_s"] == 20
     metrics = appliance.metrics()
     assert metrics["scheduler"]["kv_blocks_total"] == 1024 // 16
     assert (metrics["spec_decode"]["method"], metrics["spec_decode"]["depth"]) == ("ngram", 4)

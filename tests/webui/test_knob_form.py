@@ -120,3 +120,39 @@ def test_set_path_copies() -> None:
         "engine": {"kv_capacity": 1, "block_size": 32}
     }
     assert raw == {"engine": {"kv_capacity": 1}}
+
+
+def test_sections_hold_every_knob_once_in_group_order_common_first() -> None:
+    from dgpp.engine.knobs import GROUPS
+    from dgpp.webui.knob_form import sections
+
+    fields = knob_fields()
+    found = sections(fields)
+    assert [section.id for section in found] == list(GROUPS)  # every group has knobs
+    listed = [f.path for s in found for f in (*s.common, *s.advanced)]
+    assert sorted(listed) == sorted(f.path for f in fields) and len(set(listed)) == len(listed)
+    for section in found:
+        assert section.common, f"{section.title} shows nothing until unfolded"
+        assert all(f.group == section.id and not f.advanced for f in section.common)
+        assert all(f.group == section.id and f.advanced for f in section.advanced)
+    by_path = {f.path: f for f in fields}
+    assert (
+        by_path["engine.kv_capacity"].group == "memory"
+        and not by_path["engine.kv_capacity"].advanced
+    )
+    assert (
+        by_path["timeouts.heartbeat_s"].advanced
+        and by_path["speculative.method"].group == "speculative"
+    )
+
+
+def test_a_console_knob_without_a_group_is_refused_where_it_is_declared() -> None:
+    import pytest
+
+    from dgpp.engine.knobs import knob
+
+    with pytest.raises(ValueError, match="needs a group"):
+        knob(1, "a knob", label="Shown")
+    with pytest.raises(ValueError, match="needs a group"):
+        knob(1, "a knob", label="Shown", group="elsewhere")
+    knob(1, "a knob off the console")  # no label: no group needed

@@ -86,7 +86,9 @@ def test_a_rule_about_a_key_not_on_the_form_is_shown_on_top(
 ) -> None:
     from dgpp.webui import knob_form
 
-    without_min = tuple(knob for knob in knob_form.KNOBS if knob[0] != "speculative.ngram_min")
+    without_min = tuple(
+        knob for knob in knob_form.KNOBS if knob.deployment != "speculative.ngram_min"
+    )
     monkeypatch.setattr(knob_form, "KNOBS", without_min)
     response = logged_in.preview_knobs({"speculative.ngram_max": "1"})
     assert response.status_code == 400

@@ -274,3 +274,21 @@ def test_a_restarted_rank_zero_is_recognised_by_its_instance() -> None:
     # Engines without an instance: by uptime since the restart, with slack.
     assert _is_new_process({"uptime_s": 1.0}, None, elapsed=3.0)
     assert not _is_new_process({"uptime_s": 60.0}, None, elapsed=3.0)
+
+
+def test_the_knobs_page_is_grouped_and_a_folded_field_reports_and_opens(
+    logged_in: Console,
+) -> None:
+    from dgpp.engine.knobs import GROUPS
+
+    page = logged_in.client.get("/knobs")
+    assert page.status_code == 200
+    legends = re.findall(r"<legend>([^<]+)</legend>", page.text)
+    assert legends == list(GROUPS.values())
+    # A timeout folded under "advanced": closed until it is the one with the error.
+    assert re.search(r'<details class="advanced" id="advanced-timeouts">', page.text)
+    response = logged_in.preview_knobs({"timeouts.rendezvous_s": "-1"})
+    assert response.status_code == 400
+    assert re.search(r'<details class="advanced" id="advanced-timeouts" open>', response.text)
+    assert re.search(r'<details class="advanced" id="advanced-scheduling">', response.text)
+    assert 'id="error-timeouts.rendezvous_s"' in response.text

@@ -14,7 +14,7 @@ from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.deployment_store import resolve_raw
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.knob_form import apply_form, current_values, knob_fields
+from dgpp.webui.knob_form import apply_form, current_values, knob_fields, sections
 from dgpp.webui.memory_preview import MemoryPreview
 from dgpp.webui.pages import render
 
@@ -36,7 +36,7 @@ def _form_page(
     general += [f"{path}: {text}" for path, text in errors.items() if path and path not in paths]
     context = {
         "page": "knobs",
-        "fields": fields,
+        "sections": sections(fields),
         "values": values,
         "errors": errors,
         "general_error": "; ".join(general),
