@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from urllib.parse import quote
@@ -51,6 +52,18 @@ def _is_api(request: Request) -> bool:
     return request.url.path.startswith("/api/")
 
 
+def _warm(console: Console) -> None:
+    """Every Models row's memory plan, queued in the background at start (`warm_plans`)."""
+    from dgpp.webui.model_catalogue import warm_plans
+
+    try:
+        rows = warm_plans(console.store.read_raw(), console.plans)
+    except Exception:  # the page computes them on demand; this is an optimisation
+        log.exception("queueing the memory plans of the Models page failed")
+        return
+    log.info("computing the memory plans of %d models and templates in the background", rows)
+
+
 def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> FastAPI:
     """The console. `backend` replaces the one the settings name (tests pass fakes)."""
     from dgpp.webui.engine_address import check_engine_url
@@ -65,6 +78,10 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
         if config.autostart and console.backend.kind == "local":
             result = await asyncio.to_thread(console.backend.start)
             log.info("%s", result.message)
+        if config.warm_plans:
+            warm = threading.Thread(target=_warm, args=(console,), name="dgpp-webui-warm")
+            warm.daemon = True
+            warm.start()
         if config.sample_interval_s > 0:
             sampler = MetricsPoller(
                 console.history,

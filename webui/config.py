@@ -32,6 +32,8 @@ class ConsoleConfig(BaseModel):
     # Local backend: start the engine with the console, stop it after (--no-autostart: off).
     autostart: bool = True
     sample_interval_s: float = Field(2.0, ge=0.0)  # 0: no sampler (tests)
+    # Compute every Models row's memory plan in the background when the console starts.
+    warm_plans: bool = True
     history_retention_s: float = Field(7 * 86400.0, gt=0)
     history_max_rows: int = Field(500_000, ge=100)
     drain_timeout_s: float = Field(60.0, ge=0.0)

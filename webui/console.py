@@ -71,6 +71,7 @@ def build_console(config: ConsoleConfig, backend: ControlBackend | None = None) 
         limiter=LoginLimiter(config.login_max_failures, config.login_window_s),
         gpus=NvmlProbe(),
         credentials_path=config.credentials,
+        plans=PlanCache(store=state_dir / "plans"),
     )
 
 

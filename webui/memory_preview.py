@@ -89,6 +89,12 @@ class MemoryPreview:
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "summary": self.summary()}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryPreview:
+        """The inverse of `asdict` (a plan read back from `plan_cache`'s store)."""
+        ranks = tuple(RankMemory(**rank) for rank in data.get("ranks", ()))
+        return cls(**{**data, "ranks": ranks})
+
 
 def gpu_memory(index: int, nvml_loader: Callable[[], Any] | None = None) -> DeviceMemory | None:
     """GPU `index` of this node as NVML sizes it, or None (no NVML, no such GPU, or a board

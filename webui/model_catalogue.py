@@ -201,6 +201,20 @@ def installed(current: Deployment | None) -> list[Installed]:
     return found
 
 
+def renames(current: Deployment | None, served: tuple[str, ...]) -> str:
+    """What a switch to a deployment serving `served` means for clients ("" when they keep
+    their names): said once above the Models page's tables and in a switch's preview."""
+    if current is None:
+        return ""
+    now = served_names(current)
+    if set(now) == set(served):
+        return ""
+    return (
+        f"clients now ask for {', '.join(now)}; after this switch the model answers to "
+        f"{', '.join(served)}"
+    )
+
+
 def _real(path: Path) -> str:
     return os.path.realpath(path)
 
@@ -232,15 +246,7 @@ class Catalogue:
             return None
 
     def _renames(self, served: tuple[str, ...]) -> str:
-        if self.current is None:
-            return ""
-        now = served_names(self.current)
-        if set(now) == set(served):
-            return ""
-        return (
-            f"clients now ask for {', '.join(now)}; after this switch the model answers to "
-            f"{', '.join(served)}"
-        )
+        return renames(self.current, served)
 
     def _candidate(
         self,
@@ -315,3 +321,13 @@ class Catalogue:
                 self._candidate("template", template.name, with_template(self.raw, template.name))
             )
         return rows
+
+
+def warm_plans(raw: dict[str, Any], plans: PlanCache) -> int:
+    """Queue every row's memory plan in the background (the console does so when it starts,
+    so the Models page finds them known); how many rows there are."""
+    try:
+        current: Deployment | None = resolve_raw(raw, "the deployment")
+    except ConfigError:
+        current = None
+    return len(Catalogue(raw, current, plans, schedule=lambda key: True).candidates())

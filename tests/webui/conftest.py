@@ -100,6 +100,7 @@ def console_config(tmp_path: Path, **overrides: Any) -> ConsoleConfig:
         "credentials": str(credentials),
         "autostart": False,
         "sample_interval_s": 0,
+        "warm_plans": False,  # every template's plan at each start: the tests that want it say so
         "drain_timeout_s": 0.5,
         "ready_timeout_s": 2.0,
         "poll_interval_s": 0.05,

@@ -20,9 +20,9 @@ from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError, DgppError
 from dgpp.webui.console import Console
 from dgpp.webui.deployment_edit import with_model, with_template
-from dgpp.webui.deployment_store import resolve_raw
+from dgpp.webui.deployment_store import resolve_raw, served_names
 from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.model_catalogue import Catalogue
+from dgpp.webui.model_catalogue import Catalogue, renames
 from dgpp.webui.pages import render
 
 router = APIRouter(dependencies=LOGGED_IN)
@@ -77,6 +77,9 @@ def _page_context(console: Console) -> dict[str, Any]:
         "incomplete": [entry for entry in catalogue.checkpoints if not entry.is_complete],
         "templates": [row for row in rows if row.kind == "template"],
         "current": catalogue.current,
+        # The served-name consequence, said once above the tables (rows only carry a mark).
+        "served_now": served_names(catalogue.current) if catalogue.current else (),
+        "any_renames": any(row.renames for row in rows),
         "current_error": error,
         "switch": console.switcher.latest,
         "pulls": [job.as_json() for job in jobs],
@@ -167,6 +170,7 @@ async def preview_model(
             "back": "/models",
             "busy": console.switcher.is_busy,
             "plan": plan,
+            "renames": renames(current, served_names(new)),
         },
         session,
         status_code=400 if plan.verdict == "refused" else 200,
