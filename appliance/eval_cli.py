@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dgpp.appliance.deployment import checkpoint_of, engine_config, parse_deployment
-from dgpp.appliance.deployment_files import resolve
-from dgpp.appliance.engine_options import add_engine_options, deployment_overrides
+from dgpp.appliance.deployment import checkpoint_of, engine_config
+from dgpp.appliance.engine_options import add_engine_options
 from dgpp.appliance.exit_codes import EXIT_OK
+from dgpp.appliance.serve_cli import serve_deployment
 from dgpp.engine.errors import ConfigError
 
 MAX_TOP_K = 1024  # reference log-probabilities kept per token
@@ -29,9 +29,7 @@ def add_eval_parser(commands: Any) -> None:
     )
     for each in (ppl, kld):
         each.add_argument("text", type=Path, help="a UTF-8 text file")
-        each.add_argument(
-            "--deployment", default=None, help="deployment file: its model and engine knobs"
-        )
+        each.add_argument("--deployment", default=None, help="its model and engine knobs")
         each.add_argument(
             "--context",
             type=int,
@@ -132,15 +130,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _engine(args: argparse.Namespace) -> tuple[Any, str]:
     """An engine with the deployment's model and knobs (the flags over them), at world 1."""
-    raw: dict[str, Any] = {}
-    if args.deployment:
-        raw = resolve(Path(args.deployment)).model_dump(exclude_unset=True)
-    raw.setdefault("model", "default")
-    if args.model is not None:
-        raw["model"] = args.model
-    for section, values in deployment_overrides(args).items():
-        raw.setdefault(section, {}).update(values)
-    deployment = parse_deployment(raw, "the command line")
+    deployment = serve_deployment(args)
     if deployment.world_size > 1:
         print(
             "dgpp eval: the deployment's engine knobs in one process (it serves "

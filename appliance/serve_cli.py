@@ -58,22 +58,24 @@ def add_world_options(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_deployment(args: argparse.Namespace) -> Deployment:
-    """The deployment file (or an empty one) with the command line's settings applied."""
+    """The deployment file (or an empty one) with the command line's settings applied; a
+    command without some of `dgpp serve`'s flags (`dgpp eval`) leaves those to the file."""
     raw: dict[str, Any] = {}
     if args.deployment:
         raw = resolve(Path(args.deployment)).model_dump(exclude_unset=True)
     raw.setdefault("model", "default")
     if args.model is not None:
         raw["model"] = args.model
-    if args.world_size is not None:
+    if getattr(args, "world_size", None) is not None:
         raw["world_size"] = args.world_size
     for section, values in deployment_overrides(args).items():
         raw.setdefault(section, {}).update(values)
-    if args.api_key_file is not None:
+    if getattr(args, "api_key_file", None) is not None:
         raw.setdefault("http", {})["api_key_file"] = args.api_key_file
-    if args.rendezvous_port is not None:
+    if getattr(args, "rendezvous_port", None) is not None:
         raw.setdefault("rendezvous", {})["port"] = args.rendezvous_port
-    return parse_deployment(raw, "the command line", api_key_given=args.api_key is not None)
+    key_given = getattr(args, "api_key", None) is not None
+    return parse_deployment(raw, "the command line", api_key_given=key_given)
 
 
 def run_serve(args: argparse.Namespace) -> int:
