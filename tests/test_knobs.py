@@ -195,7 +195,14 @@ class _Toy:
     )
 
     depth: int = knob(
-        3, "how deep the toy goes", label="Depth", group="scheduling", unit="levels", ge=1, le=8, live=True
+        3,
+        "how deep the toy goes",
+        label="Depth",
+        group="scheduling",
+        unit="levels",
+        ge=1,
+        le=8,
+        live=True,
     )
     low: int = knob(1, "the shallowest level", ge=0)
     mode: Literal["a", "b"] = knob("a", "which toy", flag="--toy-mode")
