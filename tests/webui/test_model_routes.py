@@ -388,39 +388,3 @@ def test_a_download_that_stopped_partway_is_not_offered(machine, tmp_path, monke
         page = console.client.get("/models").text
         assert 'data-candidate="checkpoint:org/tiny"' not in page
         assert 'id="incomplete-downloads">Partly downloaded (not offered): org/tiny;' in page
-
-
-def test_plans_are_queued_at_start_and_stored_for_the_next_console(
-    machine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 45: the console computes every row's plan when it starts (the page asks for
-    nothing), stores each, and a console started again on the same state finds them all: its
-    first page has no row left checking and nothing is planned again."""
-    import functools
-
-    from dgpp.webui import console as console_module
-    from dgpp.webui.memory_preview import MemoryPreview
-
-    planned: list[str] = []
-
-    def plan(deployment: Any, memory: Any) -> MemoryPreview:
-        planned.append(deployment.model)
-        return MemoryPreview("fits", "", model=deployment.model, device="a test Spark")
-
-    monkeypatch.setattr(console_module, "PlanCache", functools.partial(PlanCache, plan))
-    (tmp_path / "deployment.json").write_text(json.dumps({"template": "qwen3-8b_bfloat16_w1"}))
-    with running_console(tmp_path, warm_plans=True) as console:
-        assert console.login().status_code == 303
-        deadline = time.monotonic() + 60
-        while 'data-fits="checking"' in (page := console.client.get("/models").text):
-            assert time.monotonic() < deadline, "the plans queued at start never finished"
-            time.sleep(0.1)
-        rows = page.count("data-candidate=")
-        assert rows > 10 and len(planned) == rows
-        stored = list((console.config.state_dir / "plans").glob("*.json"))
-        assert len(stored) == rows
-    with running_console(tmp_path, warm_plans=True) as console:
-        assert console.login().status_code == 303
-        page = console.client.get("/models").text
-        assert 'data-fits="checking"' not in page and page.count('data-fits="fits"') == rows
-    assert len(planned) == rows  # read back, not planned again
