@@ -11,6 +11,8 @@ import torch
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.config import ModelConfig
 from dgpp.engine.layers.head_partition import partition_heads
+from dgpp.engine.layers.moe import PackedExperts
+from dgpp.engine.models.moe_blocks import COUNTING_ONLY
 from dgpp.engine.models.mtp import mtp_layer_count
 from dgpp.engine.models.registry import build_model
 from dgpp.engine.parallel import ParallelContext
@@ -82,16 +84,33 @@ def count_weights(
 
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
     meta = torch.device("meta")
-    with meta:
-        built = build_model(model, parallel, 1, TorchPagedAttention(meta))
-        parts = [built]
-        if mtp:
-            layer = getattr(built, "mtp_layer", MtpLayer)
-            parts.append(layer(built, parallel, TorchPagedAttention(meta), model.num_layers))
+    counting = COUNTING_ONLY.set(True)
+    try:
+        with meta:
+            built = build_model(model, parallel, 1, TorchPagedAttention(meta))
+            parts = [built]
+            if mtp:
+                layer = getattr(built, "mtp_layer", MtpLayer)
+                parts.append(layer(built, parallel, TorchPagedAttention(meta), model.num_layers))
+    finally:
+        COUNTING_ONLY.reset(counting)
     floats = packed = 0
-    for param in (param for part in parts for param in part.parameters()):
+    for param, times in _counted(parts):
         if param.is_floating_point():
-            floats += param.numel()
+            floats += param.numel() * times
         else:
-            packed += param.numel() * param.element_size()
+            packed += param.numel() * param.element_size() * times
     return floats, packed
+
+
+def _counted(parts: list[torch.nn.Module]) -> list[tuple[torch.nn.Parameter, int]]:
+    """Each part's parameters once (a tied LM head once), and the experts `COUNTING_ONLY` put
+    in every slot of a `PackedExperts` once more per slot beyond the first."""
+    found = [(param, 1) for part in parts for param in part.parameters()]
+    for part in parts:
+        for module in part.modules():
+            if isinstance(module, PackedExperts) and len(module) > 1:
+                first = module[0]
+                if all(expert is first for expert in module):
+                    found += [(param, len(module) - 1) for param in first.parameters()]
+    return found

@@ -81,15 +81,17 @@ def _model_stamp(deployment: Deployment) -> str:
         return f"facts:{facts.stat().st_mtime_ns}" if facts.is_file() else "none"
 
 
-def plan_key(deployment: Deployment, memory: DeviceMemory) -> str:
-    """What a plan depends on. Host RAM moves all the time: it counts to the GiB."""
-    free = memory.free_bytes if memory.is_accelerator else memory.free_bytes // GIB
-    parts = {
+def plan_key(deployment: Deployment, memory: DeviceMemory | None) -> str:
+    """What a plan depends on. Host RAM moves all the time: it counts to the GiB. Without
+    `memory`: the key of the deployment's latest plan against any memory."""
+    parts: dict[str, object] = {
         "deployment": deployment.model_dump(mode="json"),
         "model": _model_stamp(deployment),
-        "memory": [memory.total_bytes, free, memory.description, memory.is_accelerator],
         "code": code_stamp(),
     }
+    if memory is not None:
+        free = memory.free_bytes if memory.is_accelerator else memory.free_bytes // GIB
+        parts["memory"] = [memory.total_bytes, free, memory.description, memory.is_accelerator]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -130,13 +132,15 @@ class PlanCache:
 
     def known(self, deployment: Deployment, schedule: bool = False) -> MemoryPreview | None:
         """`deployment`'s plan if it is known; else None (with `schedule`, it is computed in the
-        background)."""
+        background). Where only the memory moved (a CPU deployment's free host RAM crossed a
+        GiB) the latest plan against other memory stands in while the new one is computed: the
+        page's column stays filled; a preview (`plan`) always plans against the memory now."""
         memory = self.memory_for(deployment)
         key = plan_key(deployment, memory)
         known = self.get(key)
         if known is None and schedule:
             self.schedule(key, deployment, memory)
-        return known
+        return known if known is not None else self.get(f"latest-{plan_key(deployment, None)}")
 
     def get(self, key: str) -> MemoryPreview | None:
         with self._lock:
@@ -179,9 +183,11 @@ class PlanCache:
                 del self._running[key]
             future.set_exception(err)
             raise
-        if self._store is not None:
-            self._store.write(key, result)
-        self._remember(key, result)
+        latest = f"latest-{plan_key(deployment, None)}"
+        for each in (key, latest):
+            if self._store is not None:
+                self._store.write(each, result)
+            self._remember(each, result)
         with self._lock:
             del self._running[key]
         future.set_result(result)

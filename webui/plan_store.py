@@ -33,11 +33,11 @@ def code_stamp() -> str:
         stamp = [version("dgpp")]
     except PackageNotFoundError:
         stamp = ["unversioned"]
-    for package in (dgpp.engine, dgpp.appliance, dgpp.webui):
-        root = Path(package.__file__ or ".").parent
-        for path in sorted(root.rglob("*.py")):
-            info = path.stat()
-            stamp.append(f"{path.relative_to(root.parent)}:{info.st_size}:{info.st_mtime_ns}")
+    for package in (dgpp.engine, dgpp.appliance, dgpp.webui):  # namespace packages: __path__
+        for root in map(Path, package.__path__):
+            for path in sorted(root.rglob("*.py"), key=str):
+                info = path.stat()
+                stamp.append(f"{path.relative_to(root.parent)}:{info.st_size}:{info.st_mtime_ns}")
     return hashlib.sha256("\n".join(stamp).encode()).hexdigest()
 
 

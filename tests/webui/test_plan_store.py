@@ -43,8 +43,9 @@ def test_plans_are_queued_at_start_and_stored_for_the_next_console(
             time.sleep(0.1)
         rows = page.count("data-candidate=")
         assert rows > 10 and len(planned) == rows
-        stored = list((console.config.state_dir / "plans").glob("*.json"))
-        assert len(stored) == rows
+        stored = [path.name for path in (console.config.state_dir / "plans").glob("*.json")]
+        latest = [name for name in stored if name.startswith("latest-")]
+        assert len(stored) - len(latest) == rows and len(latest) == rows
     with running_console(tmp_path, warm_plans=True) as console:
         assert console.login().status_code == 303
         page = console.client.get("/models").text
@@ -59,3 +60,38 @@ def test_a_stored_plan_reads_back_and_a_damaged_one_is_computed_again(tmp_path: 
     assert store.read("k1") == plan and store.read("k2") is None
     (tmp_path / "plans" / "k1.json").write_text('{"verdict": "fits", "ranks": [{"rank"')
     assert store.read("k1") is None  # cut short by a crash: not a plan
+
+
+def test_the_latest_plan_stands_in_while_only_the_memory_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CPU deployment is planned against the host memory free now (to the GiB), which moves:
+    the page's column shows the latest plan meanwhile and a new one is computed; a preview
+    always plans against the memory now."""
+    from dgpp.appliance.deployment import parse_deployment
+    from dgpp.engine.memory_plan import GIB, DeviceMemory
+
+    calls: list[int] = []
+
+    def plan(deployment: Any, memory: DeviceMemory) -> MemoryPreview:
+        calls.append(memory.free_bytes // GIB)
+        return MemoryPreview("fits", "", model=deployment.model, device=f"{calls[-1]} GiB free")
+
+    cache = PlanCache(plan, gpu=lambda index: None)
+    memory = [DeviceMemory(64 * GIB, 10 * GIB, "this host", is_accelerator=False)]
+    monkeypatch.setattr(cache, "memory_for", lambda deployment: memory[0])
+    deployment = parse_deployment({"model": "default", "engine": {"device": "cpu"}})
+    first = cache.plan(deployment)
+    assert cache.known(deployment) is first
+    memory[0] = DeviceMemory(64 * GIB, 20 * GIB, "this host", is_accelerator=False)
+    assert cache.known(deployment, schedule=True) is first  # stands in
+    deadline = time.monotonic() + 30
+    while calls != [10, 20]:
+        assert time.monotonic() < deadline, calls
+        time.sleep(0.05)
+    while cache.known(deployment) is first:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert cache.known(deployment).device == "20 GiB free"  # type: ignore[union-attr]
+    assert cache.plan(deployment).device == "20 GiB free"
+    cache.close()
