@@ -104,6 +104,12 @@ def test_kld_against_itself_and_another_precision(
     assert same["context"] == 24 and same["stride"] == 10
     assert abs(same["kl_mean"]) < 1e-6 and same["kl_max"] < 1e-5 and same["same_top"] == 1.0
     assert same["delta_ppl"] == 0.0 and same["rms_delta_p"] == 0.0
+    # A prompt is prefilled, never drafted: speculative decoding on scores the same.
+    code, drafting, err = _eval(
+        capsys, "kld", *common, "--reference", str(reference), "--spec", "ngram"
+    )
+    assert code == EXIT_OK, err
+    assert drafting["kl_max"] < 1e-5 and drafting["delta_ppl"] == 0.0
     code, other, err = _eval(
         capsys, "kld", *common, "--reference", str(reference), "--dtype", "bfloat16"
     )
