@@ -41,6 +41,10 @@ from dgpp.engine.memory_plan import GIB, DeviceMemory
 from dgpp.webui.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
 from dgpp.webui.plan_store import PlanStore, code_stamp
 
+log = logging.getLogger(__name__)
+
+MAX_PLANS = 256
+BACKGROUND_NICENESS = 19
 WAIT_S = 0.5  # how often a background plan's wait looks whether the cache was closed
 
 
@@ -59,12 +63,6 @@ def _lower_priority() -> None:
     the engine runs beside the console)."""
     with contextlib.suppress(AttributeError, OSError):
         os.nice(BACKGROUND_NICENESS)
-
-
-log = logging.getLogger(__name__)
-
-MAX_PLANS = 256
-BACKGROUND_NICENESS = 19
 
 
 def _model_stamp(deployment: Deployment) -> str:
