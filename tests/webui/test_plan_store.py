@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from dgpp.engine.memory_plan import GIB, DeviceMemory
 from dgpp.webui import console as console_module
+from dgpp.webui import plan_cache
 from dgpp.webui.memory_preview import MemoryPreview
 from dgpp.webui.plan_cache import PlanCache
 from dgpp.webui.plan_store import PlanStore
@@ -34,6 +36,10 @@ def test_plans_are_queued_at_start_and_stored_for_the_next_console(
         return MemoryPreview("fits", "", model=deployment.model, device="a test Spark")
 
     monkeypatch.setattr(console_module, "PlanCache", functools.partial(PlanCache, plan))
+    # One memory for every row: the host's free RAM, which CPU rows are planned against, moves
+    # between the two consoles on a busy machine (tested below).
+    fixed = DeviceMemory(128 * GIB, 100 * GIB, "a test Spark", is_accelerator=True)
+    monkeypatch.setattr(plan_cache, "budget_memory", lambda deployment, gpu: fixed)
     (tmp_path / "deployment.json").write_text(json.dumps({"template": "qwen3-8b_bfloat16_w1"}))
     with running_console(tmp_path, warm_plans=True) as console:
         assert console.login().status_code == 303
@@ -68,13 +74,17 @@ def test_the_latest_plan_stands_in_while_only_the_memory_moved(
     """A CPU deployment is planned against the host memory free now (to the GiB), which moves:
     the page's column shows the latest plan meanwhile and a new one is computed; a preview
     always plans against the memory now."""
+    import threading
+
     from dgpp.appliance.deployment import parse_deployment
-    from dgpp.engine.memory_plan import GIB, DeviceMemory
 
     calls: list[int] = []
+    release = threading.Event()
 
     def plan(deployment: Any, memory: DeviceMemory) -> MemoryPreview:
         calls.append(memory.free_bytes // GIB)
+        if len(calls) > 1:  # the recomputation waits until the stand-in has been seen
+            release.wait(30)
         return MemoryPreview("fits", "", model=deployment.model, device=f"{calls[-1]} GiB free")
 
     cache = PlanCache(plan, gpu=lambda index: None)
@@ -89,6 +99,8 @@ def test_the_latest_plan_stands_in_while_only_the_memory_moved(
     while calls != [10, 20]:
         assert time.monotonic() < deadline, calls
         time.sleep(0.05)
+    assert cache.known(deployment) is first  # still, while the new plan is computed
+    release.set()
     while cache.known(deployment) is first:
         assert time.monotonic() < deadline
         time.sleep(0.05)
