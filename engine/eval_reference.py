@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors import safe_open as _safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.eval_scoring import Collector, Reference
@@ -71,9 +71,9 @@ def load_reference(path: Path) -> tuple[Reference, Identity, str]:
     if not path.is_file():
         raise ConfigError(f"no reference file at {path}", param="reference")
     try:
-        with _safe_open(str(path), framework="pt") as handle:
+        with _safe_open(str(path), framework="pt") as handle:  # one read: metadata, tensors
             metadata = handle.metadata() or {}
-        tensors = load_file(str(path))
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as err:
         raise ConfigError(
             f"{path} is not a dgpp eval reference: {err}", param="reference"

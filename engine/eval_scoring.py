@@ -122,7 +122,8 @@ def coarse_kl(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     q_rest = (1 - other.exp().sum(dim=-1)).clamp(min=REST_FLOOR)
     # A rest below REST_FLOOR is the float32 log-probabilities' rounding, not mass.
     kept = p_rest > REST_FLOOR
-    rest = p_rest.clamp(min=REST_FLOOR) * (p_rest.clamp(min=REST_FLOOR).log() - q_rest.log())
+    p_rest = p_rest.clamp(min=REST_FLOOR)
+    rest = p_rest * (p_rest.log() - q_rest.log())
     rest = torch.where(kept, rest, 0)
     return (top + rest).float()
 
