@@ -10,8 +10,11 @@ sliding-window attention (five windowed layers to one full one), over a GLM-4.5-
   48 cache every position, about a tenth of the bytes per token of caching all layers.
 - Query and key heads of 192 dims, value heads of 128 (`v_head_dim`), the values scaled by
   `attention_value_scale` before they are cached. The paged pool keeps one width for keys and
-  values, so a full layer's values are stored padded to the keys' width (zeros, which add
-  nothing to the output): 20% more than keys and values kept apart.
+  values, so a full layer pages both at the wider of the two, the narrower padded with zeros:
+  values padded to the keys' width add nothing to the output (20% more than keys and values
+  kept apart, for the release); where `v_head_dim` is the wider (transformers accepts it), the
+  queries and keys are padded instead, which adds nothing to a score (the scale stays
+  `head_dim ** -0.5`). The windowed layers' states keep each at its own width.
 - The MLP: dense in the first layer, else routed experts only (no shared experts) behind
   DeepSeek-V3's sigmoid router with correction bias.
 
@@ -122,8 +125,8 @@ class MimoLayout:
 
 
 class MimoAttention(nn.Module):
-    """Attention with value heads narrower than query/key heads, values scaled, and (windowed
-    layers) a sliding window and sinks."""
+    """Attention with value heads of another width than query/key heads (narrower in the
+    release, wider allowed), values scaled, and (windowed layers) a sliding window and sinks."""
 
     def __init__(
         self,
@@ -153,6 +156,7 @@ class MimoAttention(nn.Module):
         self.num_heads, self.num_kv_heads = heads.num_q, heads.num_kv
         self.head_dim, self.v_head_dim = dim, v_dim
         self.value_scale = layout.value_scale
+        self.paged_dim = max(dim, v_dim)  # the full layers' one width for keys and values
         columns = (heads.q_start * v_dim, heads.num_q * v_dim)
         total = config.num_heads * v_dim
         self.o_proj = RowParallelLinear(
@@ -181,7 +185,7 @@ class MimoAttention(nn.Module):
             self.attn = PagedAttention(
                 self.num_heads,
                 self.num_kv_heads,
-                dim,
+                self.paged_dim,
                 dim**-0.5,
                 backend,
                 has_sinks=sinks,
@@ -199,9 +203,15 @@ class MimoAttention(nn.Module):
         v = v.reshape(tokens, self.num_kv_heads, v_dim) * self.value_scale
         if isinstance(self.attn, WindowAttention):
             out = self.attn(q, k, v, metadata)
-        else:  # the paged pool keeps one width: values padded to the keys', the padding cut
-            out = self.attn(q, k, F.pad(v, (0, dim - v_dim)), metadata)[..., :v_dim]
+        else:  # the paged pool keeps one width: the narrower side padded, the padding cut
+            q, k, v = (self._widen(part) for part in (q, k, v))
+            out = self.attn(q, k, v, metadata)[..., :v_dim]
         return self.o_proj(out.reshape(tokens, self.num_heads * v_dim))
+
+    def _widen(self, heads: torch.Tensor) -> torch.Tensor:
+        """`heads` [T, H, width] zero-padded to the paged pool's width (as it is where equal)."""
+        short = self.paged_dim - heads.shape[-1]
+        return F.pad(heads, (0, short)) if short else heads
 
 
 class MimoDecoderModel(DecoderModel):
@@ -276,11 +286,13 @@ class MiMoV2FlashForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def cache_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
-        """The full-attention layers' keys and values, the values padded to the keys' width."""
+        """The full-attention layers' keys and values, both at the wider of the key and value
+        widths (`MimoAttention.paged_dim`)."""
         layout, rank = MimoLayout.of(config), (parallel.tp_size, parallel.tp_rank)
         heads = partition_heads(config.num_heads, config.num_kv_heads, *rank)
         full = layout.layer_types.count(FULL)
-        return [PagedKVSpec(heads.num_kv, config.head_dim)] * full
+        width = max(config.head_dim, layout.v_head_dim)
+        return [PagedKVSpec(heads.num_kv, width)] * full
 
     @classmethod
     def state_specs(cls, config: ModelConfig, parallel: ParallelContext) -> list[Any]:
