@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=INSTALL_FORMS,
         default=DEFAULT_FORM,
-        help="Q4_1 keeps the shipped GGUF, served packed (default); float32 expands it",
+        help="Q4_1 keeps the shipped GGUF, served packed as --model default (the default); "
+        "float32 expands it into a directory of its own, --model default:float32",
     )
 
     generate = commands.add_parser("generate", help="generate a completion for a prompt")

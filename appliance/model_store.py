@@ -1,10 +1,10 @@
 """Finding, fetching and listing checkpoints for `dgpp model list|pull|install-default`.
 
-A model reference is `default` (the built-in model, see `default_model`), a local checkpoint
-directory or GGUF file, or a Hugging Face repo id that `pull` has put in the hub cache (`repo:TAG`
-for one GGUF file of a GGUF repo, named by its quantization, as llama.cpp's `-hf`). Serving never
-touches the network: `resolve_model` only looks on disk. Every failure is a `ModelLoadError`
-whose message says what to run next.
+A model reference is `default` (the built-in model's GGUF, see `default_model`; `default:float32`
+its float32 expansion), a local checkpoint directory or GGUF file, or a Hugging Face repo id that
+`pull` has put in the hub cache (`repo:TAG` for one GGUF file of a GGUF repo, named by its
+quantization, as llama.cpp's `-hf`). Serving never touches the network: `resolve_model` only
+looks on disk. Every failure is a `ModelLoadError` whose message says what to run next.
 """
 
 import json
@@ -25,10 +25,12 @@ from huggingface_hub.errors import (
 from tqdm import tqdm
 
 from dgpp.appliance.default_model import (
+    DEFAULT_FORM,
     DEFAULT_MODEL_NAME,
+    INSTALL_FORMS,
     default_model_path,
     install_default,
-    is_complete,
+    installed_default,
 )
 from dgpp.appliance.paths import hf_hub_cache_dir, models_dir
 from dgpp.engine.errors import ModelLoadError
@@ -223,17 +225,28 @@ def _resolve_cached(repo_id: str) -> Path:
     return path
 
 
+def _resolve_default(tag: str) -> Path:
+    """`default` (the GGUF) or `default:FORM`: the default model's install in that form."""
+    forms = {form.lower(): form for form in INSTALL_FORMS}
+    form = forms.get(tag.lower())
+    if form is None:
+        names = ", ".join(f"default:{name}" for name in INSTALL_FORMS)
+        raise ModelLoadError(f"the default model comes as {names}, not {tag!r}", param="model")
+    path = installed_default(form)
+    if path is None:
+        flag = "" if form == DEFAULT_FORM else f" --dtype {form}"
+        raise ModelLoadError(
+            f"the default model ({DEFAULT_MODEL_NAME}, {form}) is not installed; run "
+            f"`dgpp model install-default{flag}`",
+            param="model",
+        )
+    return path
+
+
 def resolve_model(reference: str) -> Path:
     """The checkpoint directory that `reference` names, looking only on this machine."""
-    if reference == DEFAULT_REFERENCE:
-        path = default_model_path()
-        if not is_complete(path):
-            raise ModelLoadError(
-                f"the default model ({DEFAULT_MODEL_NAME}) is not installed; run "
-                "`dgpp model install-default`",
-                param="model",
-            )
-        return path
+    if reference == DEFAULT_REFERENCE or reference.startswith(f"{DEFAULT_REFERENCE}:"):
+        return _resolve_default(reference.partition(":")[2] or DEFAULT_FORM)
     local = Path(reference).expanduser()
     view = view_for(local)  # a GGUF file, or a directory holding one: served through a view
     if view is not None:

