@@ -15,7 +15,10 @@ from dgpp.engine.server.config import ServerConfig
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
-        "--model", default=None, help="checkpoint dir, HF repo id, or 'default' (the default)"
+        "--model",
+        default=None,
+        help="checkpoint dir or GGUF file, HF repo id, 'default' (the default: SmolLM2's Q4_1 "
+        "GGUF) or 'default:float32' (its float32 expansion)",
     )
     add_knob_flags(group, EngineConfig)
 
