@@ -5,7 +5,8 @@ in one batch with chunked prefill over block boundaries; GLM-5's shared-indexer 
 interleaved indexer rope; prefix-cache hits (the indexer keys cached with their blocks),
 preemption, speculative verify rows and a world of two ranks. The selection is shown to
 matter (an unlimited budget moves the logits) and, below the budget, DSA is dense MLA
-exactly."""
+exactly. With 4 indexer heads (issue 62's config) many keys tie at the cut: the earliest are
+kept, whatever the chunking, prefix hit or verify row."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dgpp.engine import LLM
+from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.sparse_mla import SparseMLAAttention
 from dgpp.engine.layers.dsa import Indexer
+from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.teacher_force import teacher_forced_logits
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference
@@ -231,3 +233,120 @@ def test_mtp_drafts_with_the_indexer_in_the_mtp_layer(
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, _params())] == plain
     spec = engine.counters.spec_decode
     assert 0 < spec.accepted_tokens < spec.draft_tokens
+
+
+# Issue 62's config: 4 indexer heads, so many keys score exactly 0 (every head's relu zeroes
+# them) and the budget's cut (16 of 200 tokens) often falls among such ties. TINY_DSA's 32
+# heads leave no ties, which is why the tests above never saw the selection depend on them.
+TIES = dict(
+    MOE,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    kv_lora_rank=48,
+    q_lora_rank=64,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    index_topk=16,
+    index_head_dim=32,
+    index_n_heads=4,
+)
+
+
+@pytest.fixture
+def earliest_ties(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """transformers' indexers keep the earliest of the keys tied at the cut, as dgpp does,
+    by a stable sort; it records whether any row had such a tie. Left to CPU `torch.topk`,
+    transformers picks tied keys by the row's length: its forward over a prompt's first 100
+    tokens and over all 200 disagreed on those 100 by up to 2.3 in logprob here."""
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
+
+    seen: list[bool] = []
+
+    def stable_topk(scores: torch.Tensor, k: int, dim: int = -1, **_: Any) -> Any:
+        values, indices = torch.sort(scores, dim=dim, descending=True, stable=True)
+        if scores.shape[dim] > k:
+            cut, after = values.select(dim, k - 1), values.select(dim, k)
+            seen.append(bool(((cut == after) & cut.isfinite()).any()))
+        return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
+
+    def pinned(forward: Any) -> Any:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with monkeypatch.context() as patch:
+                patch.setattr(torch.Tensor, "topk", stable_topk)
+                return forward(self, *args, **kwargs)
+
+        return run
+
+    for indexer in (v32.DeepseekV32Indexer, glm.GlmMoeDsaIndexer):
+        monkeypatch.setattr(indexer, "forward", pinned(indexer.forward))
+    return seen
+
+
+def _reference_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """transformers' logprob of every token after the first, from one forward."""
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([tokens])).logits[0].float()
+    return logits[:-1].log_softmax(-1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [pytest.param(DEEPSEEK, {}, id="deepseek-v3.2"), pytest.param(GLM, SHARED, id="glm-5-shared")],
+)
+def test_ties_at_the_budget_chunked_and_through_the_prefix_cache(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    earliest_ties: list[bool],
+    arch: str,
+    overrides: dict[str, Any],
+) -> None:
+    """A 200-token prompt whose selections tie at the cut: its prompt logprobs equal
+    transformers' at 16- and 32-token chunks (16-token blocks), and so do 16 greedy tokens and
+    their logprobs, cold and continuing a cached 112-token prefix; at 32-token chunks every
+    decode step is a verify row (drafts of transformers' tokens, some with a wrong one). Before
+    keys tied at the cut were kept earliest first, `torch.topk` chose among them by the row's
+    length: off by 0.6 to 2 in logprob from the first chunk past the budget on."""
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, arch, **{**TIES, **overrides})
+    hf_model = _hf(checkpoint)
+    tokens = torch.randint(3, 49000, (260,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt, extended = tokens[:200], tokens[:120] + tokens[200:]  # shares 7 blocks of 16
+    expected = {len(p): hf_greedy(hf_model, p, NEW_TOKENS) for p in (prompt, extended)}
+    want = {len(p): _reference_logprobs(hf_model, p + expected[len(p)]) for p in (prompt, extended)}
+    assert any(earliest_ties), "no selection tied at the cut: the test would prove nothing"
+    full = {tuple(p): p + expected[len(p)] for p in (prompt, extended)}
+
+    def drafts(self: NgramProposer, request: Any, limit: int) -> tuple[int, ...]:
+        at = request.num_tokens
+        draft = full[tuple(request.prompt_token_ids)][at : at + min(self.depth, limit)]
+        wrong = at % (len(draft) + 1)  # all right when it is the length
+        return tuple(3 if i == wrong else token for i, token in enumerate(draft))
+
+    monkeypatch.setattr(NgramProposer, "propose", drafts)
+    scored = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
+    for chunk in (16, 32):
+        knobs = dict(block_size=16, prefill_chunk_tokens=chunk, kv_capacity=1024, seed=0)
+        spec = "ngram" if chunk == 32 else "off"
+        llm = LLM(str(checkpoint), dtype="float32", prefix_min_tokens=0, speculative=spec, **knobs)
+        counters = llm.engine.counters.prefix_cache
+        for request, cached in ((prompt, False), (extended, True)):
+            hits = counters.hit_tokens
+            [output] = llm.generate([request], greedy)
+            assert counters.hit_tokens - hits == (112 if cached else 0)
+            completion, case = output.outputs[0], f"{chunk}-token chunks, {cached=}"
+            assert list(completion.token_ids) == expected[len(request)], case
+            assert completion.logprobs is not None
+            got = torch.tensor([entry.logprob for entry in completion.logprobs])
+            worst = (got - want[len(request)][len(request) - 1 :]).abs().max().item()
+            assert worst < 1e-3, f"greedy logprobs at {case}: {worst:.3f}"
+        verified = llm.engine.counters.spec_decode
+        assert (0 < verified.accepted_tokens < verified.draft_tokens) == (spec == "ngram")
+        [output] = llm.generate([prompt], scored)
+        assert output.prompt_logprobs is not None
+        got = torch.tensor([entry.logprob for entry in output.prompt_logprobs[1:]])
+        worst = (got - want[200][:199]).abs().max().item()
+        assert worst < 1e-3, f"prompt logprobs at {chunk}-token chunks: {worst:.3f}"
