@@ -3,7 +3,8 @@
 A decode step of a few requests launches hundreds of small kernels; on a GPU their launch cost,
 not the weight reads, bounds it. The step is captured in a CUDA graph per bucket (1, 2, 4, 8,
 16, 24, 32, 48, 64, ... up to `cuda_graph_max_batch`) over static buffers: token ids,
-positions, sequence lengths, cache slots and block tables. A step of B requests fills the first
+rotary positions, indices in the sequence (apart after a prompt's images: M-RoPE's positions run
+behind), sequence lengths, cache slots and block tables. A step of B requests fills the first
 B rows, points the rest of its bucket at a scratch KV block no request holds (one token at
 position 0, so their attention is well defined and their outputs are dropped) and replays the
 bucket's graph; the logits come back for its B rows.
@@ -36,9 +37,12 @@ from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, StepMetadata], torch.Tensor]
 
 _BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Rows of the static [5, max_batch] step inputs: token ids, positions, sequence lengths, cache
-# slots and recurrent-state slots (hybrid models).
-_IDS, _POSITIONS, _LENS, _SLOTS, _STATES = range(5)
+# Rows of the static [6, max_batch] step inputs: token ids, rotary positions, indices in the
+# sequence, sequence lengths, cache slots and recurrent-state slots (hybrid models). A row's
+# rotary position is its index but after a prompt's images (M-RoPE: they run behind it); the
+# attention kernels read the index (the query's last visible key), never the rotary position.
+_IDS, _POSITIONS, _INDEX, _LENS, _SLOTS, _STATES = range(6)
+_NUM_INPUTS = 6
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ class DecodeGraphs:
         assert state_backend is None or scratch_slot >= 0, "padded rows need a scratch state slot"
         self.scratch_slot = scratch_slot
         index = dict(dtype=torch.int64, device=device)
-        self.inputs = torch.zeros(5, max_batch, **index)
+        self.inputs = torch.zeros(_NUM_INPUTS, max_batch, **index)
         self.tables = torch.full((max_batch, max_blocks), scratch_block, **index)
         self.arange = torch.arange(max_batch + 1, **index)  # query starts; token rows
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -139,7 +143,7 @@ class DecodeGraphs:
             max_seq_len=self.tables.shape[1] * self.block_size,
             prefill_softmax_fp32=False,
             token_rows=self.arange[:bucket],
-            token_positions=inputs[_POSITIONS, :bucket],
+            token_positions=inputs[_INDEX, :bucket],  # keys seen: the index, not the rotary
         )
         step: dict[str, object] = {self.backend_name: metadata}
         if self.state_backend is not None:
@@ -154,7 +158,8 @@ class DecodeGraphs:
 
     def _pad(self, bucket: int) -> None:
         """Every row of the bucket on the scratch block: one token at position 0."""
-        pad = [[0], [0], [1], [self.scratch_block * self.block_size], [self.scratch_slot]]
+        scratch = self.scratch_block * self.block_size
+        pad = [[0], [0], [0], [1], [scratch], [self.scratch_slot]]
         self.inputs[:, :bucket] = torch.tensor(pad, device=self.device)
         self.tables[:bucket, 0] = self.scratch_block
 
@@ -190,13 +195,14 @@ class DecodeGraphs:
         scratch_slot = self.scratch_block * block_size
         held = [tables[row.seq_id] for row in rows]
         width = max(len(table) for table in held)
-        step = [[0] * bucket, [0] * bucket, [1] * bucket, [scratch_slot] * bucket]
+        step = [[0] * bucket, [0] * bucket, [0] * bucket, [1] * bucket, [scratch_slot] * bucket]
         step.append([self.scratch_slot] * bucket)
         grid = [[self.scratch_block] * width for _ in range(bucket)]
         for index, (row, table) in enumerate(zip(rows, held, strict=True)):
             pos = row.start
             step[_IDS][index] = row.token_ids[0]
             step[_POSITIONS][index] = pos + row.shift  # after a prompt's images: shifted
+            step[_INDEX][index] = pos
             step[_LENS][index] = pos + 1
             step[_SLOTS][index] = table[pos // block_size] * block_size + pos % block_size
             step[_STATES][index] = row.state_slot
