@@ -8,7 +8,7 @@ roped at the block's first position (`finish`, the model's). A block scores
 `sum_h relu(q[h] . key) / sqrt(D)`; the query keeps its top `budget / ratio` blocks plus the
 tail of an incomplete block (the last p + 1 mod ratio tokens): at most budget + ratio - 1
 tokens. A row whose every query keeps all its blocks selects everything; the caller runs it
-dense.
+dense. Blocks tied at the cut go to the earliest (`topk_ties`), whatever the row's length.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.sparse_mla_torch import TILE_ELEMENTS, TokenSelection, token_selection
+from dgpp.kernels.topk_ties import topk_earliest
 
 # pooled block keys [B, D] and their first positions [B] -> the keys the queries score
 BlockKeys = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -74,7 +75,7 @@ def select_blocks(
             complete = (query_pos + 1) // ratio  # complete blocks each query sees
             visible = first_positions.unsqueeze(0) // ratio < complete.unsqueeze(1)
             scores.masked_fill_(~visible, float("-inf"))
-            chosen = scores.topk(keep, dim=-1).indices  # [q, keep] block ids
+            chosen = topk_earliest(scores, keep)  # [q, keep] block ids, ties to the earliest
             chosen = torch.where(visible.gather(1, chosen), chosen, blocks + seq_len)  # invalid
             tokens = (chosen.unsqueeze(-1) * ratio + within).flatten(1)  # [q, budget]
             tail = (complete * ratio).unsqueeze(1) + within[: ratio - 1]  # [q, ratio - 1]

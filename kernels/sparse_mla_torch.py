@@ -9,13 +9,9 @@ attends over those latents only: the work per query is O(S * D) for the scores (
 head dim, no values) and O(topk * (L + R) * H) for attention, instead of O(S * (N + R + V) * H).
 Rows whose whole context fits in `topk` select every position; the caller runs them dense.
 
-Equal scores are common: a key every head's relu zeroes scores exactly 0, and with few
-indexer heads (or negative head weights) fewer than `topk` keys may score above it. Among keys
-tied at the cut the earliest positions are kept (`topk_earliest`), so a query's selection is a
-function of its context alone. `torch.topk` on CPU picks tied values by its selection
-algorithm's order, which moves with the row's length: a prompt chunked differently, resumed
-from the prefix cache or scored at decode selected other keys and gave other logits
-(transformers itself, on CPU, disagrees with its own longer forward by the same mechanism).
+Equal scores are common (a key every head's relu zeroes scores exactly 0): among keys tied at
+the cut the earliest positions are kept (`topk_ties`), so a query's selection is a function of
+its context alone, however its prompt was chunked or resumed.
 
 Scores are computed in float32 like the reference. Queries are tiled so no intermediate
 outgrows `TILE_ELEMENTS` floats, whatever the context.
@@ -28,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.topk_ties import topk_earliest
 
 TILE_ELEMENTS = 1 << 24  # 64 MiB of float32 per intermediate
 
@@ -54,21 +51,6 @@ def index_scores(
     dtype = torch.promote_types(q.dtype, torch.float32)
     scores = torch.einsum("qhd,sd->qhs", q.to(dtype), keys.to(dtype)) * scale
     return torch.einsum("qh,qhs->qs", weights.to(dtype), scores.relu_())
-
-
-def topk_earliest(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The indices [Q, k] of each row's `k` largest scores [Q, S] (k <= S), the earliest
-    positions among those tied at the k-th value, in increasing order. Two top-k passes and a
-    scan, no host sync: the k-th value, then the positions above it and the first tied ones."""
-    kth = scores.topk(k, dim=-1).values[:, -1:]
-    above = scores > kth
-    tied = scores == kth
-    wanted = k - above.sum(dim=-1, keepdim=True, dtype=torch.int32)
-    kept = above | (tied & (tied.cumsum(dim=-1, dtype=torch.int32) <= wanted))
-    # exactly k kept per row: rank them by position (earlier higher), the rest 0
-    width = scores.shape[-1]
-    earlier = torch.arange(width, 0, -1, dtype=torch.int32, device=scores.device)
-    return (kept * earlier).topk(k, dim=-1).indices
 
 
 def select_topk(

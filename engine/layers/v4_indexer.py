@@ -12,13 +12,10 @@ with q = rope(q_b_proj(q latent)) per indexer head (no norm) and the head weight
 a query with fewer candidates (docs/deepseek_v4.md, section 4). Replicated on every rank.
 
 Scores tie exactly where every head's ReLU is zero (common with few indexer heads, or when the
-head weights are negative). Which tied keys fill the last places is then ours to define, not
-`torch.topk`'s: its choice among equal values depends on the row's length (introselect on the
-CPU), and a row holds the keys closed by the end of its chunk, so a query's choice changed with
-the chunk size, a decode step, a prefix hit or the prompt's length (transformers' too: its
-one-shot forward and its cached one differ there). Ties at the edge of the budget go to the
-lowest-indexed (oldest) windows: the first `index_topk` of a stable descending sort, whatever
-the row's length.
+head weights are negative). A row holds the keys closed by the end of its chunk, so left to
+`torch.topk` (whose choice among equal values moves with the row's length on the CPU) a
+query's choice changed with the chunk size, a decode step or a prefix hit. Ties at the edge of
+the budget go to the lowest-indexed (oldest) windows (`dgpp.kernels.topk_ties`).
 """
 
 from __future__ import annotations
@@ -30,6 +27,7 @@ from dgpp.engine.layers.deepseek_v4_parts import rotate_trailing_pairs
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.rotary import RotaryEmbedding
 from dgpp.engine.layers.window_compressor import WindowCompressor
+from dgpp.kernels.topk_ties import topk_earliest
 
 # The per-head scores [queries, heads, keys] are made this many float32 values at a time (256
 # MiB): a 1M-token context has 262,144 compressed keys, 64 indexer heads and 256-query blocks.
@@ -79,28 +77,6 @@ class LightningIndexer(WindowCompressor):
     def select(self, score: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The chosen keys [S, min(topk, T)] of `scores`, -1 where a query has fewer; ties at
         the budget's edge to the lowest index (the module's docstring)."""
-        chosen = top_keys(score, min(self.topk, score.shape[1]))
+        chosen = topk_earliest(score, min(self.topk, score.shape[1]))
         closed = ((positions + 1) // self.rate).unsqueeze(-1)
         return torch.where(chosen >= closed, torch.full_like(chosen, -1), chosen)
-
-
-def top_keys(score: torch.Tensor, k: int) -> torch.Tensor:
-    """The indices [S, k] of each row's k largest scores; where keys tie for the last places,
-    the lowest-indexed of them. The set `torch.sort(stable=True, descending=True)` puts first,
-    found by `topk` and, in the rows with such a tie only, a count of the tied keys."""
-    values, chosen = score.topk(k, dim=-1)
-    if not k or k == score.shape[1]:
-        return chosen
-    kth = values[:, -1:]
-    # a tie among keys that are all out of reach (-inf, -1 after `select`) changes nothing
-    left_out = (score == kth).sum(-1) > (values == kth).sum(-1)
-    rows = (left_out & torch.isfinite(kth[:, 0])).nonzero()[:, 0]
-    if rows.numel():
-        part, edge = score[rows], kth[rows]
-        above = part > edge
-        tied = part == edge
-        room = k - above.sum(-1, keepdim=True, dtype=torch.int32)
-        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= room))
-        index = torch.arange(part.shape[1], device=part.device).expand_as(take)
-        chosen[rows] = index[take].view(-1, k)
-    return chosen

@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import torch
 
 from dgpp.engine import LLM
 from dgpp.engine.teacher_force import teacher_forced_logits
+
+
+@contextmanager
+def earliest_ties(seen: list[bool] | None = None) -> Iterator[None]:
+    """transformers' top-k choices with the keys tied at the cut taken earliest first, as
+    dgpp's sparse indexers take them (`dgpp.kernels.topk_ties`): `Tensor.topk` as a stable
+    descending sort. Left to the CPU's `torch.topk`, transformers picks among tied indexer
+    scores by the row's length, so it disagrees with itself (its forward over a prompt's first
+    100 tokens and over all 200 differed on those 100 by up to 2.3 in logprob; issue 62).
+    `seen` records, per call, whether a cut fell among tied finite scores. Elsewhere (routers)
+    it changes nothing: without ties a stable sort's first k are topk's."""
+    original = torch.Tensor.topk
+
+    def stable(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, **_: Any) -> Any:
+        values, indices = torch.sort(self + 0.0, dim=dim, descending=largest, stable=True)
+        if seen is not None and self.shape[dim] > k > 0:
+            cut, after = values.select(dim, k - 1), values.select(dim, k)
+            seen.append(bool(((cut == after) & cut.isfinite()).any()))
+        return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
+
+    torch.Tensor.topk = stable  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.topk = original  # type: ignore[method-assign]
 
 
 def hf_greedy(hf_model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:

@@ -1,7 +1,7 @@
 """DeepSeek-V4's compressed sparse attention where the indexer's budget drops windows and its
 scores tie (issue 62, case 2): two indexer heads leave many windows scoring exactly zero, so
 which of them fill the budget's last places decides the output. dgpp takes the lowest-indexed
-(`v4_indexer.top_keys`), whatever the row's length; transformers leaves it to `torch.topk`,
+(`dgpp.kernels.topk_ties`), whatever the row's length; transformers leaves it to `torch.topk`,
 whose choice among ties moves with the row's length (its one-shot forward and its cached one
 disagree), so the reference here is transformers with its top-k's ties taken in the same order
 (a stable descending sort). Against it, at block size 16: prompt logprobs in one chunk and in
@@ -10,8 +10,6 @@ suffix chooses among the cached windows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,9 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.layers.v4_indexer import LightningIndexer, top_keys
+from dgpp.engine.layers.v4_indexer import LightningIndexer
+from dgpp.kernels.topk_ties import topk_earliest
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.parity import earliest_ties, hf_greedy, max_logit_difference
 
 SLIDING, SPARSE, HEAVY = (
     "sliding_attention",
@@ -55,25 +54,6 @@ CSA_TINY = dict(
 )
 
 
-def _stable_topk(
-    self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
-) -> torch.return_types.topk:
-    """`Tensor.topk` with ties in index order (-0.0 counted as 0.0)."""
-    values, indices = torch.sort(self + 0.0, dim=dim, descending=largest, stable=True)
-    return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
-
-
-@contextmanager
-def ties_by_index() -> Iterator[None]:
-    """transformers' indexer (`index_scores.topk`) with its ties taken as dgpp takes them."""
-    original = torch.Tensor.topk
-    torch.Tensor.topk = _stable_topk  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.Tensor.topk = original  # type: ignore[method-assign]
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("deepseek-v4-csa")
@@ -92,7 +72,7 @@ def prompt() -> list[int]:
 
 def _hf_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """transformers' log-probability of each token after the first [len - 1], one forward."""
-    with torch.inference_mode(), ties_by_index():
+    with torch.inference_mode(), earliest_ties():
         logits = hf_model(torch.tensor([tokens])).logits[0].float()
     picked = torch.tensor(tokens[1:])[:, None]
     return logits[:-1].log_softmax(-1).gather(1, picked)[:, 0]
@@ -119,7 +99,7 @@ def reference(hf_model: torch.nn.Module, prompt: list[int]) -> tuple[torch.Tenso
         for hook in hooks:
             hook.remove()
     assert len(edges) == 2 and min(edges) > 10, edges  # both sparse layers, many tied edges
-    with ties_by_index():
+    with earliest_ties():
         return logprobs, hf_greedy(hf_model, prompt, NEW)
 
 
@@ -136,7 +116,7 @@ def test_ties_at_the_budgets_edge_go_to_the_lowest_index() -> None:
         padded = torch.cat((score, torch.full((64, pad), float("-inf"))), dim=1)
         got = indexer.select(padded, positions)
         assert torch.equal(got.sort(-1).values, want.sort(-1).values), pad
-    assert torch.equal(top_keys(score, 40), score.topk(40).indices)  # the whole row
+    assert torch.equal(topk_earliest(score, 40), torch.arange(40).expand(64, 40))  # all of it
 
 
 @pytest.mark.parametrize("chunk", [512, 32, 16])
@@ -156,7 +136,7 @@ def test_prompt_logprobs_greedy_and_logits_match_transformers(
     worst = (got - want).abs()
     assert worst.max() < 1e-3, (worst.max().item(), int(worst.argmax()) + 1)
     assert list(output.outputs[0].token_ids) == tokens
-    with ties_by_index():
+    with earliest_ties():
         assert max_logit_difference(llm, hf_model, prompt, tokens) < 1e-3
 
 
@@ -180,7 +160,7 @@ def test_a_prefix_hit_restores_the_windows_the_indexer_chooses_from(
     turn = first + reply + prompt[136:]
     output = llm.generate([turn], params)[0].outputs[0]
     assert llm.engine.counters.prefix_cache.hit_tokens == 112
-    with ties_by_index():
+    with earliest_ties():
         assert list(output.token_ids) == hf_greedy(hf_model, turn, NEW)
     want = _hf_logprobs(hf_model, turn + list(output.token_ids))[len(turn) - 1 :]
     assert output.logprobs is not None

@@ -26,7 +26,7 @@ from dgpp.engine.layers.dsa import Indexer
 from dgpp.engine.speculative import NgramProposer
 from dgpp.engine.teacher_force import teacher_forced_logits
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import hf_greedy, max_logit_difference
+from tests.engine.parity import earliest_ties, hf_greedy, max_logit_difference
 from tests.engine.test_deepseek_v3 import MOE, _engine, _generate, _hf, _params, _prompts
 from tests.engine.test_tensor_parallel import KNOBS, PRESSURE, _check_world_of_two
 
@@ -254,37 +254,6 @@ TIES = dict(
 )
 
 
-@pytest.fixture
-def earliest_ties(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """transformers' indexers keep the earliest of the keys tied at the cut, as dgpp does,
-    by a stable sort; it records whether any row had such a tie. Left to CPU `torch.topk`,
-    transformers picks tied keys by the row's length: its forward over a prompt's first 100
-    tokens and over all 200 disagreed on those 100 by up to 2.3 in logprob here."""
-    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as v32
-    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
-
-    seen: list[bool] = []
-
-    def stable_topk(scores: torch.Tensor, k: int, dim: int = -1, **_: Any) -> Any:
-        values, indices = torch.sort(scores, dim=dim, descending=True, stable=True)
-        if scores.shape[dim] > k:
-            cut, after = values.select(dim, k - 1), values.select(dim, k)
-            seen.append(bool(((cut == after) & cut.isfinite()).any()))
-        return torch.return_types.topk((values.narrow(dim, 0, k), indices.narrow(dim, 0, k)))
-
-    def pinned(forward: Any) -> Any:
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            with monkeypatch.context() as patch:
-                patch.setattr(torch.Tensor, "topk", stable_topk)
-                return forward(self, *args, **kwargs)
-
-        return run
-
-    for indexer in (v32.DeepseekV32Indexer, glm.GlmMoeDsaIndexer):
-        monkeypatch.setattr(indexer, "forward", pinned(indexer.forward))
-    return seen
-
-
 def _reference_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """transformers' logprob of every token after the first, from one forward."""
     with torch.inference_mode():
@@ -300,7 +269,6 @@ def test_ties_at_the_budget_chunked_and_through_the_prefix_cache(
     tmp_path: Path,
     tokenizer_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
-    earliest_ties: list[bool],
     arch: str,
     overrides: dict[str, Any],
 ) -> None:
@@ -314,9 +282,13 @@ def test_ties_at_the_budget_chunked_and_through_the_prefix_cache(
     hf_model = _hf(checkpoint)
     tokens = torch.randint(3, 49000, (260,), generator=torch.Generator().manual_seed(1)).tolist()
     prompt, extended = tokens[:200], tokens[:120] + tokens[200:]  # shares 7 blocks of 16
-    expected = {len(p): hf_greedy(hf_model, p, NEW_TOKENS) for p in (prompt, extended)}
-    want = {len(p): _reference_logprobs(hf_model, p + expected[len(p)]) for p in (prompt, extended)}
-    assert any(earliest_ties), "no selection tied at the cut: the test would prove nothing"
+    tied: list[bool] = []  # transformers' ties taken as dgpp takes them (dgpp's left alone)
+    with earliest_ties(tied):
+        expected = {len(p): hf_greedy(hf_model, p, NEW_TOKENS) for p in (prompt, extended)}
+        want = {
+            len(p): _reference_logprobs(hf_model, p + expected[len(p)]) for p in (prompt, extended)
+        }
+    assert any(tied), "no selection tied at the cut: the test would prove nothing"
     full = {tuple(p): p + expected[len(p)] for p in (prompt, extended)}
 
     def drafts(self: NgramProposer, request: Any, limit: int) -> tuple[int, ...]:
