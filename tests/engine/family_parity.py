@@ -242,6 +242,15 @@ def check_served(llm: LLM, reference: Reference, family: Family) -> None:
     assert not failures, f"{family.name}: " + "; ".join(failures)
 
 
+def check_family(checkpoint: Path, reference: Reference, family: Family) -> None:
+    """The whole harness on one engine of the family's checkpoint."""
+    llm = engine(checkpoint, family)
+    figures = check_chunkings(llm, reference, family)
+    print(family.name, {name: f"{value:.1e}" for name, value in figures.items()})
+    check_served(llm, reference, family)
+    assert llm.engine.block_manager.num_used_blocks == 0
+
+
 def engine(checkpoint: Path, family: Family) -> LLM:
     """The family's one engine: float32, 16-token blocks, chunks as large as the prompt (the
     harness's own chunkings go below), every prompt offered to the prefix cache, and chunks

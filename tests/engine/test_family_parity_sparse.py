@@ -10,11 +10,11 @@ import pytest
 
 from tests.engine.family_cases import TIED
 from tests.engine.family_parity import Family
-from tests.engine.test_family_parity import check_family
+from tests.engine.test_family_parity import check_text_family
 
 
 @pytest.mark.parametrize("family", TIED, ids=lambda family: family.name)
 def test_tied_family_matches_transformers(
     tmp_path: Path, tokenizer_dir: Path, family: Family
 ) -> None:
-    check_family(tmp_path, tokenizer_dir, family)
+    check_text_family(tmp_path, tokenizer_dir, family)

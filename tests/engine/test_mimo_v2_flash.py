@@ -157,10 +157,17 @@ def test_the_release_spelling_serves_the_same_tokens(checkpoint: Path, tmp_path:
 def test_cache_and_state_specs_by_layer_kind(checkpoint: Path) -> None:
     """Full layers page their keys and values (values padded to the keys' width); windowed
     layers, with twice the key heads, keep the last window - 1 as a state."""
+    check_specs(checkpoint, page_width=48, value_width=32)
+
+
+def check_specs(checkpoint: Path, page_width: int, value_width: int) -> None:
+    """The paged full layers at `page_width` (keys and values alike), the windowed states with
+    48-wide keys and `value_width` values, at world 1 and 2 (the full layers' 2 KV heads, the
+    windowed layers' 4, split between the ranks)."""
     config = ModelConfig.from_checkpoint(checkpoint)
     for tp_size, full_heads, window_heads in ((1, 2, 4), (2, 1, 2)):
         parallel = ParallelContext(tp_rank=tp_size - 1, tp_size=tp_size)
         specs = MiMoV2FlashForCausalLM.cache_specs(config, parallel)
-        assert specs == [PagedKVSpec(full_heads, 48)] * 2
+        assert specs == [PagedKVSpec(full_heads, page_width)] * 2
         states = MiMoV2FlashForCausalLM.state_specs(config, parallel)
-        assert states == [WindowStateSpec(window_heads, 48, 32, WINDOW - 1)] * 2
+        assert states == [WindowStateSpec(window_heads, 48, value_width, WINDOW - 1)] * 2

@@ -15,13 +15,9 @@ from transformers import AutoModelForCausalLM
 
 from dgpp.engine import LLM
 from dgpp.engine.cache_spec import PagedKVSpec
-from dgpp.engine.config import ModelConfig
-from dgpp.engine.layers.window_kv import WindowStateSpec
-from dgpp.engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
-from dgpp.engine.parallel import ParallelContext
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import check_batch_matches_transformers
-from tests.engine.test_mimo_v2_flash import TINY, WINDOW
+from tests.engine.test_mimo_v2_flash import TINY, check_specs
 
 WIDE = {**TINY, "v_head_dim": 64}  # keys and queries stay 48 wide
 
@@ -46,13 +42,7 @@ def test_wide_values_match_transformers_in_small_chunks(checkpoint: Path) -> Non
 def test_wide_values_cache_and_state_specs(checkpoint: Path) -> None:
     """The full layers page [keys | values] at the wider (value) width, the windowed layers keep
     48-wide keys and 64-wide values; the layers' own specs are the ones the plan sized."""
-    config = ModelConfig.from_checkpoint(checkpoint)
-    for tp_size, full_heads, window_heads in ((1, 2, 4), (2, 1, 2)):
-        parallel = ParallelContext(tp_rank=tp_size - 1, tp_size=tp_size)
-        specs = MiMoV2FlashForCausalLM.cache_specs(config, parallel)
-        assert specs == [PagedKVSpec(full_heads, 64)] * 2
-        states = MiMoV2FlashForCausalLM.state_specs(config, parallel)
-        assert states == [WindowStateSpec(window_heads, 48, 64, WINDOW - 1)] * 2
+    check_specs(checkpoint, page_width=64, value_width=64)
     llm = LLM(str(checkpoint), block_size=4, kv_capacity=256, seed=0)
     model = llm.engine.runner.model  # type: ignore[attr-defined]
     paged = [m.cache_spec for m in model.modules() if type(m).__name__ == "PagedAttention"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_model
-from tests.engine.family_parity import Family, Reference, check_chunkings, check_served, engine
+from tests.engine.family_parity import Family, Reference, check_family
 
 # Qwen3-VL as issue 62 built it: interleaved M-RoPE in sections of 4/6/6 frequencies.
 MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
@@ -30,9 +30,4 @@ def test_vision_family_matches_transformers(
     model.save_pretrained(str(tmp_path), safe_serialization=True)
     for item in tokenizer_dir.iterdir():
         (tmp_path / item.name).write_bytes(item.read_bytes())
-    reference = Reference(model, vision=True)
-    llm = engine(tmp_path, family)
-    figures = check_chunkings(llm, reference, family)
-    print(family.name, {name: f"{value:.1e}" for name, value in figures.items()})
-    check_served(llm, reference, family)
-    assert llm.engine.block_manager.num_used_blocks == 0
+    check_family(tmp_path, Reference(model, vision=True), family)
