@@ -31,7 +31,7 @@ def add_cache_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def run_cache(args: argparse.Namespace) -> int:
-    from dgpp.engine import resident_cache
+    from dgpp.engine.planning import resident_cache
 
     root: Path = args.dir if args.dir is not None else default_cache_dir()
     if args.cache_command == "list":

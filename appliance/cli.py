@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # groups would abort the process, so a server leaves at once, logs flushed.
         import logging
 
-        if (disk_store := sys.modules.get("dgpp.engine.disk_store")) is not None:
+        if (disk_store := sys.modules.get("dgpp.engine.cache.disk_store")) is not None:
             disk_store.flush_open_stores()  # prefix-cache blocks queued for the disk
         logging.shutdown()
         sys.stdout.flush()

@@ -19,10 +19,10 @@ from pydantic import (
 
 from dgpp.appliance.http_keys import check_key, read_key_file
 from dgpp.appliance.knob_schema import Section, knob_values, section_model
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import knobs_of
 from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig, is_pattern
 
 _Section = Section

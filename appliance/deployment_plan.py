@@ -1,7 +1,8 @@
 """What a deployment will hold on each rank of its world, before anything is downloaded or
 started: weights, KV bytes per token, the recurrent states of hybrid models (one slot per running
-request plus the prefix cache's snapshots, `engine.state_plan`), the largest context one request
-can have, and whether the engine as configured fits (`dgpp deploy plan`, `docs/models.md`).
+request plus the prefix cache's snapshots, `engine.planning.state_plan`), the largest context one
+request can have, and whether the engine as configured fits (`dgpp deploy plan`,
+`docs/models.md`).
 
 The model comes from its checkpoint when it is on this machine, else from the facts shipped for
 the templates' models (`appliance.model_facts`). The memory is a DGX Spark's unless told
@@ -16,10 +17,11 @@ from pathlib import Path
 
 from dgpp.appliance.deployment import Deployment, checkpoint_of, engine_config
 from dgpp.appliance.model_facts import facts_config, has_facts
-from dgpp.engine.config import ModelConfig
-from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.backends.state_cache import StateLayout
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
-from dgpp.engine.memory_plan import (
+from dgpp.engine.planning.memory_plan import (
     DTYPE_BYTES,
     DeviceMemory,
     MemoryPlan,
@@ -30,9 +32,8 @@ from dgpp.engine.memory_plan import (
     rank_weight_bytes,
     uses_mtp,
 )
-from dgpp.engine.resolved import ResolvedConfig, resolve
-from dgpp.engine.state_cache import StateLayout
-from dgpp.engine.state_plan import engine_state_layout
+from dgpp.engine.planning.resolved import ResolvedConfig, resolve
+from dgpp.engine.planning.state_plan import engine_state_layout
 
 SPARK_BYTES = 128 * 10**9
 SPARK_OS_BYTES = 4 * 10**9

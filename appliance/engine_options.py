@@ -1,5 +1,6 @@
-"""Command-line flags for the knobs (`dgpp.engine.knobs`), derived from their declarations:
-every command that starts an engine takes `EngineConfig`'s, `dgpp serve` also `ServerConfig`'s."""
+"""Command-line flags for the knobs (`dgpp.engine.configuration.knobs`), derived from their
+declarations: every command that starts an engine takes `EngineConfig`'s, `dgpp serve` also
+`ServerConfig`'s."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import argparse
 import json
 from typing import Any, get_origin
 
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.knobs import Knob, default_text, knobs_of
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import Knob, default_text, knobs_of
 from dgpp.engine.server.config import ServerConfig
 
 

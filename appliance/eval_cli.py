@@ -1,6 +1,6 @@
 """`dgpp eval perplexity` and `dgpp eval kld`: what a quantization or a knob costs, measured on
 the operator's own checkpoint and text through the engine's own prefill path
-(`dgpp.engine.eval_scoring`); docs/quality.md."""
+(`dgpp.engine.evaluation.eval_scoring`); docs/quality.md."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def read_text(path: Path) -> tuple[str, str]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from dgpp.engine import eval_reference as figures
-    from dgpp.engine.eval_scoring import Collector, score_text, windows
+    from dgpp.engine.evaluation import eval_reference as figures
+    from dgpp.engine.evaluation.eval_scoring import Collector, score_text, windows
 
     text, text_digest = read_text(args.text)
     top_k = 0
@@ -139,7 +139,7 @@ def _engine(args: argparse.Namespace) -> tuple[Any, str]:
         )
     from dgpp.appliance.paths import resident_dir
     from dgpp.engine.engine import LLMEngine
-    from dgpp.engine.resolved import resolve as resolve_config
+    from dgpp.engine.planning.resolved import resolve as resolve_config
 
     config = engine_config(deployment)
     engine = LLMEngine(

@@ -34,11 +34,11 @@ from dgpp.appliance.paths import resident_dir
 from dgpp.appliance.sd_notify import Notifier
 from dgpp.appliance.stop_signals import StopSignals
 from dgpp.engine.async_engine import AsyncEngine
-from dgpp.engine.distributed.head import Head
 from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.errors import DgppError, one_line
-from dgpp.engine.resolved import ResolvedConfig
+from dgpp.engine.head import Head
+from dgpp.engine.planning.resolved import ResolvedConfig
 from dgpp.engine.server.admin_routes import set_nodes_reader, set_reloader
 from dgpp.engine.server.app import attach_state, create_app, detach_state, mark_failed
 from dgpp.engine.server.config import ServerConfig

@@ -1,6 +1,7 @@
-"""The deployment file's knob sections, derived from the knobs (`dgpp.engine.knobs`): each knob
-whose `deployment` key names a section becomes a strict pydantic field there, with the knob's
-type, default, bounds and help; the knobs' cross rules (`Rule`) become the section's check."""
+"""The deployment file's knob sections, derived from the knobs (`dgpp.engine.configuration.knobs`):
+each knob whose `deployment` key names a section becomes a strict pydantic field there, with the
+knob's type, default, bounds and help; the knobs' cross rules (`Rule`) become the section's
+check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from dgpp.engine.knobs import Knob, Rule, knobs_of
+from dgpp.engine.configuration.knobs import Knob, Rule, knobs_of
 
 
 class Section(BaseModel):

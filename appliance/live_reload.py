@@ -21,10 +21,10 @@ from typing import Any
 
 from dgpp.appliance.deployment import Deployment, engine_config, server_config
 from dgpp.appliance.deployment_diff import Change, diff
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import knobs_of
 from dgpp.engine.distributed.world_spec import WorldTimeouts
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError
-from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig
 
 log = logging.getLogger("dgpp.reload")

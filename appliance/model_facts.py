@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.quant.methods import GROUP_METHODS
 from dgpp.engine.quant.quant_schemes import (
     LayerScheme,

@@ -135,7 +135,7 @@ def run_head_rank(
     # Only now the engine's imports (torch, transformers: seconds).
     from dgpp.appliance.deployment_log import attach_rank_log, record_deployment
     from dgpp.appliance.head_runtime import HeadOptions, run_head
-    from dgpp.engine.resolved import resolve as resolve_config  # not the file's `resolve`
+    from dgpp.engine.planning.resolved import resolve as resolve_config  # not the file's `resolve`
 
     ident, _ = record_deployment(deployment)
     attach_rank_log(ident, 0)
@@ -215,7 +215,7 @@ def run_worker_rank(spec: WorldSpec, expected: dict[str, Any] | None) -> int:
     code = outcome[0] if outcome else EXIT_OK
     notifier.notify(stopping=True, status=f"stopping with exit code {code}")
     log.info("rank %d exiting with %d", spec.rank, code)
-    if (disk_store := sys.modules.get("dgpp.engine.disk_store")) is not None:
+    if (disk_store := sys.modules.get("dgpp.engine.cache.disk_store")) is not None:
         disk_store.flush_open_stores()  # prefix-cache blocks queued for the disk
     logging.shutdown()
     # Not a normal interpreter exit: the rank's thread may still be inside a collective, and

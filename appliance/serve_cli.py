@@ -93,7 +93,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from dgpp.appliance.head_runtime import HeadOptions, run_head
     from dgpp.appliance.local_watchdog import watchdog_seconds
     from dgpp.appliance.timeout_env import apply_env_overrides
-    from dgpp.engine.resolved import resolve as resolve_config  # not the file's `resolve`
+    from dgpp.engine.planning.resolved import resolve as resolve_config  # not the file's `resolve`
 
     if args.api_key is not None:
         log.warning("--api-key is visible to every user of this machine (ps); prefer a key file")

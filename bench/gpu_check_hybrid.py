@@ -126,7 +126,9 @@ def hybrid(device: torch.device, work: Path, dry_run: bool) -> dict[str, Any]:
     kernels = gated_delta_kernels(device, dry_run, 1 if dry_run else 10)
     name, architecture = "tiny Qwen3-Next", "Qwen3NextForCausalLM"
     parity = model_parity(device, work, name, architecture, TINY_QWEN3_NEXT)
-    graphed = None  # the dry run: tests/engine/test_decode_graphs.py covers the buffers on CPU
+    graphed = (
+        None  # the dry run: tests/engine/execution/test_decode_graphs.py covers the buffers on CPU
+    )
     if not dry_run:
         checkpoint = work / name.replace(" ", "-")  # built by model_parity
         llm = LLM(str(checkpoint), device=device.type, dtype="float32", kv_capacity=1024)

@@ -13,8 +13,8 @@ from gpu_check_build import DECODE_LLAMA, DRY_DECODE_LLAMA, TINY_LLAMA, TINY_MOE
 from gpu_check_kernels import sync, timed_ms
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.decode_graphs import DecodeGraphs
-from dgpp.engine.teacher_force import teacher_forced_logits
+from dgpp.engine.evaluation.teacher_force import teacher_forced_logits
+from dgpp.engine.execution.decode_graphs import DecodeGraphs
 
 PROMPT = [0, 17, 42, 7, 99, 3, 150, 28]
 CPU = torch.device("cpu")
@@ -110,8 +110,8 @@ def graphed_equals_eager(llm: LLM, graphs: DecodeGraphs) -> bool:
 def dry_run_graphs(work: Path) -> bool:
     """CPU stand-in for the capture: a tiny Llama on the (interpreted) Triton backend whose
     decode steps run through the graphs' static, padded buffers without capturing."""
-    from dgpp.engine import model_runner
     from dgpp.engine.backends.triton_paged import TritonPagedAttention
+    from dgpp.engine.execution import model_runner
 
     checkpoint = random_checkpoint(work / "graphs-llama", "LlamaForCausalLM", TINY_LLAMA, CPU)
     chosen = model_runner.select_backend_for

@@ -22,7 +22,7 @@ FCFS is the same engine with `short_prompt_tokens=1` (no real prompt is short) a
 `step_target_ms=-1` (no step-time bound); `hold-0` and `hold-always` are the interactive policy
 with long-only steps never bounded and always bounded (`arrival_hold_ms`, for models whose
 chunks are not sliced), and `unsliced` the interactive policy with long chunks bounded by
-tokens only, not in layer slices (`dgpp.engine.layer_slices`), for choosing the rule. See
+tokens only, not in layer slices (`dgpp.engine.scheduling.layer_slices`), for choosing the rule. See
 docs/benchmarks.md.
 """
 
@@ -40,7 +40,7 @@ import interactive_arrivals as arrivals
 
 from dgpp.appliance.default_model import install_default
 from dgpp.engine.llm import LLM
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
 
 POLICIES = {
     "interactive": {},

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 
 from dgpp.engine.async_engine import AsyncEngine
-from dgpp.engine.layer_slices import slice_seconds
 from dgpp.engine.llm import LLM
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.scheduler import StepPlan
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.layer_slices import slice_seconds
+from dgpp.engine.scheduling.scheduler import StepPlan
 
 Prompt = Callable[[int], list[int]]  # salt -> prompt token ids
 

@@ -3,8 +3,8 @@ llama.cpp on the same files, the same text and the same windows (issue 44).
 
     .venv/bin/python bench/perplexity.py [--text FILE] [--tokens 8192] [--context 512]
 
-dgpp scores through `dgpp eval`'s own path (`dgpp.engine.eval_scoring`: the engine's chunked
-prefill with a score sink); llama.cpp through llama-cpp-python with every position's logits
+dgpp scores through `dgpp eval`'s own path (`dgpp.engine.evaluation.eval_scoring`: the engine's
+chunked prefill with a score sink); llama.cpp through llama-cpp-python with every position's logits
 (bench/llama_cpp_perplexity.py, in the venv bench/gguf_decode.py builds once, about 7 minutes,
 outside the repository). Each engine's F32 run is its own reference: the KL of Q8_0 and Q4_1 is
 measured against the same engine's F32, over the reference's top K tokens and one bucket for
@@ -28,8 +28,8 @@ import torch
 
 from dgpp.appliance.default_model import install_default
 from dgpp.appliance.offline import LLM
-from dgpp.engine.eval_reference import perplexity
-from dgpp.engine.eval_scoring import Collector, Reference, coarse_kl, score_text, windows
+from dgpp.engine.evaluation.eval_reference import perplexity
+from dgpp.engine.evaluation.eval_scoring import Collector, Reference, coarse_kl, score_text, windows
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gguf_decode import peer_python

@@ -116,7 +116,7 @@ def build_sparse(out: Path, seed: int = 0) -> Path:
 
 def as_dense(sparse: Path, out: Path) -> Path:
     """The DeepSeek-V3.2 checkpoint without its indexers: a DeepSeek-V3 on the same weights
-    (as `_as_dense_deepseek_v3` in tests/engine/test_sparse_attention.py)."""
+    (as `_as_dense_deepseek_v3` in tests/engine/models/test_sparse_attention.py)."""
     shutil.copytree(sparse, out)
     config = json.loads((out / "config.json").read_text())
     config["architectures"] = ["DeepseekV3ForCausalLM"]

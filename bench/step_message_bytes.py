@@ -30,10 +30,10 @@ import torch
 from dgpp.engine import SamplingParams
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.distributed.control import Command, ControlChannel
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.resolved import resolve
-from dgpp.engine.step_message import BlockTables, StepMessage
+from dgpp.engine.execution.step_message import BlockTables, StepMessage
+from dgpp.engine.planning.resolved import resolve
 
 TIMEOUTS = {"rendezvous_s": 120, "control_deadline_s": 600}
 
@@ -95,8 +95,8 @@ def _worker(port: int) -> None:
 
 
 def measure(checkpoint: Path, context: int, args: argparse.Namespace) -> dict[str, Any]:
-    from dgpp.engine.distributed.head import Head
     from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
+    from dgpp.engine.head import Head
 
     block_size = 16
     config = EngineConfig(

@@ -57,7 +57,7 @@ def _llguidance(tokenizer: Any, vocab: int, ids: list[int]) -> tuple[float, list
     import llguidance.hf
     import llguidance.torch
 
-    from dgpp.engine.grammar import JSON_OPTIONS
+    from dgpp.engine.sampling.grammar import JSON_OPTIONS
 
     lltokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab)
     start = time.perf_counter()
@@ -100,7 +100,7 @@ def _xgrammar(tokenizer: Any, vocab: int, ids: list[int]) -> tuple[float, list[f
 
 def libraries(repeats: int) -> None:
     from dgpp.appliance.default_model import install_default
-    from dgpp.engine.tokenizer import load_tokenizer
+    from dgpp.engine.tokenization.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(install_default())
     vocab = 49152
@@ -132,11 +132,11 @@ def libraries(repeats: int) -> None:
 
 
 def engine(requests: int, repeats: int) -> None:
-    import dgpp.engine.step_sampling as step_sampling
+    import dgpp.engine.scheduling.step_sampling as step_sampling
     from dgpp.appliance.default_model import install_default
-    from dgpp.engine.grammar import json_schema_grammar
     from dgpp.engine.llm import LLM
-    from dgpp.engine.sampling_params import SamplingParams
+    from dgpp.engine.sampling.grammar import json_schema_grammar
+    from dgpp.engine.sampling.sampling_params import SamplingParams
 
     masking = [0.0]
     mask_rows = step_sampling.mask_rows

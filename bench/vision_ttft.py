@@ -126,10 +126,10 @@ def screenshot(width: int, height: int) -> bytes:
 
 
 def dgpp_run(path: Path, png: bytes, max_pixels: int, threads: int) -> dict[str, float]:
+    from dgpp.engine.configuration.engine_config import EngineConfig
     from dgpp.engine.engine import LLMEngine
-    from dgpp.engine.engine_config import EngineConfig
-    from dgpp.engine.resolved import resolve
-    from dgpp.engine.sampling_params import SamplingParams
+    from dgpp.engine.planning.resolved import resolve
+    from dgpp.engine.sampling.sampling_params import SamplingParams
     from dgpp.engine.server.chat_render import normalise, probe_template, render
     from dgpp.engine.server.config import ServerConfig
     from dgpp.engine.server.image_inputs import ServerImages

@@ -10,19 +10,19 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dgpp.engine.config import ModelConfig
-    from dgpp.engine.engine_config import EngineConfig
+    from dgpp.engine.checkpoint.config import ModelConfig
+    from dgpp.engine.configuration.engine_config import EngineConfig
     from dgpp.engine.llm import LLM
-    from dgpp.engine.request import CompletionOutput, RequestOutput
-    from dgpp.engine.sampling_params import SamplingParams
+    from dgpp.engine.sampling.sampling_params import SamplingParams
+    from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 
 _EXPORTS = {
     "LLM": "dgpp.engine.llm",
-    "CompletionOutput": "dgpp.engine.request",
-    "EngineConfig": "dgpp.engine.config",
-    "ModelConfig": "dgpp.engine.config",
-    "RequestOutput": "dgpp.engine.request",
-    "SamplingParams": "dgpp.engine.sampling_params",
+    "CompletionOutput": "dgpp.engine.scheduling.request",
+    "EngineConfig": "dgpp.engine.checkpoint.config",
+    "ModelConfig": "dgpp.engine.checkpoint.config",
+    "RequestOutput": "dgpp.engine.scheduling.request",
+    "SamplingParams": "dgpp.engine.sampling.sampling_params",
 }
 
 __all__ = [

@@ -15,12 +15,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.stats import EngineStats
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import RequestOutput
+from dgpp.engine.scheduling.stats import EngineStats
 
 log = logging.getLogger(__name__)
 

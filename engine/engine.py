@@ -10,31 +10,32 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.block_manager import BlockManager
-from dgpp.engine.detokenizer import IncrementalDetokenizer
+from dgpp.engine.cache.block_manager import BlockManager
+from dgpp.engine.cache.prefix_cache import HashPrefixCache, NullPrefixCache, stable_salt
+from dgpp.engine.cache.state_snapshots import StateBook, snapshot_points
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.distributed.control import Command, ControlChannel
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import InvalidRequestError, check_context
-from dgpp.engine.grammar import Grammars
-from dgpp.engine.model_runner import ModelRunner
-from dgpp.engine.mtp_drafter import MtpDrafter
-from dgpp.engine.output_processor import OutputProcessor
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.prefix_cache import HashPrefixCache, NullPrefixCache, stable_salt
-from dgpp.engine.reasoning_budget import ReasoningBudget
-from dgpp.engine.request import FinishReason, PromptIds, Request, RequestOutput
-from dgpp.engine.resolved import ResolvedConfig
-from dgpp.engine.sampler import Sampler
-from dgpp.engine.sampling_defaults import load_sampling_defaults
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.scheduler import Scheduler, StepPlan
-from dgpp.engine.speculative import NgramProposer, Proposer
-from dgpp.engine.state_snapshots import StateBook, snapshot_points
-from dgpp.engine.stats import EngineCounters, EngineStats
-from dgpp.engine.step_message import StepMessage
-from dgpp.engine.step_policy import StepPolicy
-from dgpp.engine.tier_setup import rank0_tiers, report_tiers
-from dgpp.engine.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
+from dgpp.engine.execution.model_runner import ModelRunner
+from dgpp.engine.execution.step_message import StepMessage
+from dgpp.engine.execution.tier_setup import rank0_tiers, report_tiers
+from dgpp.engine.planning.resolved import ResolvedConfig
+from dgpp.engine.sampling.grammar import Grammars
+from dgpp.engine.sampling.reasoning_budget import ReasoningBudget
+from dgpp.engine.sampling.sampler import Sampler
+from dgpp.engine.sampling.sampling_defaults import load_sampling_defaults
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.output_processor import OutputProcessor
+from dgpp.engine.scheduling.request import FinishReason, PromptIds, Request, RequestOutput
+from dgpp.engine.scheduling.scheduler import Scheduler, StepPlan
+from dgpp.engine.scheduling.stats import EngineCounters, EngineStats
+from dgpp.engine.scheduling.step_policy import StepPolicy
+from dgpp.engine.speculative.mtp_drafter import MtpDrafter
+from dgpp.engine.speculative.mtp_runner import drafter_for
+from dgpp.engine.speculative.ngram import NgramProposer, Proposer
+from dgpp.engine.tokenization.detokenizer import IncrementalDetokenizer
+from dgpp.engine.tokenization.tokenizer import check_token_ids, eos_token_ids, load_tokenizer
 
 
 class LLMEngine:
@@ -47,8 +48,8 @@ class LLMEngine:
         control: ControlChannel | None = None,
         resident_dir: Path | None = None,
     ) -> None:
-        """`resolved` (`dgpp.engine.resolved.resolve`): the configuration, the checkpoint's and
-        where it is. `parallel` and `control` make this rank 0 of a tensor-parallel world (of
+        """`resolved` (`dgpp.engine.planning.resolved.resolve`): the configuration, the checkpoint's
+        and where it is. `parallel` and `control` make this rank 0 of a tensor-parallel world (of
         `resolved.tp_size` ranks) whose other ranks run `serve_commands`; without them the
         engine is a world of one. `resident_dir`: see `ModelRunner`."""
         config, model_config, checkpoint = resolved.engine, resolved.model, resolved.checkpoint
@@ -64,7 +65,13 @@ class LLMEngine:
         self.grammars = Grammars(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.sampling_defaults = load_sampling_defaults(checkpoint)
         self.runner = ModelRunner(
-            self.config, model_config, checkpoint, max_model_len, parallel, resident_dir
+            self.config,
+            model_config,
+            checkpoint,
+            max_model_len,
+            parallel,
+            resident_dir,
+            drafter_for(config),
         )
         self.control = control
         self.counters = EngineCounters()
@@ -372,7 +379,7 @@ class LLMEngine:
 
 def _step_policy(config: EngineConfig, runner: ModelRunner) -> StepPolicy:
     """The step policy of `config`; long prompt chunks go in layer slices where the model
-    allows (`dgpp.engine.layer_slices`; MTP reads every step's last hidden states)."""
+    allows (`dgpp.engine.scheduling.layer_slices`; MTP reads every step's last hidden states)."""
     slices = config.speculative != "mtp" and config.step_target_ms >= 0
     return StepPolicy(
         num_layers=getattr(runner.model, "num_slice_layers", 0) if slices else 0,

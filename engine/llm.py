@@ -8,13 +8,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, InvalidRequestError, ModelLoadError
+from dgpp.engine.planning.resolved import resolve
 from dgpp.engine.quant.gguf_view import view_for
-from dgpp.engine.request import PromptIds, RequestOutput
-from dgpp.engine.resolved import resolve
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import PromptIds, RequestOutput
 
 Prompt = str | list[int]
 Message = dict[str, Any]

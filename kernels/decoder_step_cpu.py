@@ -3,8 +3,8 @@ layer of a batch of decode rows in one native call, over GGML blocks (Q4_0, Q4_1
 float32, bfloat16 and float16 weights and the paged KV cache read in place.
 
 Its PyTorch twin is the model's own layer path (`dgpp.engine.models.llama`), which runs every
-step this does not take; `dgpp.engine.native_decode` chooses between them once per model and
-device. Where the kernel cannot be built, the twin serves, said once.
+step this does not take; `dgpp.engine.execution.native_decode` chooses between them once per model
+and device. Where the kernel cannot be built, the twin serves, said once.
 """
 
 from __future__ import annotations

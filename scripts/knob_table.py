@@ -1,4 +1,5 @@
-"""Writes the knob table of docs/engine.md from the knobs' declarations (dgpp.engine.knobs).
+"""Writes the knob table of docs/engine.md from the knobs' declarations
+(dgpp.engine.configuration.knobs).
 
 .venv/bin/python scripts/knob_table.py          # rewrite the table
 .venv/bin/python scripts/knob_table.py --check  # exit 1 when the file's table is stale
@@ -9,9 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import knob_table
 from dgpp.engine.distributed.world_spec import WorldTimeouts
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.knobs import knob_table
 from dgpp.engine.server.config import ServerConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "engine.md"

@@ -55,21 +55,21 @@ HEAVY_FIRST = (
     "tests/bench/test_faults.py",  # 210 s
     "tests/engine/server/test_structured_outputs.py",  # 196 s
     "tests/playbooks/test_host_install.py",  # 155 s
-    "tests/engine/test_tensor_parallel.py",  # 141 s
+    "tests/engine/distributed/test_tensor_parallel.py",  # 141 s
     "tests/appliance/test_world_runtime.py",  # 132 s
     "tests/units/test_nspawn_webui.py",  # 130 s (with the one-host playbook runs)
     "tests/webui/test_e2e_chromium.py",  # 113 s
     "tests/appliance/test_deployment_plan.py",  # 97 s
     "tests/units/test_nspawn.py",  # 92 s
-    "tests/engine/test_default_model_parity.py",  # 90 s
+    "tests/engine/models/test_default_model_parity.py",  # 90 s
     "tests/bench/test_load_short.py",  # 85 s
-    "tests/engine/test_deepseek_v3.py",  # 77 s
+    "tests/engine/models/test_deepseek_v3.py",  # 77 s
     "tests/appliance/test_model_store.py",  # 70 s
-    "tests/engine/test_qwen3_next.py",  # 51 s
-    "tests/engine/test_speculative.py",  # 48 s
+    "tests/engine/models/test_qwen3_next.py",  # 51 s
+    "tests/engine/speculative/test_speculative.py",  # 48 s
     "tests/test_layout.py",  # 44 s
-    "tests/engine/test_qwen3_5.py",  # 42 s
-    "tests/engine/test_moe_parity.py",  # 41 s
+    "tests/engine/models/test_qwen3_5.py",  # 42 s
+    "tests/engine/models/test_moe_parity.py",  # 41 s
     "tests/appliance/test_live_reload.py",  # 40 s
     "tests/engine/quant/test_gguf_parity.py",  # 40 s
 )

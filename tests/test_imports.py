@@ -1,7 +1,8 @@
-"""Imports run one way, kernels at the bottom: kernels <- engine <- appliance <- webui, and inside
-the engine backends <- layers <- models; and no two dgpp modules import each other, directly or
-around a loop, at any depth of a function (a late import hides a cycle, it does not remove it).
-Imports under `if TYPE_CHECKING:` are annotations only and do not count."""
+"""Imports run one way, kernels at the bottom: kernels <- engine <- appliance <- webui; inside
+the engine, along `ENGINE_LAYERS` (docs/engine.md's map), each package importing only those
+below it; and no two dgpp modules import each other, directly or around a loop, at any depth
+of a function (a late import hides a cycle, it does not remove it). Imports under
+`if TYPE_CHECKING:` are annotations only and do not count."""
 
 from __future__ import annotations
 
@@ -17,9 +18,41 @@ FORBIDDEN = {
     "dgpp.kernels": ("dgpp.engine", "dgpp.appliance", "dgpp.webui"),
     "dgpp.engine": ("dgpp.appliance", "dgpp.webui"),
     "dgpp.appliance": ("dgpp.webui",),
-    "dgpp.engine.backends": ("dgpp.engine.layers", "dgpp.engine.models"),
-    "dgpp.engine.layers": ("dgpp.engine.models",),
 }
+# The engine's packages (and its top modules), bottom first: each may import those before it
+# and never one after it.
+ENGINE_LAYERS = (
+    ("errors",),
+    ("quant",),
+    ("checkpoint",),
+    ("configuration",),
+    ("tokenization",),
+    ("sampling",),
+    ("backends",),
+    ("layers",),
+    ("vision",),
+    ("models",),
+    ("cache",),
+    ("planning",),
+    ("scheduling",),
+    ("execution",),
+    ("speculative",),
+    ("distributed",),
+    ("engine", "async_engine", "llm", "head"),  # the front
+    ("evaluation",),
+    ("server",),
+)
+
+
+def engine_layer(module: str) -> int | None:
+    """The index in `ENGINE_LAYERS` of an engine module (None: not under one)."""
+    parts = module.split(".")
+    if parts[:2] != ["dgpp", "engine"] or len(parts) < 3:
+        return None
+    for index, names in enumerate(ENGINE_LAYERS):
+        if parts[2] in names:
+            return index
+    return None
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -60,14 +93,24 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(
+    """Imports of a package above the importer: across the four folders (`FORBIDDEN`) and
+    along the engine's layers (`ENGINE_LAYERS`)."""
+    across = {
         f"{module} imports {target}"
         for module, targets in graph.items()
         for layer, above in FORBIDDEN.items()
         if module == layer or module.startswith(layer + ".")
         for target in targets
         if target.startswith(above)
-    )
+    }
+    inside = set()
+    for module, targets in graph.items():
+        layer = engine_layer(module)
+        for target in targets:
+            above = engine_layer(target)
+            if layer is not None and above is not None and layer < above:
+                inside.add(f"{module} imports {target}")
+    return sorted(across | inside)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -115,9 +158,20 @@ def test_no_import_cycles() -> None:
     assert cycles(import_graph()) == []
 
 
+def test_every_engine_module_sits_in_a_layer() -> None:
+    unplaced = [
+        module
+        for module in module_files()
+        if module.startswith("dgpp.engine.") and engine_layer(module) is None
+    ]
+    assert unplaced == []
+
+
 def test_the_checks_see_an_upward_import_and_a_late_import_cycle(tmp_path: Path) -> None:
     (tmp_path / "kernels").mkdir()
     (tmp_path / "engine" / "layers").mkdir(parents=True)
+    (tmp_path / "engine" / "backends").mkdir()
+    (tmp_path / "engine" / "backends" / "e.py").write_text("from dgpp.engine.layers import b\n")
     for folder in ("appliance", "webui"):
         (tmp_path / folder).mkdir()
     (tmp_path / "kernels" / "a.py").write_text("from dgpp.engine.layers import b\n")
@@ -131,6 +185,7 @@ def test_the_checks_see_an_upward_import_and_a_late_import_cycle(tmp_path: Path)
     graph = import_graph(tmp_path)
     assert upward_imports(graph) == [
         "dgpp.appliance.c imports dgpp.webui.d",
+        "dgpp.engine.backends.e imports dgpp.engine.layers.b",
         "dgpp.kernels.a imports dgpp.engine.layers.b",
     ]
     assert cycles(graph) == [["dgpp.engine.layers.b", "dgpp.kernels.a"]]

@@ -1,6 +1,6 @@
-"""Knobs are declared once (dgpp.engine.knobs): the dataclass, the deployment schema, the CLI
-flags, the console's form and docs/engine.md's table all agree because they are derived, and a
-new knob reaches every one of them from its field alone."""
+"""Knobs are declared once (dgpp.engine.configuration.knobs): the dataclass, the deployment schema,
+the CLI flags, the console's form and docs/engine.md's table all agree because they are derived, and
+a new knob reaches every one of them from its field alone."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from dgpp.appliance.deployment import (
 from dgpp.appliance.engine_options import add_knob_flags, knob_flags
 from dgpp.appliance.knob_schema import key_of, section_model
 from dgpp.appliance.serve_cli import serve_deployment
-from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import Knob, Rule, check_knobs, knob, knob_table, knobs_of
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.knobs import Knob, Rule, check_knobs, knob, knob_table, knobs_of
 from dgpp.engine.llm import _KNOBS
 from dgpp.engine.server.config import ServerConfig
 from dgpp.webui.knob_form import knob_fields

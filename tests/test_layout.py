@@ -127,7 +127,8 @@ def test_transformers_loads_and_runs_a_checkpoint_from_the_root(tmp_path: Path) 
     """What broke a fresh install: a model's module loading the PyPI `kernels` through
     transformers' hub-kernels integration, here from_pretrained and generate on a tiny Llama.
     (The real default GGUF goes through transformers with the root first on `sys.path` as the
-    reference of tests/engine/test_default_model_parity.py: pytest puts the root there too.)"""
+    reference of tests/engine/models/test_default_model_parity.py: pytest puts the root there
+    too.)"""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(

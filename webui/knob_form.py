@@ -16,14 +16,15 @@ from pydantic.fields import FieldInfo
 
 from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.appliance.deployment_files import expand_template
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import GROUPS, Knob, knobs_of
 from dgpp.engine.distributed.world_spec import WorldTimeouts
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.knobs import GROUPS, Knob, knobs_of
 from dgpp.engine.server.config import ServerConfig
 
-# The console's knobs: every knob with a label (dgpp.engine.knobs), as (key path, label, help),
-# in declaration order: the engine's, then the server's, then the runtime's deadlines. A live
-# knob says so: a change of live knobs alone is applied without a restart (the switch reloads).
+# The console's knobs: every knob with a label (dgpp.engine.configuration.knobs), as (key path,
+# label, help), in declaration order: the engine's, then the server's, then the runtime's deadlines.
+# A live knob says so: a change of live knobs alone is applied without a restart (the switch
+# reloads).
 LIVE_NOTE = " (applied live, no restart)"
 KNOBS: tuple[Knob, ...] = tuple(
     each
@@ -47,7 +48,7 @@ class KnobField:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False
-    group: str = ""  # the form's section (`dgpp.engine.knobs.GROUPS`)
+    group: str = ""  # the form's section (`dgpp.engine.configuration.knobs.GROUPS`)
     advanced: bool = False  # folded under the section's "advanced"
 
     @property

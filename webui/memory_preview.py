@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from dgpp.appliance.deployment import Deployment
 from dgpp.engine.errors import ConfigError, ModelLoadError, one_line
-from dgpp.engine.memory_plan import DeviceMemory, format_bytes
+from dgpp.engine.planning.memory_plan import DeviceMemory, format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def budget_memory(
 ) -> DeviceMemory:
     """The memory rank 0 of `deployment` will plan against when it starts."""
     from dgpp.appliance.deployment_plan import spark_memory
-    from dgpp.engine.device_memory import read_host_memory
+    from dgpp.engine.planning.device_memory import read_host_memory
 
     device = deployment.engine.device
     if not device.startswith("cuda"):

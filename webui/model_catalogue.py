@@ -19,7 +19,7 @@ from typing import Any, Literal
 from dgpp.appliance.deployment import Deployment, checkpoint_of
 from dgpp.appliance.deployment_diff import diff
 from dgpp.engine.errors import ConfigError, DgppError
-from dgpp.engine.memory_plan import format_bytes
+from dgpp.engine.planning.memory_plan import format_bytes
 from dgpp.webui.deployment_edit import with_model, with_template
 from dgpp.webui.deployment_store import resolve_raw, served_names
 from dgpp.webui.memory_preview import MemoryPreview

@@ -37,7 +37,7 @@ from typing import Any
 
 from dgpp.appliance.deployment import Deployment, parse_deployment
 from dgpp.engine.errors import ModelLoadError
-from dgpp.engine.memory_plan import GIB, DeviceMemory
+from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
 from dgpp.webui.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
 from dgpp.webui.plan_store import PlanStore, code_stamp
 

@@ -11,7 +11,7 @@ from dgpp.engine.backends.base import AttentionBackend
 
 class MLABackend(AttentionBackend, Protocol):
     """Multi-head latent attention over a paged latent cache [blocks, block_size, L + R] per
-    layer (`dgpp.engine.cache_spec.MLALatentSpec`)."""
+    layer (`dgpp.engine.backends.cache_spec.MLALatentSpec`)."""
 
     def forward(
         self,

@@ -14,7 +14,7 @@ from dgpp.engine.backends.sparse_mla import SparseMLAAttention
 from dgpp.engine.backends.sparse_paged import SparsePagedAttention
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:

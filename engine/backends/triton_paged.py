@@ -2,7 +2,7 @@
 attention by `kernels.paged_attention_triton`, which reads every row of the step straight from
 the paged cache through its block table. Its metadata is tensors only (no host values read in
 the forward), so a decode step through it can be captured in a CUDA graph
-(`dgpp.engine.decode_graphs`)."""
+(`dgpp.engine.execution.decode_graphs`)."""
 
 from __future__ import annotations
 

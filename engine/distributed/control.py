@@ -1,10 +1,10 @@
 """Rank 0 decides, the other ranks execute: a closed set of commands broadcast from rank 0.
 
 Each command is a header tensor [command, payload length, pixel values] and, for a step, the
-step message as one int64 tensor (`dgpp.engine.step_message`), then the pixels of the images it
-has the vision encoder run on (float32, once per image: the ranks keep the encoder's outputs):
-nothing is pickled, and what crosses the cluster link per step follows the step's work, not the
-contexts' length.
+step message as one int64 tensor (`dgpp.engine.execution.step_message`), then the pixels of the
+images it has the vision encoder run on (float32, once per image: the ranks keep the encoder's
+outputs): nothing is pickled, and what crosses the cluster link per step follows the step's work,
+not the contexts' length.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgpp.engine.model_runner import ModelRunner
-from dgpp.engine.step_message import StepMessage
+from dgpp.engine.execution.model_runner import ModelRunner
+from dgpp.engine.execution.step_message import StepMessage
 
 
 class Command(enum.IntEnum):

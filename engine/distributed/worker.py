@@ -12,16 +12,17 @@ from typing import Any
 
 import torch
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.distributed.cluster_secret import authenticate_world
 from dgpp.engine.distributed.control import ControlChannel, serve_commands
 from dgpp.engine.distributed.handshake import receive_config, report_loaded
 from dgpp.engine.distributed.world import World, join_world
 from dgpp.engine.distributed.world_spec import WorldSpec
-from dgpp.engine.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError, DgppError, one_line
-from dgpp.engine.model_runner import ModelRunner
-from dgpp.engine.resolved import ResolvedConfig
+from dgpp.engine.execution.model_runner import ModelRunner
+from dgpp.engine.planning.resolved import ResolvedConfig
+from dgpp.engine.speculative.mtp_runner import drafter_for
 
 log = logging.getLogger(__name__)
 
@@ -141,5 +142,11 @@ def _build_runner(pushed: dict[str, Any], world: World, resident_dir: Path | Non
     model_config = ModelConfig.from_checkpoint(checkpoint, raw=pushed["model"])
     assert config.max_model_len is not None, "rank 0 pushes the resolved context limit"
     return ModelRunner(
-        config, model_config, checkpoint, config.max_model_len, world.parallel, resident_dir
+        config,
+        model_config,
+        checkpoint,
+        config.max_model_len,
+        world.parallel,
+        resident_dir,
+        drafter_for(config),
     )

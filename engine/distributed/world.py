@@ -26,11 +26,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.distributed.cluster_secret import SecretMismatch, new_challenge, prove, verify
 from dgpp.engine.distributed.interface import pin_collective_interface
 from dgpp.engine.distributed.world_spec import WorldSpec
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.parallel import ParallelContext
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from dgpp.engine.knobs import Rule, check_knobs, knob
+from dgpp.engine.configuration.knobs import Rule, check_knobs, knob
 
 
 def _deadline(default: float, help: str, label: str, advanced: bool = True) -> Any:
@@ -21,7 +21,8 @@ def _deadline(default: float, help: str, label: str, advanced: bool = True) -> A
 
 @dataclass(frozen=True)
 class WorldTimeouts:
-    """Every deadline of the distributed runtime, in seconds (knobs: `dgpp.engine.knobs`).
+    """Every deadline of the distributed runtime, in seconds (knobs:
+    `dgpp.engine.configuration.knobs`).
 
     `collective_s` is also set by env `DGPP_BOUNDARY_TIMEOUT_MS`, `control_deadline_s` by
     `DGPP_CONSUMER_DEADLINE_S`, `step_watchdog_s` by `DGPP_BUS_COMPLETION_TIMEOUT_MS`. Idle

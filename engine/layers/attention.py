@@ -6,14 +6,14 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import PagedKVSpec
+from dgpp.engine.backends.cache_spec import PagedKVSpec
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.rotary import RopeAngles
 
 
 class PagedAttention(nn.Module):
-    """A cache layer (`dgpp.engine.cache_spec.CacheLayer`): the model runner binds its share of
-    a paged KV pool, [2, blocks, block_size, H_kv, D], before the first forward.
+    """A cache layer (`dgpp.engine.backends.cache_spec.CacheLayer`): the model runner binds its
+    share of a paged KV pool, [2, blocks, block_size, H_kv, D], before the first forward.
 
     Options for gpt-oss-style layers (both off by default, leaving plain causal attention):
     - `sliding_window`: a query at position p sees only keys k with p - window < k <= p. The

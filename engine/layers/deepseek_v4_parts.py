@@ -20,10 +20,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.layers.linear import RowParallelLinear, WeightFormat
 from dgpp.engine.layers.rotary import RopeAngles
-from dgpp.engine.parallel import ParallelContext
 
 FormatOf = Callable[[int, int, int], WeightFormat]  # (cols, in_start, in_total) -> format
 

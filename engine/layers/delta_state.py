@@ -1,7 +1,7 @@
 """What Gated DeltaNet (`layers.gated_deltanet`) and Kimi Delta Attention (`layers.kimi_delta`)
 share: a short causal convolution, then a delta rule, over a state slot per request
-(`dgpp.engine.state_cache`: the conv's last inputs and the recurrent state). A step's decode
-rows run one token each from their slots, speculative verify rows one position at a time with
+(`dgpp.engine.backends.state_cache`: the conv's last inputs and the recurrent state). A step's
+decode rows run one token each from their slots, speculative verify rows one position at a time with
 each position's state kept in the draft slots, prefill chunks through the chunk form from their
 slot (or from zeros at a sequence's start)."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.engine.backends.state_cache import StateRows, StateSlotLayer
 from dgpp.engine.errors import ModelLoadError
-from dgpp.engine.state_cache import StateRows, StateSlotLayer
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 from dgpp.kernels.gated_delta import GatedDeltaFns
 

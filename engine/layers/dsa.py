@@ -24,14 +24,14 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.backends.cache_spec import IndexerKeySpec
 from dgpp.engine.backends.sparse_mla import SparseMLAAttention
-from dgpp.engine.cache_spec import IndexerKeySpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.indexer_keys import IndexerKeys
 from dgpp.engine.layers.mla import LatentAttention, MultiHeadLatentAttention, RowSliceLinear
 from dgpp.engine.layers.rotary import RopeAngles, rotate_leading
-from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.sparse_mla_torch import TokenSelection
 
 INDEXER_NORM_EPS = 1e-6  # transformers' `k_norm` LayerNorm

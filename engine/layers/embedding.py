@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.linear import weight_param
-from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.ggml_linear import ggml_linear_cpu, ggml_rows_cpu
 from dgpp.kernels.linear import LinearFn, LinearPacker
 

@@ -3,8 +3,8 @@ gate z and the per-head write strength b and decay a; a short depthwise causal c
 q/k/v; the gated delta rule on L2-normed q/k (chunk-parallel for prefill chunks, recurrent for
 decode rows); a gated RMSNorm per head; the output projection.
 
-Its cache is a fixed-size state per request (`dgpp.engine.state_cache`): the convolution's last
-inputs and the recurrent state, read and written in the request's slot every step.
+Its cache is a fixed-size state per request (`dgpp.engine.backends.state_cache`): the convolution's
+last inputs and the recurrent state, read and written in the request's slot every step.
 
 Two checkpoint layouts of the input projections: Qwen3-Next fuses them as `in_proj_qkvz` /
 `in_proj_ba` with rows grouped by key head ([q | k | v | z] of one key head and the value heads
@@ -26,7 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.state_cache import LinearStateBackend, LinearStateSpec, StateRows
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.layers.delta_state import ConvDeltaLayer, head_param
 from dgpp.engine.layers.linear import (
@@ -38,8 +40,6 @@ from dgpp.engine.layers.linear import (
 )
 from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_gated_delta
 from dgpp.kernels.group_codes import GroupWeight
 
@@ -124,9 +124,9 @@ class SplitQKVZLinear(ColumnParallelLinear):
 
 
 class GatedDeltaNet(ConvDeltaLayer):
-    """A state layer (`dgpp.engine.state_cache.StateLayer`); `forward(angles, hidden, metadata)`
-    like attention (the angles are unused: the layer has no positions). `split`: Qwen3.5's
-    separate input projections (see the module's docstring)."""
+    """A state layer (`dgpp.engine.backends.state_cache.StateLayer`); `forward(angles, hidden,
+    metadata)` like attention (the angles are unused: the layer has no positions). `split`:
+    Qwen3.5's separate input projections (see the module's docstring)."""
 
     def __init__(
         self,

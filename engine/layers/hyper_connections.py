@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
 from dgpp.engine.layers.ple import PerLayerEmbedding

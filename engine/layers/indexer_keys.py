@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.engine.cache_spec import IndexerKeySpec
+from dgpp.engine.backends.cache_spec import IndexerKeySpec
 
 
 class IndexerKeys(nn.Module):

@@ -25,15 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.state_cache import LinearStateBackend, LinearStateSpec, StateRows
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.layers.delta_state import ConvDeltaLayer, head_param
 from dgpp.engine.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import GatedRMSNorm
 from dgpp.engine.layers.rotary import RopeAngles
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec, StateRows
 from dgpp.kernels.gated_delta import GatedDeltaFns, select_kimi_delta
 
 
@@ -79,7 +79,7 @@ class KimiConv(nn.Module):
 
 
 class KimiDeltaAttention(ConvDeltaLayer):
-    """A state layer (`dgpp.engine.state_cache.StateLayer`) with attention's
+    """A state layer (`dgpp.engine.backends.state_cache.StateLayer`) with attention's
     `forward(angles, hidden, metadata)` (the angles unused: KDA has no positions)."""
 
     def __init__(

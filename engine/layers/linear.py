@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.group_weight import (
     add_group_params,
     copy_group_columns,
@@ -23,7 +24,6 @@ from dgpp.engine.layers.group_weight import (
     group_weight,
 )
 from dgpp.engine.layers.head_partition import partition_heads
-from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.ggml_blocks import FORMATS
 from dgpp.kernels.ggml_linear import ggml_linear_cpu
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight

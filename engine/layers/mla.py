@@ -1,6 +1,6 @@
 """Multi-head latent attention (MLA, DeepSeek-V2/V3): queries through an optional low-rank
 projection; keys and values through one compressed latent per token, which is all the cache
-keeps (`dgpp.engine.cache_spec.MLALatentSpec`).
+keeps (`dgpp.engine.backends.cache_spec.MLALatentSpec`).
 
 Tensor-parallel layout: the query up-projection (`q_b_proj`, or `q_proj` without a query rank)
 and the key/value up-projection `kv_b_proj` are split by head, the output projection is
@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.backends.cache_spec import MLALatentSpec
 from dgpp.engine.backends.mla_base import MLABackend
-from dgpp.engine.cache_spec import MLALatentSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.head_partition import partition_heads
 from dgpp.engine.layers.linear import PackableLinear, RowParallelLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, apply_rotary, deinterleave, mscale_softmax_factor
-from dgpp.engine.parallel import ParallelContext
 
 # transformers builds the two latent norms with RMSNorm's default epsilon, not `rms_norm_eps`.
 LATENT_NORM_EPS = 1e-6
@@ -110,8 +110,8 @@ class LatentUpProjection(nn.Module):
 
 
 class LatentAttention(nn.Module):
-    """A cache layer (`dgpp.engine.cache_spec.CacheLayer`): the model runner binds its share of
-    a latent pool, [blocks, block_size, L + R], before the first forward."""
+    """A cache layer (`dgpp.engine.backends.cache_spec.CacheLayer`): the model runner binds its
+    share of a latent pool, [blocks, block_size, L + R], before the first forward."""
 
     def __init__(self, dims: MLADims, scale: float, backend: MLABackend) -> None:
         super().__init__()

@@ -22,9 +22,9 @@ import re
 import torch
 from torch import nn
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.layers.router import Router
-from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.dispatch import uses_triton
 from dgpp.kernels.fused_moe import fused_moe
 from dgpp.kernels.fused_moe_torch import grouped_by_expert, moe_activation

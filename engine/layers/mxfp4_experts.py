@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import Experts, grouped_by_expert
 from dgpp.engine.layers.moe_spec import MoeSpec
-from dgpp.engine.parallel import ParallelContext
 from dgpp.kernels.group_codes import GroupFormat, GroupWeight
 from dgpp.kernels.group_linear import select_group_linear
 from dgpp.kernels.group_linear_torch import GroupLinearFn

@@ -26,12 +26,17 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.state_cache import (
+    STATE_DTYPE,
+    LinearStateBackend,
+    StateRows,
+    StateSlotLayer,
+)
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.ngram_hash import NgramHashing
 from dgpp.engine.layers.ngram_table import NgramTable
 from dgpp.engine.layers.norm import ZeroCentredRMSNorm
-from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows, StateSlotLayer
 from dgpp.kernels.causal_conv1d_torch import causal_conv1d
 
 TABLE_ROW_MULTIPLE = 128  # transformers pads each table's rows to a multiple of this

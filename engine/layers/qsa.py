@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.indexer_keys import IndexerKeys

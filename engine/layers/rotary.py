@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from dgpp.engine.config import RopeConfig
+from dgpp.engine.checkpoint.config import RopeConfig
 from dgpp.kernels.rope_store_torch import apply_rotary as apply_rotary  # the layers' rotation
 
 

@@ -28,7 +28,9 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import BatchLayout, StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.state_cache import LinearStateBackend, StateSlotLayer
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.compressed_keys import CompressedKeys, LayoutBackend
 from dgpp.engine.layers.deepseek_v4_parts import GroupedOutputProjection, rotate_trailing_pairs
@@ -40,8 +42,6 @@ from dgpp.engine.layers.v4_config import CSA, V4Dims
 from dgpp.engine.layers.v4_indexer import LightningIndexer
 from dgpp.engine.layers.v4_state import CarrySpec, V4StateSpec
 from dgpp.engine.layers.window_compressor import WindowCompressor
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend, StateSlotLayer
 
 QUERY_BLOCK = 256  # a prefill chunk's queries attended at a time (bounds the scores' memory)
 

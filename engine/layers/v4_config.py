@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dgpp.engine.config import ModelConfig, RopeConfig, parse_rope
+from dgpp.engine.checkpoint.config import ModelConfig, RopeConfig, parse_rope
 from dgpp.engine.errors import ModelLoadError
 
 SLIDING, CSA, HCA = (

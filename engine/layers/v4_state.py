@@ -3,10 +3,10 @@ values) and, in a compressing layer, each compressor's carry (`window_compressor
 CompressorCarry`): the raw projections of the tokens since the last closed window and, where
 windows overlap, the last closed window's first half.
 
-It is a state slot (`dgpp.engine.state_cache`) as Gated DeltaNet's is, so prefix-cache snapshots,
-preemption and speculative verify rows (one state per position, rolled back by slot copies) come
-from the same machinery. How much of it is real follows from the request's position alone
-(positions run from 0): `min(start, window - 1)` keys, `start % rate` pending tokens, a first
+It is a state slot (`dgpp.engine.backends.state_cache`) as Gated DeltaNet's is, so prefix-cache
+snapshots, preemption and speculative verify rows (one state per position, rolled back by slot
+copies) come from the same machinery. How much of it is real follows from the request's position
+alone (positions run from 0): `min(start, window - 1)` keys, `start % rate` pending tokens, a first
 half once `start >= rate`. Float32 whatever the model's dtype (the projections it holds are
 exact in it).
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dgpp.engine.backends.state_cache import STATE_DTYPE
 from dgpp.engine.layers.window_compressor import CompressorCarry
-from dgpp.engine.state_cache import STATE_DTYPE
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@
 A layer whose queries see only the last `window` keys (their own included) needs no more than the
 `window - 1` keys and values before a request's next token: keeping every position's in the
 paged pool, as a full layer does, holds the whole context for a window of 128. Here each request
-has a state slot (`dgpp.engine.state_cache`, as a recurrent layer's) holding those last keys and
-values, newest last, and how many of them are real (fewer at a sequence's start). A step attends
-over the slot's keys and its own, then keeps the last `window - 1` of them. The slot is what a
-prefix-cache snapshot saves and a hit restores, and speculative verify rows keep one state per
+has a state slot (`dgpp.engine.backends.state_cache`, as a recurrent layer's) holding those last
+keys and values, newest last, and how many of them are real (fewer at a sequence's start). A step
+attends over the slot's keys and its own, then keeps the last `window - 1` of them. The slot is what
+a prefix-cache snapshot saves and a hit restores, and speculative verify rows keep one state per
 position in the draft slots, all as for Gated DeltaNet. What it costs: `window - 1` float32 keys
 and values per request and snapshot, instead of the layer's share of every cached token.
 """
@@ -19,8 +19,13 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.backends.state_cache import (
+    STATE_DTYPE,
+    LinearStateBackend,
+    StateRows,
+    StateSlotLayer,
+)
 from dgpp.engine.layers.attention import PagedAttention
-from dgpp.engine.state_cache import STATE_DTYPE, LinearStateBackend, StateRows, StateSlotLayer
 
 QUERY_BLOCK = 256  # prefill queries attended at a time (bounds the scores' memory)
 
@@ -84,7 +89,7 @@ def window_attend(
 
 
 class WindowAttention(StateSlotLayer):
-    """A state layer (`dgpp.engine.state_cache.StateLayer`) in a paged attention's place:
+    """A state layer (`dgpp.engine.backends.state_cache.StateLayer`) in a paged attention's place:
     query [T, H, D], key [T, H_kv, D] and value [T, H_kv, Dv] in (rotated, the keys), the
     output [T, H, Dv] out. `has_sinks` as `PagedAttention`'s, loaded the same way."""
 

@@ -14,13 +14,13 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.mla import MLADims, MultiHeadLatentAttention
 from dgpp.engine.layers.moe import expert_target
 from dgpp.engine.models.glm4_moe import grouped_moe_block
 from dgpp.engine.models.llama import LlamaForCausalLM
-from dgpp.engine.parallel import ParallelContext
 
 
 class DeepseekV3ForCausalLM(LlamaForCausalLM):

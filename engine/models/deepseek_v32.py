@@ -16,8 +16,9 @@ from typing import Any
 
 from torch import nn
 
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.dsa import (
     DsaAttention,
     DsaDims,
@@ -28,7 +29,6 @@ from dgpp.engine.layers.dsa import (
 from dgpp.engine.layers.mla import MLADims
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.llama import DecoderLayer
-from dgpp.engine.parallel import ParallelContext
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.backends.state_cache import LinearStateBackend
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.activation import ClampedSiluAndMul
 from dgpp.engine.layers.compressed_keys import CompressedKeySpec, LayoutBackend
 from dgpp.engine.layers.mhc import HyperHead, ManifoldHyperConnection
@@ -47,8 +49,6 @@ from dgpp.engine.layers.v4_state import V4StateSpec
 from dgpp.engine.models.deepseek_v4_mtp import V4MtpLayer, v4_mtp_cache_specs
 from dgpp.engine.models.llama import DecoderMLP, DecoderModel, LlamaForCausalLM
 from dgpp.engine.models.moe_config import deepseek_v4_moe_spec
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend
 from dgpp.engine.vision.step_vision import VisionInputs
 
 # The release's names -> transformers' (its conversion mapping), applied in this order.

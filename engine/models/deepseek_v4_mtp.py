@@ -21,14 +21,14 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec, PagedKVSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.mhc import HyperHead
 from dgpp.engine.layers.mla import RowSliceLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.layers.v4_attention import PagedV4Attention
 from dgpp.engine.layers.v4_config import V4Dims
-from dgpp.engine.parallel import ParallelContext
 
 _OWN = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.")
 

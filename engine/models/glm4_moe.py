@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe import expert_target
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import grouped_moe_spec
-from dgpp.engine.parallel import ParallelContext
 
 
 def grouped_moe_block(

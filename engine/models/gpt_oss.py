@@ -12,13 +12,13 @@ from typing import Any
 
 from torch import nn
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import SparseMoeBlock
 from dgpp.engine.layers.mxfp4_experts import Mxfp4Experts
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_config import gpt_oss_moe_spec
-from dgpp.engine.parallel import ParallelContext
 
 
 def gpt_oss_attention(config: ModelConfig, index: int) -> Mapping[str, Any]:

@@ -8,7 +8,7 @@ Which layers are which: transformers' `layer_types`, else the release's `linear_
 (`kda_layers` / `full_attn_layers`, numbered from 1). The release's names: `block_sparse_moe`
 with Mixtral-style experts (`w1`, `w3`, `w2`), separate `q_conv1d` / `k_conv1d` / `v_conv1d`;
 the DeepSeek-V3 keys it spells its own way (`num_experts`, `moe_renormalize`, ...) are read
-through `dgpp.engine.config`.
+through `dgpp.engine.checkpoint.config`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.backends.state_cache import LinearStateBackend, LinearStateSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.kimi_delta import KimiDeltaAttention, kda_state_spec
 from dgpp.engine.layers.mla import MLADims, MultiHeadLatentAttention
@@ -28,8 +30,6 @@ from dgpp.engine.layers.moe import expert_target
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.llama import DecoderLayer
 from dgpp.engine.models.minimax_m2 import minimax_checkpoint_name
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec
 
 LINEAR, FULL = "linear_attention", "full_attention"
 _QKV = {"q_proj": "q", "k_proj": "k", "v_proj": "v"}

@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec, PagedKVSpec
+from dgpp.engine.backends.state_cache import LinearStateSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.activation import SiluAndMul
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -29,8 +31,6 @@ from dgpp.engine.layers.linear import (
 )
 from dgpp.engine.layers.norm import ResidualNorm, RMSNorm
 from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding, apply_rotary
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateSpec
 from dgpp.engine.vision.step_vision import VisionInputs
 
 
@@ -260,7 +260,7 @@ class DecoderModel(nn.Module):
         layers: tuple[int, int],
         vision: VisionInputs | None = None,
     ) -> torch.Tensor:
-        """Layers `first .. stop` of a layer slice (`dgpp.engine.layer_slices`): from the
+        """Layers `first .. stop` of a layer slice (`dgpp.engine.scheduling.layer_slices`): from the
         embedding of `input_ids` when `first` is 0, else from `hidden`, the residual stream the
         previous slice left; normed when `stop` is the last layer (as `forward` returns it)."""
         first, stop = layers

@@ -36,8 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec, PagedKVSpec
-from dgpp.engine.config import ModelConfig, parse_rope
+from dgpp.engine.backends.cache_spec import CacheSpec, PagedKVSpec
+from dgpp.engine.backends.state_cache import LinearStateBackend
+from dgpp.engine.checkpoint.config import ModelConfig, parse_rope
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.head_partition import partition_heads
@@ -49,8 +51,6 @@ from dgpp.engine.models.gpt_oss import gpt_oss_target
 from dgpp.engine.models.llama import DecoderLayer, DecoderModel, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import grouped_moe_spec
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

@@ -23,14 +23,14 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import expert_target
 from dgpp.engine.layers.moe_spec import MoeSpec, RouterSpec
 from dgpp.engine.layers.rotary import RopeAngles
 from dgpp.engine.models.llama import DecoderAttention, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
-from dgpp.engine.parallel import ParallelContext
 
 _EXPERT_NAMES = ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj."))
 

@@ -8,13 +8,13 @@ from contextvars import ContextVar
 
 from torch import nn
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe import PackedExperts, SparseMoeBlock
 from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.models.llama import DecoderMLP
-from dgpp.engine.parallel import ParallelContext
 
-# Set while the weights are only counted (`dgpp.engine.weight_count`, on the meta device):
+# Set while the weights are only counted (`dgpp.engine.planning.weight_count`, on the meta device):
 # routed experts stored alike are then one module in every slot, counted once per slot, instead
 # of hundreds of modules built (Qwen3-Next-80B-FP8: 24,624, 8 s a world on two cores).
 COUNTING_ONLY: ContextVar[bool] = ContextVar("counting_only", default=False)

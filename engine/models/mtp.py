@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import StepMetadata
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import ColumnParallelLinear
 from dgpp.engine.layers.norm import RMSNorm
-from dgpp.engine.parallel import ParallelContext
 
 
 def mtp_layer_count(raw: dict[str, Any]) -> int:

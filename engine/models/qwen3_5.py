@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.moe import Experts, SparseMoeBlock
 from dgpp.engine.layers.moe_spec import MoeSpec
@@ -37,7 +38,6 @@ from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.models.vision_tower import attach_vision, vision_encoder, vl_checkpoint_name
-from dgpp.engine.parallel import ParallelContext
 
 
 def qwen3_5_checkpoint_name(name: str) -> str | None:

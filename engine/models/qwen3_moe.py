@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe import expert_target
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import qwen3_moe_spec
-from dgpp.engine.parallel import ParallelContext
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):

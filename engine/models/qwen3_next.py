@@ -22,8 +22,10 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.backends.state_cache import LinearStateBackend, LinearStateSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.gated_deltanet import GatedDeltaNet, linear_state_spec
 from dgpp.engine.layers.linear import QKVParallelLinear, RowParallelLinear
@@ -34,8 +36,6 @@ from dgpp.engine.models.llama import DecoderLayer, DecoderMLP, LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import packed_experts
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.mtp import qwen_mtp_names
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateBackend, LinearStateSpec
 
 
 def layer_types(config: ModelConfig) -> list[str]:

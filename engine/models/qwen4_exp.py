@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
-from dgpp.engine.cache_spec import CacheSpec, IndexerKeySpec, PagedKVSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec, IndexerKeySpec, PagedKVSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.gated_deltanet import GatedDeltaNet, linear_state_spec
 from dgpp.engine.layers.head_partition import partition_heads
@@ -40,7 +41,6 @@ from dgpp.engine.layers.rotary import RopeAngles, RotaryEmbedding
 from dgpp.engine.models.llama import DecoderModel
 from dgpp.engine.models.qwen3_5 import Qwen3_5MoeForCausalLM, qwen3_5_checkpoint_name
 from dgpp.engine.models.qwen3_next import GatedAttention, layer_types, qwen3_next_mlp
-from dgpp.engine.parallel import ParallelContext
 
 _TABLES = ".ple.ple_embedding."  # the n-gram tables and their hashing constants
 

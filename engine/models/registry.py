@@ -7,8 +7,10 @@ from typing import Protocol
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.backends.state_cache import LinearStateSpec
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import UnsupportedModelError
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -24,8 +26,6 @@ from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
 from dgpp.engine.models.qwen4_exp import Qwen4ExpForCausalLM
 from dgpp.engine.models.vision_language import Qwen3VLForCausalLM, Qwen3VLMoeForCausalLM
-from dgpp.engine.parallel import ParallelContext
-from dgpp.engine.state_cache import LinearStateSpec
 
 
 class ModelClass(Protocol):

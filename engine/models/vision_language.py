@@ -16,14 +16,14 @@ from dataclasses import replace
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe import Experts, expert_target
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.moe_blocks import moe_mlp
 from dgpp.engine.models.moe_config import qwen3_moe_spec
 from dgpp.engine.models.qwen3_5 import take_stacked_experts
 from dgpp.engine.models.vision_tower import attach_vision, vision_encoder, vl_checkpoint_name
-from dgpp.engine.parallel import ParallelContext
 
 # Qwen3-VL's text rotary when the config names no sections (transformers' default)
 QWEN3_VL_SECTION = (24, 20, 20)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.vision.qwen_vision import QwenVisionEncoder, VisionConfig
 
 _LANGUAGE_MODEL = "model.language_model."

@@ -1,1 +1,4 @@
-"""Quantized checkpoints: formats, readers and packed weights (docs/quantization.md)."""
+"""Quantized checkpoints: formats, readers and packed weights (docs/quantization.md).
+
+May import the errors and `dgpp.kernels`. The map: docs/engine.md.
+"""

@@ -1,1 +1,4 @@
-"""The HTTP front of rank 0: OpenAI-compatible routes over an `AsyncEngine`."""
+"""The HTTP front of rank 0: OpenAI- and Anthropic-compatible routes over an `AsyncEngine`.
+
+May import every other part of the engine (it sits on top). The map: docs/engine.md.
+"""

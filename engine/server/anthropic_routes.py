@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.anthropic_convert import to_chat_messages, to_openai_tools
 from dgpp.engine.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens

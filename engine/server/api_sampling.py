@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError, check_context
-from dgpp.engine.sampling_defaults import SamplingDefaults
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_defaults import SamplingDefaults
+from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.tokenizer import check_token_ids
+from dgpp.engine.tokenization.tokenizer import check_token_ids
 
 log = logging.getLogger(__name__)
 

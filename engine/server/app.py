@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
+from dgpp.engine.scheduling.stats import EngineStats
 from dgpp.engine.server import (
     admin_routes,
     anthropic_routes,
@@ -27,7 +28,6 @@ from dgpp.engine.server.metrics import ServiceMetrics
 from dgpp.engine.server.prometheus import build_registry
 from dgpp.engine.server.state import ServerState
 from dgpp.engine.server.stats_log import periodic_stats_log
-from dgpp.engine.stats import EngineStats
 
 # /metrics is for scrapers, which usually carry no key; it holds counts only, no request content.
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/redoc")

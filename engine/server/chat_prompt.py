@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dgpp.engine.request import PromptIds
+from dgpp.engine.scheduling.request import PromptIds
 from dgpp.engine.server.chat_render import normalise, render
 from dgpp.engine.server.protocol import ChatMessage
 from dgpp.engine.server.state import ServerState

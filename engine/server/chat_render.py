@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.request import PromptIds
+from dgpp.engine.scheduling.request import PromptIds
 from dgpp.engine.server.image_inputs import IMAGE_PARTS, part_url
 from dgpp.engine.server.protocol import ChatMessage
 

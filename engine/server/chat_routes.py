@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dgpp.engine.request import CompletionOutput, RequestOutput
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import (
     ApiSampling,

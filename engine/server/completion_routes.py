@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.request import RequestOutput
+from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server import openai_bodies, prompt_scores
 from dgpp.engine.server.api_sampling import ApiSampling, check_unsupported, resolve_max_tokens
 from dgpp.engine.server.deps import State, Tracker
@@ -24,7 +24,7 @@ from dgpp.engine.server.pipeline import (
 )
 from dgpp.engine.server.protocol import CompletionRequest
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.tokenizer import check_token_ids
+from dgpp.engine.tokenization.tokenizer import check_token_ids
 
 router = APIRouter()
 

@@ -1,5 +1,5 @@
-"""Settings of the HTTP server. Its knobs (`dgpp.engine.knobs`) are the deployment's `http:`
-section, the `dgpp serve` server flags and the console's; the keys come from files the
+"""Settings of the HTTP server. Its knobs (`dgpp.engine.configuration.knobs`) are the deployment's
+`http:` section, the `dgpp serve` server flags and the console's; the keys come from files the
 deployment names (`dgpp.appliance.deployment.server_config`)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from dgpp.engine.knobs import check_knobs, knob
+from dgpp.engine.configuration.knobs import check_knobs, knob
 
 ToolCallParser = Literal[
     "auto",

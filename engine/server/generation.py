@@ -12,8 +12,8 @@ from fastapi import Request
 
 from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server.errors import ClientDisconnected, from_dgpp_error
 from dgpp.engine.server.metrics import Outcome, RequestTracker, outcome_of
 from dgpp.engine.server.state import ServerState

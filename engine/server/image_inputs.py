@@ -3,7 +3,7 @@ chat content parts (`image_url`; Anthropic's `image` blocks and the Responses AP
 `input_image` items are converted to them), the template writes one placeholder per image, and
 `ServerImages` decodes and resizes each (`dgpp.engine.vision.images`) and widens its
 placeholder to the image's vision tokens (`expand`), recording each image's span for the
-engine (`dgpp.engine.request.PromptIds.images`).
+engine (`dgpp.engine.scheduling.request.PromptIds.images`).
 
 The quality bounds: the checkpoint's image processor's `size` (shortest and longest edge, in
 pixels), narrowed by the server's `http.image_min_pixels` / `http.image_max_pixels`; a request
@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.request import PromptIds
+from dgpp.engine.scheduling.request import PromptIds
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.coordinates import RELATIVE
 from dgpp.engine.vision.images import (

@@ -15,14 +15,14 @@ from typing import Any
 
 from starlette.types import Scope
 
-from dgpp.engine.request import RequestOutput
+from dgpp.engine.scheduling.request import RequestOutput
+from dgpp.engine.scheduling.stats import PROMPT_CLASSES
 from dgpp.engine.server.histogram import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
     TTFT_BUCKETS_S,
     Histogram,
 )
-from dgpp.engine.stats import PROMPT_CLASSES
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
 TRACKER_KEY = "dgpp_tracker"

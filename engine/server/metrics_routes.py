@@ -10,11 +10,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from dgpp.engine.scheduling.stats import EngineStats
 from dgpp.engine.server import prometheus
 from dgpp.engine.server.deps import State
 from dgpp.engine.server.metrics import ServiceCounters, ServiceMetrics
 from dgpp.engine.server.process_memory import MemoryReading, read_memory
-from dgpp.engine.stats import EngineStats
 
 router = APIRouter()
 

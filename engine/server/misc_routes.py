@@ -16,7 +16,7 @@ from dgpp.engine.server.deps import Startup, State, current_state
 from dgpp.engine.server.errors import RETRY_AFTER_SECONDS
 from dgpp.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.tokenizer import check_token_ids
+from dgpp.engine.tokenization.tokenizer import check_token_ids
 
 router = APIRouter()
 

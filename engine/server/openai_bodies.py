@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampler import TokenLogprobs
+from dgpp.engine.sampling.sampler import TokenLogprobs
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.errors import error_body, from_dgpp_error
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

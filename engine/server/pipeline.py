@@ -21,8 +21,8 @@ from starlette.types import Send
 
 from dgpp.engine.async_engine import Admission
 from dgpp.engine.errors import DgppError
-from dgpp.engine.request import RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server import openai_bodies
 from dgpp.engine.server.api_sampling import ApiSampling, sampling_params
 from dgpp.engine.server.generation import Job, run_to_completion, stream_choices

@@ -21,10 +21,10 @@ from prometheus_client.metrics_core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from dgpp.engine.scheduling.stats import EngineStats, PrefixCacheCounters
 from dgpp.engine.server.histogram import Histogram
 from dgpp.engine.server.metrics import ServiceMetrics
 from dgpp.engine.server.process_memory import MemoryReading, read_memory
-from dgpp.engine.stats import EngineStats, PrefixCacheCounters
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampler import TokenLogprobs
+from dgpp.engine.sampling.sampler import TokenLogprobs
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.openai_bodies import token_text
 from dgpp.engine.server.protocol import CompletionRequest
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.server.coordinates import CoordinateStream, ImageFrame
 from dgpp.engine.server.output_format import ToolFormat
 from dgpp.engine.server.output_parser import OutputParser, ParsedDelta, merge

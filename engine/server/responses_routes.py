@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import DgppError, InvalidRequestError
-from dgpp.engine.request import RequestOutput
+from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server.api_sampling import ApiSampling, resolve_max_tokens
 from dgpp.engine.server.chat_prompt import render_chat
 from dgpp.engine.server.deps import State, Tracker

@@ -8,7 +8,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from dgpp.engine.async_engine import AsyncEngine
-from dgpp.engine.sampling_defaults import SamplingDefaults
+from dgpp.engine.sampling.sampling_defaults import SamplingDefaults
 from dgpp.engine.server.chat_render import TemplateTraits, probe_template
 from dgpp.engine.server.config import ServerConfig, concrete_names, is_pattern
 from dgpp.engine.server.errors import APIError

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
+from dgpp.engine.scheduling.stats import EngineCounters, EngineStats
 from dgpp.engine.server.metrics import ServiceCounters
-from dgpp.engine.stats import EngineCounters, EngineStats
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.grammar import (
+from dgpp.engine.sampling.grammar import (
     JSON_OPTIONS,
     json_object_grammar,
     json_schema_grammar,

@@ -16,9 +16,9 @@ from dgpp.engine.vision.spans import PromptImage, check_spans
 from dgpp.engine.vision.step_vision import StepVision, VisionInputs
 
 if TYPE_CHECKING:
-    from dgpp.engine.engine_config import EngineConfig
-    from dgpp.engine.scheduler import StepPlan
-    from dgpp.engine.step_message import StepMessage
+    from dgpp.engine.configuration.engine_config import EngineConfig
+    from dgpp.engine.execution.step_message import StepMessage
+    from dgpp.engine.scheduling.scheduler import StepPlan
 
 
 def vision_for(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-# Ints of a span on the wire (`dgpp.engine.step_message`).
+# Ints of a span on the wire (`dgpp.engine.execution.step_message`).
 SPAN_FIELDS = 5
 
 

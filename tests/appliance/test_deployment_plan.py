@@ -21,12 +21,12 @@ from dgpp.appliance.deployment_plan import (
 )
 from dgpp.appliance.exit_codes import EXIT_OK
 from dgpp.appliance.model_facts import FACTS_DIR, facts_config
-from dgpp.engine.config import ModelConfig
-from dgpp.engine.engine_config import EngineConfig
+from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
-from dgpp.engine.memory_plan import kv_bytes_per_token, rank_cache_specs
-from dgpp.engine.state_plan import GIB as SNAPSHOT_GIB
-from dgpp.engine.weight_count import rank_weight_bytes
+from dgpp.engine.planning.memory_plan import kv_bytes_per_token, rank_cache_specs
+from dgpp.engine.planning.state_plan import GIB as SNAPSHOT_GIB
+from dgpp.engine.planning.weight_count import rank_weight_bytes
 
 GIB = 1 << 30
 # Parameter counts the model cards state (billions), against dgpp's meta-device build at
@@ -226,7 +226,7 @@ def test_ranks_with_the_same_head_share_are_counted_once_and_rightly(architectur
     """A rank's weights are counted once per head share (`head_shares`): for every rank of
     worlds of 2 and 4 the remembered count equals that rank's own meta build, also where heads
     split unevenly (12 query heads in 6 groups: 2 ranks hold 3 groups each, 4 ranks 2 or 1)."""
-    from dgpp.engine import weight_count
+    from dgpp.engine.planning import weight_count
     from tests.conftest import tiny_model
 
     sizes: dict[str, object] = {"num_attention_heads": 12, "num_key_value_heads": 6}
@@ -250,7 +250,7 @@ def test_configs_differing_only_beyond_the_typed_fields_are_counted_apart() -> N
     """Two Qwen3-Next configs alike in every typed field but `mlp_only_layers` (read from the
     raw config: a dense layer 1 or a sparse one) hold different weights; the remembered counts
     must not mix them up (they once did: the key left the raw config out)."""
-    from dgpp.engine import weight_count
+    from dgpp.engine.planning import weight_count
     from tests.conftest import tiny_model
 
     raw = tiny_model("Qwen3NextForCausalLM").config.to_dict()

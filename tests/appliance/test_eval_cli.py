@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dgpp.appliance.cli import main
 from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_OK
-from dgpp.engine.eval_scoring import coarse_kl, windows
+from dgpp.engine.evaluation.eval_scoring import coarse_kl, windows
 from tests.conftest import build_tiny_checkpoint
 
 TEXT = (

@@ -17,9 +17,9 @@ import pytest
 from dgpp.appliance.deployment import parse_deployment
 from dgpp.appliance.live_reload import RestartRequiredError, live_changes, live_keys
 from dgpp.appliance.rank_cli import expected_config
+from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.configuration.knobs import knobs_of
 from dgpp.engine.distributed.world_spec import WorldTimeouts
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.knobs import knobs_of
 from dgpp.engine.server.config import ServerConfig
 from dgpp.webui.deployment_store import engine_target
 from dgpp.webui.engine_client import EngineClient

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.request import PromptIds, Request
-from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+from dgpp.engine.scheduling.request import PromptIds, Request
+from dgpp.engine.scheduling.scheduler import ScheduledChunk, StepPlan
 from dgpp.engine.vision.spans import chunk_end
 from tests.engine.parity import earliest_ties, hf_greedy
 from tests.engine.vision.vl_helpers import hf_vl_greedy, hf_vl_logits, vl_prompt

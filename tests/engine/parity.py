@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from dgpp.engine import LLM
-from dgpp.engine.teacher_force import teacher_forced_logits
+from dgpp.engine.evaluation.teacher_force import teacher_forced_logits
 
 
 @contextmanager

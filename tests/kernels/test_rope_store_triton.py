@@ -22,7 +22,7 @@ import dgpp.kernels.rope_store_triton as rst
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
-from dgpp.engine.config import RopeConfig
+from dgpp.engine.checkpoint.config import RopeConfig
 from dgpp.engine.layers.rotary import RotaryEmbedding
 from dgpp.kernels.rope_store_torch import apply_rotary, rope_store
 

@@ -123,7 +123,7 @@ def test_set_path_copies() -> None:
 
 
 def test_sections_hold_every_knob_once_in_group_order_common_first() -> None:
-    from dgpp.engine.knobs import GROUPS
+    from dgpp.engine.configuration.knobs import GROUPS
     from dgpp.webui.knob_form import sections
 
     fields = knob_fields()
@@ -149,7 +149,7 @@ def test_sections_hold_every_knob_once_in_group_order_common_first() -> None:
 def test_a_console_knob_without_a_group_is_refused_where_it_is_declared() -> None:
     import pytest
 
-    from dgpp.engine.knobs import knob
+    from dgpp.engine.configuration.knobs import knob
 
     with pytest.raises(ValueError, match="needs a group"):
         knob(1, "a knob", label="Shown")

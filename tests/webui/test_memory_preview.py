@@ -11,7 +11,7 @@ import pytest
 
 from dgpp.appliance.deployment import parse_deployment
 from dgpp.appliance.deployment_plan import SPARK_BYTES, spark_memory
-from dgpp.engine.memory_plan import GIB, DeviceMemory
+from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
 from dgpp.webui.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
 from dgpp.webui.plan_cache import PlanCache, plan_key
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dgpp.engine.request import CompletionOutput, RequestOutput, RequestTimings
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput, RequestTimings
 from dgpp.engine.server.metrics import Outcome, ServiceMetrics
 from dgpp.engine.server.prometheus import build_registry, render
 from dgpp.webui.engine_client import Health

@@ -13,7 +13,7 @@ import pytest
 
 from dgpp.appliance.deployment_files import deployment_id
 from dgpp.appliance.paths import deployment_log_dir
-from dgpp.engine.request import CompletionOutput, RequestOutput, RequestTimings
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput, RequestTimings
 from dgpp.engine.server.metrics import Outcome
 from dgpp.webui.deployment_store import resolve_raw
 from tests.webui.conftest import DEPLOYMENT, Console, running_console

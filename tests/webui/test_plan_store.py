@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dgpp.engine.memory_plan import GIB, DeviceMemory
+from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
 from dgpp.webui import console as console_module
 from dgpp.webui import plan_cache
 from dgpp.webui.memory_preview import MemoryPreview

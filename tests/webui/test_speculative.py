@@ -10,10 +10,9 @@ import re
 import pytest
 
 from dgpp.appliance.deployment import parse_deployment
+from dgpp.engine.scheduling.stats import EngineCounters, EngineStats, SpecCounters
 from dgpp.engine.server.metrics import ServiceCounters
 from dgpp.engine.server.metrics_routes import metrics_body
-from dgpp.engine.speculative import SpecCounters
-from dgpp.engine.stats import EngineCounters, EngineStats
 from dgpp.webui.knob_form import knob_fields, validation_errors
 from dgpp.webui.metrics_poller import sample_of
 from dgpp.webui.routes.overview_routes import speculative_view

@@ -279,7 +279,7 @@ def test_a_restarted_rank_zero_is_recognised_by_its_instance() -> None:
 def test_the_knobs_page_is_grouped_and_a_folded_field_reports_and_opens(
     logged_in: Console,
 ) -> None:
-    from dgpp.engine.knobs import GROUPS
+    from dgpp.engine.configuration.knobs import GROUPS
 
     page = logged_in.client.get("/knobs")
     assert page.status_code == 200

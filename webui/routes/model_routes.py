@@ -32,7 +32,7 @@ def check_model(deployment: Deployment) -> str | None:
     """Why rank 0 could not load the deployment's model (looking only on this machine, the
     weights directory first, as a rank does), or None."""
     from dgpp.appliance.deployment import checkpoint_of
-    from dgpp.engine.config import ModelConfig
+    from dgpp.engine.checkpoint.config import ModelConfig
     from dgpp.engine.models.registry import model_class
 
     try:

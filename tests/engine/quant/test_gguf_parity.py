@@ -154,7 +154,7 @@ def test_a_warm_start_maps_the_packed_weights_from_the_resident_image(
 ) -> None:
     from safetensors import safe_open
 
-    from dgpp.engine import loader
+    from dgpp.engine.checkpoint import loader
 
     model = _tiny("LlamaForCausalLM")
     path = write_gguf(model, "LlamaForCausalLM", tmp_path / "w.gguf", "Q4_1", tokenizer_gguf)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM, SamplingParams
-from dgpp.engine.config import ModelConfig
+from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.errors import ConfigError, ModelLoadError
 from dgpp.engine.quant.checkpoint_formats import packed_module
 from tests.conftest import tiny_model

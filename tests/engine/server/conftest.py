@@ -39,6 +39,6 @@ def sdk(server: RunningServer) -> Iterator[openai.OpenAI]:
 @pytest.fixture(scope="session")
 def tokenizer(default_checkpoint: Path) -> Any:
     """The default model's real tokenizer and chat template."""
-    from dgpp.engine.tokenizer import load_tokenizer
+    from dgpp.engine.tokenization.tokenizer import load_tokenizer
 
     return load_tokenizer(default_checkpoint)

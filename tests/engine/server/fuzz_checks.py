@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dgpp.engine.errors import ContextLengthExceededError
-from dgpp.engine.request import RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.stats import EngineCounters, EngineStats
-from dgpp.engine.tokenizer import check_token_ids
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import RequestOutput
+from dgpp.engine.scheduling.stats import EngineCounters, EngineStats
+from dgpp.engine.tokenization.tokenizer import check_token_ids
 from tests.engine.server.scripted import ScriptedEngine
 
 

@@ -16,9 +16,9 @@ import httpx
 import uvicorn
 
 from dgpp.engine.async_engine import AsyncEngine
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.engine import LLMEngine
-from dgpp.engine.engine_config import EngineConfig
-from dgpp.engine.resolved import resolve
+from dgpp.engine.planning.resolved import resolve
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState

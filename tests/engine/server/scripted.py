@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from dgpp.engine.grammar import Grammars
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampling_defaults import SamplingDefaults
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.grammar import Grammars
+from dgpp.engine.sampling.sampling_defaults import SamplingDefaults
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 
 
 def engine_core(tokenizer: Any) -> SimpleNamespace:

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from dgpp.engine.scheduling.stats import EngineStats
 from dgpp.engine.server.admin_routes import set_nodes_reader
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.stats import EngineStats
 from tests.engine.server.harness import assert_error
 from tests.engine.server.scripted import ScriptedEngine
 from tests.engine.server.test_metrics_fake import STATS

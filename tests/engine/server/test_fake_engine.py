@@ -15,13 +15,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from dgpp.engine.async_engine import EngineFailureError
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.deps import get_state
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.tokenizer import load_tokenizer
+from dgpp.engine.tokenization.tokenizer import load_tokenizer
 from tests.engine.server.harness import assert_error
 from tests.engine.server.scripted import FakeAdmission, engine_core
 

@@ -15,12 +15,17 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from dgpp.engine.async_engine import EngineFailureError, OverloadedError
-from dgpp.engine.request import RequestOutput, RequestTimings
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import RequestOutput, RequestTimings
+from dgpp.engine.scheduling.stats import (
+    ClassLatency,
+    EngineCounters,
+    EngineStats,
+    PrefixCacheCounters,
+)
 from dgpp.engine.server.app import attach_state, create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.state import ServerState
-from dgpp.engine.stats import ClassLatency, EngineCounters, EngineStats, PrefixCacheCounters
 from tests.engine.server.scripted import FakeAdmission, ScriptedEngine
 
 TEXT = "Hello world!"  # the scripted pieces 3, 1, 7, 1: four tokens

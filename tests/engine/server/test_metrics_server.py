@@ -278,7 +278,8 @@ def test_prometheus_has_every_documented_name_with_the_model_label(metered: Runn
     exposed |= {sample.name for family in families for sample in family.samples}
     names = documented_names()
     assert len(names) >= 20
-    # Exposed for models with recurrent layers only (tests/engine/test_qwen3_next.py reads them).
+    # Exposed for models with recurrent layers only (tests/engine/models/test_qwen3_next.py reads
+    # them).
     hybrid_only = {"dgpp:state_snapshots", "dgpp:state_snapshot_bytes"}
     hybrid_only.add("dgpp:state_snapshot_hits_total")
     # Exposed where rank 0 holds device memory (CUDA) only.

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from dgpp.engine.scheduling.stats import EngineCounters, EngineStats, PrefixCacheCounters
 from dgpp.engine.server.histogram import Histogram
 from dgpp.engine.server.metrics import (
     Outcome,
@@ -20,7 +21,6 @@ from dgpp.engine.server.metrics import (
     request_tracker,
 )
 from dgpp.engine.server.stats_log import Sample, StatsLine, periodic_stats_log
-from dgpp.engine.stats import EngineCounters, EngineStats, PrefixCacheCounters
 
 STATS_LOGGER = "dgpp.engine.server.stats_log"
 

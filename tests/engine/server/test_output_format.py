@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.server.output_format import (
     SETTINGS,
     ToolFormat,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dgpp.engine.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from dgpp.engine.sampling.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from dgpp.engine.server.api_sampling import ApiSampling, sampling_params
 from dgpp.engine.server.protocol import CompletionRequest
 from tests.conftest import build_tiny_checkpoint

@@ -15,13 +15,13 @@ import anthropic
 import openai
 from fastapi.testclient import TestClient
 
-from dgpp.engine.detokenizer import IncrementalDetokenizer
-from dgpp.engine.request import CompletionOutput, RequestOutput
-from dgpp.engine.sampling_params import SamplingParams
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.app import create_app
 from dgpp.engine.server.config import ServerConfig
 from dgpp.engine.server.output_format import ToolFormat
 from dgpp.engine.server.state import ServerState
+from dgpp.engine.tokenization.detokenizer import IncrementalDetokenizer
 from tests.engine.server.scripted import ScriptedEngine
 
 WEATHER_TOOL = {

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dgpp.engine.config import RopeConfig
+from dgpp.engine.checkpoint.config import RopeConfig
 from dgpp.engine.layers.rotary import RotaryEmbedding
 from dgpp.engine.vision.spans import ImageSpan, chunk_positions, shift_at
 

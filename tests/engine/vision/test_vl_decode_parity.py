@@ -25,7 +25,7 @@ import torch
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
-from dgpp.engine.request import PromptIds
+from dgpp.engine.scheduling.request import PromptIds
 from tests.conftest import tiny_model
 from tests.engine.vision.vl_helpers import (
     hf_vl_greedy,
@@ -119,7 +119,8 @@ def _engine(reference: _Reference, path: str, chunk: int) -> LLM:
         return LLM(str(reference.checkpoint), prefix_min_tokens=8, **knobs)
     with pytest.MonkeyPatch.context() as patch:  # the GPU's decode path: Triton, graphs
         patch.setattr(
-            "dgpp.engine.model_runner.select_backend_for", lambda *_: TritonPagedAttention(CPU)
+            "dgpp.engine.execution.model_runner.select_backend_for",
+            lambda *_: TritonPagedAttention(CPU),
         )
         llm = LLM(str(reference.checkpoint), prefix_min_tokens=8, **knobs)
     runner = llm.engine.runner

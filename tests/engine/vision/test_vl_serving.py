@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.request import PromptIds
+from dgpp.engine.scheduling.request import PromptIds
 from dgpp.engine.vision.spans import PromptImage
 from tests.conftest import tiny_model
 from tests.engine.vision.vl_helpers import IMAGE, hf_vl_greedy, pixels, vl_prompt
@@ -137,7 +137,7 @@ def test_a_different_image_of_the_same_size_does_not_hit(
 @pytest.mark.parametrize("family", FAMILIES[:1], indirect=True, ids=["qwen3-vl"])
 def test_world_of_two_equals_world_of_one(family: tuple[Path, torch.nn.Module]) -> None:
     """The encoder replicated on both ranks: rank 0 sends each new image's pixels once."""
-    from tests.engine.test_tensor_parallel import KNOBS, _check_world_of_two
+    from tests.engine.distributed.test_tensor_parallel import KNOBS, _check_world_of_two
 
     prompts = [
         vl_prompt([[5, 6, 7], ((1, 4, 6), 1), [11, 12, 13, 14], ((1, 8, 4), 2), [15, 16]]),
@@ -178,7 +178,7 @@ def test_a_text_only_model_refuses_images(tmp_path: Path, tokenizer_dir: Path) -
 def test_layer_slices_and_speculation_keep_the_tokens(family: tuple[Path, torch.nn.Module]) -> None:
     """A long prompt's chunks computed a layer a step (the image merged at the first layer,
     DeepStack added at its own), and n-gram verify rows after an image (shifted positions)."""
-    from tests.engine.test_layer_slices import _sliced
+    from tests.engine.scheduling.test_layer_slices import _sliced
 
     checkpoint, hf_model = family
     prompt = vl_prompt([list(range(200, 230)), ((1, 8, 4), 2), [7, 8, 9] * 10])

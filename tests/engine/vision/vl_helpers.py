@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.request import PromptIds, Request
-from dgpp.engine.sampling_params import SamplingParams
-from dgpp.engine.scheduler import ScheduledChunk, StepPlan
+from dgpp.engine.sampling.sampling_params import SamplingParams
+from dgpp.engine.scheduling.request import PromptIds, Request
+from dgpp.engine.scheduling.scheduler import ScheduledChunk, StepPlan
 from dgpp.engine.vision.spans import ImageSpan, PromptImage, chunk_end, image_digest
 
 PATCH_DIM = 3 * 2 * 4 * 4  # channels x temporal x 4 x 4 patches (tests/conftest.py)
@@ -89,9 +89,9 @@ def hf_vl_logits(
 def vl_teacher_forced_logits(
     engine: object, prompt: PromptIds, continuation: list[int]
 ) -> list[tuple[int, torch.Tensor]]:
-    """`dgpp.engine.teacher_force.teacher_forced_logits` for a prompt with images: the prompt
-    in prefill chunks of the engine's size that split no image, then one decode row per forced
-    token (through the decode graphs where the runner has them); (position, float32 logits)
+    """`dgpp.engine.evaluation.teacher_force.teacher_forced_logits` for a prompt with images: the
+    prompt in prefill chunks of the engine's size that split no image, then one decode row per
+    forced token (through the decode graphs where the runner has them); (position, float32 logits)
     at every position the engine samples from."""
     sequence = [*prompt, *continuation]
     params = SamplingParams(max_tokens=1)
