@@ -177,21 +177,11 @@ class ModelRunner:
         # The residual stream a layer slice left, by seq id, for the request's next slice.
         self.streams: dict[int, torch.Tensor] = {}
         self.max_model_len = max_model_len
-        self.mtp: Drafting | None = None  # MTP's layers (`drafting`), before the pools
-        if drafter is not None:
-            self.mtp = drafter(
-                DraftTarget(
-                    model_config,
-                    self.model,
-                    parallel,
-                    attention,
-                    checkpoint,
-                    self.dtype,
-                    self.device,
-                    config.num_kv_blocks,
-                    self.block_size,
-                )
-            )
+        self.mtp: Drafting | None = None
+        if drafter is not None:  # MTP's layers (`drafting`), before the pools are sized
+            place = (self.dtype, self.device, config.num_kv_blocks, self.block_size)
+            target = DraftTarget(model_config, self.model, parallel, attention, checkpoint, *place)
+            self.mtp = drafter(target)
         self.host: HostStore | None = None  # the prefix cache's host tier on this rank
         self.disk: DiskStore | None = None  # and its disk tier, staged through the host tier
         state_bytes = self.state_layout.slot_bytes if recurrent else 0
