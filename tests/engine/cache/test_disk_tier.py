@@ -305,7 +305,7 @@ def test_world_of_two_equals_world_of_one_through_a_restart_from_disk(
     on each read. A second world, started afresh, hits the first one's files; a third, whose
     rank 1 lost its files, reads rank 0's well but takes none of them (a miss on any rank is a
     miss for all: otherwise rank 1 would attend over a slot it never filled)."""
-    from tests.engine import test_tensor_parallel as tp
+    from tests.engine.distributed import test_tensor_parallel as tp
 
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
     prompts = [list(range(300, 340)), list(range(1000, 1040))]

@@ -119,7 +119,7 @@ def test_world_of_two_equals_world_of_one_through_the_host_tier(
 ) -> None:
     """Each rank spills and loads its own shard, as the step messages say; rank 0 decides the
     hits. Three waves: the third repeats the first, whose blocks the second evicted."""
-    from tests.engine import test_tensor_parallel as tp
+    from tests.engine.distributed import test_tensor_parallel as tp
 
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
     first = [list(range(300, 340)), list(range(1000, 1040))]
@@ -136,7 +136,7 @@ def test_world_of_two_equals_world_of_one_for_a_hybrid_model_through_the_tiers(
     the snapshots (ops from STATES), and writes both to disk; the third wave extends the
     first's prompts (a hit needs the snapshot at the end of the earlier prompt), whose blocks
     and snapshots the second pushed out of the device."""
-    from tests.engine import test_tensor_parallel as tp
+    from tests.engine.distributed import test_tensor_parallel as tp
 
     checkpoint = build_tiny_checkpoint(
         tmp_path, tokenizer_dir, "Qwen3NextForCausalLM", mlp_only_layers=[1]

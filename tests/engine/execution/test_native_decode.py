@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dgpp.engine import LLM, SamplingParams, native_decode
+from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.base import BatchLayout, BatchRow
+from dgpp.engine.execution import native_decode
 from dgpp.kernels import decoder_step_cpu
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import engines_logit_difference

@@ -13,7 +13,9 @@ from safetensors import SafetensorError, safe_open
 
 from dgpp.appliance.offline import LLM as OfflineLLM
 from dgpp.appliance.paths import resident_dir
-from dgpp.engine import LLM, SamplingParams, loader, resident_cache
+from dgpp.engine import LLM, SamplingParams
+from dgpp.engine.checkpoint import loader
+from dgpp.engine.planning import resident_cache
 from tests.conftest import build_tiny_checkpoint
 
 PROMPTS = [list(range(300, 330)), [5, 6, 7], list(range(1000, 1013))]

@@ -284,7 +284,7 @@ def test_world_of_two_equals_world_of_one_through_layer_slices(
 ) -> None:
     """Every rank keeps its own residual stream between slices; the step messages carry each
     slice's layers, and world 2's tokens are world 1's."""
-    from tests.engine import test_tensor_parallel as tp
+    from tests.engine.distributed import test_tensor_parallel as tp
 
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen2ForCausalLM")
     tp._check_world_of_two(checkpoint, tp.INTERACTIVE, target=_sliced_rank, sliced=True)

@@ -192,7 +192,7 @@ def _oracle_rank(full: dict, *args: object) -> None:
 
 def test_world_of_two_verifies_on_every_rank(checkpoint: Path) -> None:
     """Each rank keeps its own heads' states per draft position and rolls back alike."""
-    from tests.engine import test_tensor_parallel as tp
+    from tests.engine.distributed import test_tensor_parallel as tp
 
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)  # tp's
     outputs = LLM(str(checkpoint), **tp.KNOBS).generate(tp.PROMPTS, params)
