@@ -14,19 +14,19 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points, version
 
-from dgpp.appliance.cache_cli import add_cache_parser
-from dgpp.appliance.default_model import DEFAULT_FORM, INSTALL_FORMS
-from dgpp.appliance.deploy_cli import add_deploy_parsers
-from dgpp.appliance.engine_options import add_engine_options, add_sampling_options
-from dgpp.appliance.eval_cli import add_eval_parser
-from dgpp.appliance.exit_codes import (
+from dgpp.appliance.commands.cache import add_cache_parser
+from dgpp.appliance.commands.deploy import add_deploy_parsers
+from dgpp.appliance.commands.engine_options import add_engine_options, add_sampling_options
+from dgpp.appliance.commands.eval import add_eval_parser
+from dgpp.appliance.commands.rank import add_rank_parser
+from dgpp.appliance.commands.serve import add_server_options, add_world_options
+from dgpp.appliance.common.exit_codes import (
     EXIT_CONFIG,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
 )
-from dgpp.appliance.rank_cli import add_rank_parser
-from dgpp.appliance.serve_cli import add_server_options, add_world_options
+from dgpp.appliance.models.default import DEFAULT_FORM, INSTALL_FORMS
 from dgpp.engine.errors import ConfigError, DgppError, ModelLoadError, UnsupportedModelError
 
 # Commands of the layers above the appliance (the console: `dgpp webui`), which this module
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_model(args: argparse.Namespace) -> int:
-    from dgpp.appliance import model_store
+    from dgpp.appliance.models import store as model_store
 
     if args.model_command == "list":
         entries = model_store.list_models()
@@ -104,7 +104,7 @@ def _run_model(args: argparse.Namespace) -> int:
     if args.model_command == "pull":
         print(model_store.pull(args.repo_id, args.revision))
         return EXIT_OK
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     path = install_default(lambda message: print(message, file=sys.stderr), args.dtype)
     print(path)
@@ -138,32 +138,32 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "model":
         return _run_model(args)
     if args.command == "serve":
-        from dgpp.appliance.serve_cli import run_serve
+        from dgpp.appliance.commands.serve import run_serve
 
         return run_serve(args)
     if args.command == "deploy":
-        from dgpp.appliance.deploy_cli import run_deploy
+        from dgpp.appliance.commands.deploy import run_deploy
 
         return run_deploy(args)
     if args.command == "support-bundle":
-        from dgpp.appliance.deploy_cli import run_support_bundle
+        from dgpp.appliance.commands.deploy import run_support_bundle
 
         return run_support_bundle(args)
     if args.command == "rank":
-        from dgpp.appliance.rank_cli import run_rank
+        from dgpp.appliance.commands.rank import run_rank
 
         return run_rank(args)
     if args.command == "eval":
-        from dgpp.appliance.eval_cli import run_eval
+        from dgpp.appliance.commands.eval import run_eval
 
         return run_eval(args)
     if args.command == "cache":
-        from dgpp.appliance.cache_cli import run_cache
+        from dgpp.appliance.commands.cache import run_cache
 
         return run_cache(args)
     if getattr(args, "handler", None) is not None:  # a command of a layer above (COMMANDS_GROUP)
         return args.handler(args)
-    from dgpp.appliance import generate_cli
+    from dgpp.appliance.commands import generate as generate_cli
 
     if args.command == "generate":
         return generate_cli.run_generate(args)

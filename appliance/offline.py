@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dgpp.appliance.model_store import resolve_model
-from dgpp.appliance.paths import resident_dir
+from dgpp.appliance.common.paths import resident_dir
+from dgpp.appliance.models.store import resolve_model
 from dgpp.engine.llm import LLM as EngineLLM
 
 

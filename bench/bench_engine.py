@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dgpp.appliance.default_model import install_default
+from dgpp.appliance.models.default import install_default
 from dgpp.engine import LLM, SamplingParams
 
 STORY = (

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from dgpp.appliance.default_model import install_default
+from dgpp.appliance.models.default import install_default
 from dgpp.engine import LLM, SamplingParams
 from dgpp.kernels.cache_dir import dgpp_cache_dir
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import interactive_arrivals as arrivals
 
-from dgpp.appliance.default_model import install_default
+from dgpp.appliance.models.default import install_default
 from dgpp.engine.llm import LLM
 from dgpp.engine.sampling.sampling_params import SamplingParams
 

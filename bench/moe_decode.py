@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from dgpp.appliance.default_model import default_model_path, install_default, is_complete
+from dgpp.appliance.models.default import default_model_path, install_default, is_complete
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layers.moe import Experts
 from dgpp.engine.layers.router import Router

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dgpp.appliance.default_model import install_default
+from dgpp.appliance.models.default import install_default
 from dgpp.appliance.offline import LLM
 from dgpp.engine.evaluation.eval_reference import perplexity
 from dgpp.engine.evaluation.eval_scoring import Collector, Reference, coarse_kl, score_text, windows

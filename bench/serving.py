@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.appliance.default_model import install_default
+from dgpp.appliance.models.default import install_default
 from dgpp.kernels.cache_dir import dgpp_cache_dir
 
 sys.path.insert(0, str(Path(__file__).parent))

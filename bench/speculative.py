@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from dgpp.appliance.model_store import resolve_model
+from dgpp.appliance.models.store import resolve_model
 from dgpp.appliance.offline import LLM
 from dgpp.engine import SamplingParams
 

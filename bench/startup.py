@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--serve-args", default="", help="more `dgpp serve` options, one string")
     args = parser.parse_args()
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     default = install_default()
     for name in args.models.split(","):

@@ -146,7 +146,7 @@ def tiny_long_context_checkpoint(out: Path) -> Path:
     """A random-weight Llama of 65,536 positions with the default model's tokenizer."""
     import transformers
 
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(install_default()))
     config = transformers.LlamaConfig(
@@ -172,7 +172,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     args = parser.parse_args()
     contexts = [int(value) for value in args.contexts.split(",")]
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     with tempfile.TemporaryDirectory() as scratch:
         models = {

@@ -99,7 +99,7 @@ def _xgrammar(tokenizer: Any, vocab: int, ids: list[int]) -> tuple[float, list[f
 
 
 def libraries(repeats: int) -> None:
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
     from dgpp.engine.tokenization.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(install_default())
@@ -133,7 +133,7 @@ def libraries(repeats: int) -> None:
 
 def engine(requests: int, repeats: int) -> None:
     import dgpp.engine.scheduling.step_sampling as step_sampling
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
     from dgpp.engine.llm import LLM
     from dgpp.engine.sampling.grammar import json_schema_grammar
     from dgpp.engine.sampling.sampling_params import SamplingParams

@@ -76,7 +76,7 @@ def checkpoint() -> Path:
         return out
     import transformers
 
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers
     from tests.engine.vision.vl_helpers import VISION_TOKENS, VL_TEMPLATE
@@ -130,10 +130,10 @@ def dgpp_run(path: Path, png: bytes, max_pixels: int, threads: int) -> dict[str,
     from dgpp.engine.engine import LLMEngine
     from dgpp.engine.planning.resolved import resolve
     from dgpp.engine.sampling.sampling_params import SamplingParams
-    from dgpp.engine.server.chat_render import normalise, probe_template, render
-    from dgpp.engine.server.config import ServerConfig
-    from dgpp.engine.server.image_inputs import ServerImages
-    from dgpp.engine.server.protocol import ChatMessage
+    from dgpp.engine.server.chat.image_inputs import ServerImages
+    from dgpp.engine.server.chat.render import normalise, probe_template, render
+    from dgpp.engine.server.core.config import ServerConfig
+    from dgpp.engine.server.openai.protocol import ChatMessage
 
     config = EngineConfig(
         model=str(path), num_threads=threads, prefix_cache=False, max_model_len=4096

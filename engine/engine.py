@@ -141,8 +141,8 @@ class LLMEngine:
 
     def retune(self, config: EngineConfig) -> None:
         """Run on with `config`, which differs from the running one only in live knobs (the
-        step policy's; `dgpp.appliance.live_reload` checks): from the next step on, and for the
-        requests already in flight. Call it from the thread that steps."""
+        step policy's; `dgpp.appliance.runtime.live_reload` checks): from the next step on, and
+        for the requests already in flight. Call it from the thread that steps."""
         self.config = config
         self.scheduler.policy = _step_policy(config, self.runner)
 

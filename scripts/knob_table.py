@@ -13,7 +13,7 @@ from pathlib import Path
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.knobs import knob_table
 from dgpp.engine.distributed.world_spec import WorldTimeouts
-from dgpp.engine.server.config import ServerConfig
+from dgpp.engine.server.core.config import ServerConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "engine.md"
 BEGIN = "<!-- knob table: written by scripts/knob_table.py from the knobs' declarations -->\n"

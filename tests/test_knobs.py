@@ -12,22 +12,22 @@ from typing import Any, ClassVar, Literal, get_origin
 import pytest
 
 from dgpp.appliance.cli import build_parser
-from dgpp.appliance.deployment import (
+from dgpp.appliance.commands.engine_options import add_knob_flags, knob_flags
+from dgpp.appliance.commands.serve import serve_deployment
+from dgpp.appliance.deployments.deployment import (
     Deployment,
     engine_config,
     parse_deployment,
     server_config,
     world_timeouts,
 )
-from dgpp.appliance.engine_options import add_knob_flags, knob_flags
-from dgpp.appliance.knob_schema import key_of, section_model
-from dgpp.appliance.serve_cli import serve_deployment
+from dgpp.appliance.deployments.knob_schema import key_of, section_model
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.knobs import Knob, Rule, check_knobs, knob, knob_table, knobs_of
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.llm import _KNOBS
-from dgpp.engine.server.config import ServerConfig
-from dgpp.webui.knob_form import knob_fields
+from dgpp.engine.server.core.config import ServerConfig
+from dgpp.webui.deployments.knob_form import knob_fields
 from scripts.knob_table import CLASSES, DOC, rendered
 
 # Strings have no generic "another valid value": these are.

@@ -18,12 +18,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from dgpp.appliance.control_backend import ControlBackend
-from dgpp.webui.config import ConsoleConfig
-from dgpp.webui.console import Console, build_console
-from dgpp.webui.deps import CsrfRefusedError, LoginRequiredError, get_engine_factory, resolved
-from dgpp.webui.metrics_poller import MetricsPoller
-from dgpp.webui.pages import STATIC_DIR
+from dgpp.appliance.control.backend import ControlBackend
+from dgpp.webui.core.config import ConsoleConfig
+from dgpp.webui.core.console import Console, build_console
+from dgpp.webui.monitor.metrics_poller import MetricsPoller
 from dgpp.webui.routes import (
     auth_routes,
     history_routes,
@@ -34,6 +32,13 @@ from dgpp.webui.routes import (
     pull_routes,
     switch_routes,
 )
+from dgpp.webui.routes.deps import (
+    CsrfRefusedError,
+    LoginRequiredError,
+    get_engine_factory,
+    resolved,
+)
+from dgpp.webui.routes.pages import STATIC_DIR
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,7 @@ def _is_api(request: Request) -> bool:
 
 def _warm(console: Console) -> None:
     """Every Models row's memory plan, queued in the background at start (`warm_plans`)."""
-    from dgpp.webui.model_catalogue import warm_plans
+    from dgpp.webui.models.catalogue import warm_plans
 
     try:
         rows = warm_plans(console.store.read_raw(), console.plans)
@@ -66,7 +71,7 @@ def _warm(console: Console) -> None:
 
 def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> FastAPI:
     """The console. `backend` replaces the one the settings name (tests pass fakes)."""
-    from dgpp.webui.engine_address import check_engine_url
+    from dgpp.webui.core.engine_address import check_engine_url
 
     # Before anything is built: a console that would start one engine and watch another refuses.
     check_engine_url(config, backend.kind if backend is not None else config.backend)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_OK
+from dgpp.appliance.common.exit_codes import EXIT_CONFIG, EXIT_OK
 from dgpp.engine.errors import ConfigError
 
 log = logging.getLogger("dgpp.webui")
@@ -72,7 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
     """The console's settings, resolved the same way for `dgpp webui` and for `set-password`
     (so both name the same credentials file): the file from --config or $DGPP_WEBUI_CONFIG,
     the flags on top, then the defaults that follow from the backend and the state dir."""
-    from dgpp.webui.config import load_console_config
+    from dgpp.webui.core.config import load_console_config
 
     keys = (
         "deployment",

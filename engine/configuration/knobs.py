@@ -2,11 +2,11 @@
 `ServerConfig`, `WorldTimeouts`) made with `knob(...)`: its name, type (the annotation, a
 `Literal` for choices), default, bounds, unit, help, where it may be set (the deployment
 file's key, the command-line flag, the console's form) and whether a running rank 0 takes a
-new value live (`live`: a reload, no restart; `dgpp.appliance.live_reload`). Everything else
-is derived from that field: the dataclass's own checks (`check_knobs`), the deployment
-schema's sections (`dgpp.appliance.knob_schema`), the CLI flags
-(`dgpp.appliance.engine_options`), the console's form (`dgpp.webui.knob_form`) and the knob
-table of docs/engine.md (`knob_table`).
+new value live (`live`: a reload, no restart; `dgpp.appliance.runtime.live_reload`). Everything
+else is derived from that field: the dataclass's own checks (`check_knobs`), the deployment
+schema's sections (`dgpp.appliance.deployments.knob_schema`), the CLI flags
+(`dgpp.appliance.commands.engine_options`), the console's form
+(`dgpp.webui.deployments.knob_form`) and the knob table of docs/engine.md (`knob_table`).
 
 Adding a knob is one edit: the field. Rules that tie knobs together (`Rule`) are declared once
 too, beside the fields, and checked wherever the knobs are.

@@ -7,7 +7,7 @@ Rank 0 resolves; `LLMEngine` takes the result and reads no configuration itself;
 build from what rank 0 pushes of it (`distributed.worker.pushed_config`: the sized engine
 configuration and rank 0's reading of config.json); the console's preview and
 `dgpp deploy plan` plan the memory of the same `ResolvedConfig`
-(`appliance.deployment_plan.resolve_deployment`).
+(`appliance.deployments.plan.resolve_deployment`).
 """
 
 from __future__ import annotations

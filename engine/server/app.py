@@ -11,7 +11,14 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from dgpp.engine.scheduling.stats import EngineStats
-from dgpp.engine.server import (
+from dgpp.engine.server.core.body_limit import BodyLimitMiddleware
+from dgpp.engine.server.core.config import ServerConfig, concrete_names
+from dgpp.engine.server.core.errors import APIError, install_error_handlers, respond
+from dgpp.engine.server.metrics.prometheus import build_registry
+from dgpp.engine.server.metrics.service import ServiceMetrics
+from dgpp.engine.server.metrics.stats_log import periodic_stats_log
+from dgpp.engine.server.pipeline.state import ServerState
+from dgpp.engine.server.routes import (
     admin_routes,
     anthropic_routes,
     chat_routes,
@@ -20,14 +27,7 @@ from dgpp.engine.server import (
     misc_routes,
     responses_routes,
 )
-from dgpp.engine.server.body_limit import BodyLimitMiddleware
-from dgpp.engine.server.config import ServerConfig, concrete_names
-from dgpp.engine.server.deps import Startup, state_of
-from dgpp.engine.server.errors import APIError, install_error_handlers, respond
-from dgpp.engine.server.metrics import ServiceMetrics
-from dgpp.engine.server.prometheus import build_registry
-from dgpp.engine.server.state import ServerState
-from dgpp.engine.server.stats_log import periodic_stats_log
+from dgpp.engine.server.routes.deps import Startup, state_of
 
 # /metrics is for scrapers, which usually carry no key; it holds counts only, no request content.
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/redoc")

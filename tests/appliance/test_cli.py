@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dgpp.appliance import cli
-from dgpp.appliance.exit_codes import EXIT_CONFIG, EXIT_ERROR, EXIT_USAGE
+from dgpp.appliance.common.exit_codes import EXIT_CONFIG, EXIT_ERROR, EXIT_USAGE
 from tests.conftest import build_tiny_checkpoint
 
 RunCli = Callable[..., tuple[int, str, str]]

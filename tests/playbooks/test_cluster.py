@@ -254,7 +254,7 @@ def test_the_head_gets_its_firewall_and_the_workers_none(cluster: Cluster):
 
 
 def test_every_node_holds_the_same_generated_cluster_secret(cluster: Cluster):
-    from dgpp.appliance.cluster_secret_file import read_cluster_secret
+    from dgpp.appliance.runtime.cluster_secret_file import read_cluster_secret
 
     secrets = set()
     for host in cluster.hosts:
@@ -269,7 +269,7 @@ def test_every_node_holds_the_same_generated_cluster_secret(cluster: Cluster):
 
 
 def test_the_head_gets_a_valid_deployment_shaped_by_the_inventory(cluster: Cluster):
-    from dgpp.appliance.deployment import parse_deployment
+    from dgpp.appliance.deployments.deployment import parse_deployment
 
     path = cluster.head.path("/etc/dgpp/deployment.json")
     deployment = parse_deployment(json.loads(path.read_text()))
@@ -331,7 +331,7 @@ def test_units_and_console_credentials(cluster: Cluster):
 
 
 def test_console_settings_select_systemd_and_polkit(cluster: Cluster):
-    from dgpp.webui.config import load_console_config
+    from dgpp.webui.core.config import load_console_config
 
     head = cluster.head
     env = head.path("/etc/dgpp/webui.env").read_text().splitlines()

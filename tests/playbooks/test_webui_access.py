@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend
+from dgpp.appliance.control.systemd import CommandResult, SystemdBackend
 from tests.playbooks.staging import PLAYBOOKS
 
 

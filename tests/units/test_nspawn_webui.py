@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from dgpp.appliance.control_backend_systemd import CommandResult, SystemdBackend
+from dgpp.appliance.control.systemd import CommandResult, SystemdBackend
 from tests.units.container import Container, missing_tools, stage_checkout
 from tests.units.one_host import (
     ANSIBLE_PLAYBOOK,
@@ -359,7 +359,8 @@ def test_a_deployment_that_cannot_load_is_rolled_back(console: Container) -> Non
     seconds = time.monotonic() - started
     assert job["phase"] == "rolled back", job
     assert job["reason"].startswith("rank 0 exited and is restarting"), job["reason"]
-    # the reason names the root cause from rank 0's log (webui/root_cause.py), not the exit code
+    # the reason names the root cause from rank 0's log (webui/switch/root_cause.py), not the exit
+    # code
     assert "no such checkpoint directory: /srv/models/missing" in job["reason"], job["reason"]
     assert "no such checkpoint directory: /srv/models/missing" in job["log_tail"]
     print(f"\nswitch to a missing checkpoint: rolled back in {seconds:.1f} s")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dgpp.appliance.exit_codes import EXIT_CONFIG
+from dgpp.appliance.common.exit_codes import EXIT_CONFIG
 from dgpp.engine.distributed.world_spec import WorldTimeouts
 
 UNITS_DIR = Path(__file__).resolve().parents[2] / "units"

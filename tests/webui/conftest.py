@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from dgpp.webui.app import create_app
-from dgpp.webui.config import ConsoleConfig, parse_console_config
-from dgpp.webui.deps import get_backend, get_engine_factory
+from dgpp.webui.core.config import ConsoleConfig, parse_console_config
+from dgpp.webui.routes.deps import get_backend, get_engine_factory
 from dgpp.webui.routes.overview_routes import get_nodes_factory
 from dgpp.webui.security.credentials import write_credentials
 from tests.webui.fakes import FakeBackend, FakeEngine, FakeWorld

@@ -23,7 +23,7 @@ import pytest
 import uvicorn
 
 from dgpp.webui.app import create_app
-from dgpp.webui.config import parse_console_config
+from dgpp.webui.core.config import parse_console_config
 from dgpp.webui.security.credentials import write_credentials
 from tests.engine.server.harness import free_port
 

@@ -9,13 +9,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgpp.appliance.control_backend import ActionResult, LogRun, RankStatus
-from dgpp.appliance.deployment import Deployment
-from dgpp.appliance.live_reload import RestartRequiredError, live_changes
-from dgpp.engine.server.metrics import ServiceMetrics
-from dgpp.engine.server.prometheus import build_registry, render
-from dgpp.webui.deployment_store import resolve_raw, served_names
-from dgpp.webui.engine_client import Health
+from dgpp.appliance.control.backend import ActionResult, LogRun, RankStatus
+from dgpp.appliance.deployments.deployment import Deployment
+from dgpp.appliance.runtime.live_reload import RestartRequiredError, live_changes
+from dgpp.engine.server.metrics.prometheus import build_registry, render
+from dgpp.engine.server.metrics.service import ServiceMetrics
+from dgpp.webui.deployments.store import resolve_raw, served_names
+from dgpp.webui.monitor.engine_client import Health
 
 BROKEN_MODEL = "/models/cannot-load"
 

@@ -7,10 +7,10 @@ in-process client (a requests session on the ASGI app) carrying the session cook
 no 5xx and no hang; refusals (401/403/404/409/422, redirects to the login page) are fine.
 Budget `DGPP_FUZZ_EXAMPLES` cases in all (default 200), derandomized.
 
-Excluded, and why: POST /logout ends the session every later case needs (tests/webui/test_auth.py
-covers it); POST /login with drawn credentials only feeds the login limiter, which
-test_auth.py covers. Model pulls run against a pull function that fails at once, since a fuzz
-test must not reach the network.
+Excluded, and why: POST /logout ends the session every later case needs
+(tests/webui/security/test_auth.py covers it); POST /login with drawn credentials only feeds the
+login limiter, which test_auth.py covers. Model pulls run against a pull function that fails at
+once, since a fuzz test must not reach the network.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from schemathesis.python.asgi import ASGIClient
 
-from dgpp.webui.model_pull import PullManager
+from dgpp.webui.models.pull import PullManager
 from tests.engine.server.fuzz_checks import fuzz_examples
 from tests.webui.conftest import Console, running_console
 

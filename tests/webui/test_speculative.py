@@ -9,12 +9,12 @@ import re
 
 import pytest
 
-from dgpp.appliance.deployment import parse_deployment
+from dgpp.appliance.deployments.deployment import parse_deployment
 from dgpp.engine.scheduling.stats import EngineCounters, EngineStats, SpecCounters
-from dgpp.engine.server.metrics import ServiceCounters
-from dgpp.engine.server.metrics_routes import metrics_body
-from dgpp.webui.knob_form import knob_fields, validation_errors
-from dgpp.webui.metrics_poller import sample_of
+from dgpp.engine.server.metrics.service import ServiceCounters
+from dgpp.engine.server.routes.metrics_routes import metrics_body
+from dgpp.webui.deployments.knob_form import knob_fields, validation_errors
+from dgpp.webui.monitor.metrics_poller import sample_of
 from dgpp.webui.routes.overview_routes import speculative_view
 from tests.webui.conftest import DEPLOYMENT, Console, hidden
 
@@ -83,7 +83,7 @@ def test_an_ngram_range_upside_down_is_refused_on_its_field(logged_in: Console) 
 def test_a_rule_about_a_key_not_on_the_form_is_shown_on_top(
     logged_in: Console, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dgpp.webui import knob_form
+    from dgpp.webui.deployments import knob_form
 
     without_min = tuple(
         knob for knob in knob_form.KNOBS if knob.deployment != "speculative.ngram_min"

@@ -22,9 +22,9 @@ from dgpp.appliance.cli import build_parser, main
 from dgpp.engine.errors import ConfigError
 from dgpp.webui.app import create_app
 from dgpp.webui.cli import CONFIG_ENV, _settings
-from dgpp.webui.config import load_console_config
-from dgpp.webui.deployment_store import resolve_raw
-from dgpp.webui.engine_address import foreign_engine_url
+from dgpp.webui.core.config import load_console_config
+from dgpp.webui.core.engine_address import foreign_engine_url
+from dgpp.webui.deployments.store import resolve_raw
 from dgpp.webui.security.credentials import load_credentials
 from tests.engine.server.harness import free_port
 from tests.webui.conftest import console_config, running_console

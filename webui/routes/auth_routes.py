@@ -17,8 +17,8 @@ from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.deps import ConsoleDep, check_csrf
-from dgpp.webui.pages import render
+from dgpp.webui.routes.deps import ConsoleDep, check_csrf
+from dgpp.webui.routes.pages import render
 from dgpp.webui.security.sessions import LOGIN_COOKIE, SESSION_COOKIE
 
 log = logging.getLogger(__name__)

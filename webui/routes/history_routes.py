@@ -21,13 +21,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from dgpp.appliance.deployment_diff import diff
+from dgpp.appliance.deployments.diff import diff
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.console import Console
-from dgpp.webui.deployment_store import resolve_raw
-from dgpp.webui.deps import LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.knob_form import validation_errors
-from dgpp.webui.pages import render, when
+from dgpp.webui.core.console import Console
+from dgpp.webui.deployments.knob_form import validation_errors
+from dgpp.webui.deployments.store import resolve_raw
+from dgpp.webui.routes.deps import LOGGED_IN, ConsoleDep, CurrentSession
+from dgpp.webui.routes.pages import render, when
 
 router = APIRouter(dependencies=LOGGED_IN)
 

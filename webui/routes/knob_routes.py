@@ -10,13 +10,13 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from dgpp.appliance.deployment_diff import diff
+from dgpp.appliance.deployments.diff import diff
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.deployment_store import resolve_raw
-from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.knob_form import apply_form, current_values, knob_fields, sections
-from dgpp.webui.memory_preview import MemoryPreview
-from dgpp.webui.pages import render
+from dgpp.webui.deployments.knob_form import apply_form, current_values, knob_fields, sections
+from dgpp.webui.deployments.store import resolve_raw
+from dgpp.webui.plans.memory_preview import MemoryPreview
+from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
+from dgpp.webui.routes.pages import render
 
 router = APIRouter(dependencies=LOGGED_IN)
 

@@ -24,12 +24,12 @@ from fastapi.responses import (
 )
 from starlette.background import BackgroundTask
 
-from dgpp.appliance.control_backend import ControlBackend, LogRun
-from dgpp.appliance.deployment_files import deployment_id
+from dgpp.appliance.control.backend import ControlBackend, LogRun
+from dgpp.appliance.deployments.files import deployment_id
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.console import Console
-from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, Backend, ConsoleDep, CurrentSession
-from dgpp.webui.pages import render, when
+from dgpp.webui.core.console import Console
+from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, Backend, ConsoleDep, CurrentSession
+from dgpp.webui.routes.pages import render, when
 
 router = APIRouter(dependencies=LOGGED_IN)
 
@@ -142,7 +142,7 @@ async def log_tail(
 
 @router.post("/logs/bundle", response_model=None, dependencies=CSRF_CHECKED)
 async def support_bundle(console: ConsoleDep) -> Response:
-    from dgpp.appliance.support_bundle import write_bundle
+    from dgpp.appliance.deployments.support_bundle import write_bundle
 
     folder = Path(tempfile.mkdtemp(prefix="dgpp-bundle-", dir=console.config.state_dir))
     try:

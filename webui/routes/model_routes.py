@@ -15,15 +15,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse
 
-from dgpp.appliance.deployment import Deployment
-from dgpp.appliance.deployment_diff import diff
+from dgpp.appliance.deployments.deployment import Deployment
+from dgpp.appliance.deployments.diff import diff
 from dgpp.engine.errors import ConfigError, DgppError
-from dgpp.webui.console import Console
-from dgpp.webui.deployment_edit import with_model, with_template
-from dgpp.webui.deployment_store import resolve_raw, served_names
-from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.model_catalogue import Catalogue, renames
-from dgpp.webui.pages import render
+from dgpp.webui.core.console import Console
+from dgpp.webui.deployments.edit import with_model, with_template
+from dgpp.webui.deployments.store import resolve_raw, served_names
+from dgpp.webui.models.catalogue import Catalogue, renames
+from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
+from dgpp.webui.routes.pages import render
 
 router = APIRouter(dependencies=LOGGED_IN)
 
@@ -31,7 +31,7 @@ router = APIRouter(dependencies=LOGGED_IN)
 def check_model(deployment: Deployment) -> str | None:
     """Why rank 0 could not load the deployment's model (looking only on this machine, the
     weights directory first, as a rank does), or None."""
-    from dgpp.appliance.deployment import checkpoint_of
+    from dgpp.appliance.deployments.deployment import checkpoint_of
     from dgpp.engine.checkpoint.config import ModelConfig
     from dgpp.engine.models.registry import model_class
 

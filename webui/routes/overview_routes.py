@@ -12,17 +12,24 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from dgpp.appliance.deployment import Deployment, is_loopback
-from dgpp.appliance.deployment_files import deployment_id
+from dgpp.appliance.deployments.deployment import Deployment, is_loopback
+from dgpp.appliance.deployments.files import deployment_id
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.console import Console
-from dgpp.webui.deployment_store import engine_target, served_names
-from dgpp.webui.deps import LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor, get_console
-from dgpp.webui.engine_address import foreign_engine_warning
-from dgpp.webui.node_probe import NodesApi, NodesClient, local_node, node_view
-from dgpp.webui.pages import render
-from dgpp.webui.switch import EngineFactory
-from dgpp.webui.switch_marks import rollback_banner, switch_events
+from dgpp.webui.core.console import Console
+from dgpp.webui.core.engine_address import foreign_engine_warning
+from dgpp.webui.deployments.store import engine_target, served_names
+from dgpp.webui.monitor.node_probe import NodesApi, NodesClient, local_node, node_view
+from dgpp.webui.routes.deps import (
+    LOGGED_IN,
+    Backend,
+    ConsoleDep,
+    CurrentSession,
+    EngineFor,
+    get_console,
+)
+from dgpp.webui.routes.pages import render
+from dgpp.webui.switch.marks import rollback_banner, switch_events
+from dgpp.webui.switch.switcher import EngineFactory
 
 router = APIRouter(dependencies=LOGGED_IN)
 

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
-from dgpp.webui.model_pull import PullBusyError, PullRefusedError
+from dgpp.webui.models.pull import PullBusyError, PullRefusedError
+from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
 from dgpp.webui.routes.model_routes import models_page, weights_dir
 
 router = APIRouter(dependencies=LOGGED_IN)

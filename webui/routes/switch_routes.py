@@ -11,11 +11,18 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from dgpp.engine.errors import ConfigError
-from dgpp.webui.deployment_store import resolve_raw
-from dgpp.webui.deps import CSRF_CHECKED, LOGGED_IN, Backend, ConsoleDep, CurrentSession, EngineFor
-from dgpp.webui.knob_form import validation_errors
-from dgpp.webui.pages import render
-from dgpp.webui.switch import SwitchBusyError
+from dgpp.webui.deployments.knob_form import validation_errors
+from dgpp.webui.deployments.store import resolve_raw
+from dgpp.webui.routes.deps import (
+    CSRF_CHECKED,
+    LOGGED_IN,
+    Backend,
+    ConsoleDep,
+    CurrentSession,
+    EngineFor,
+)
+from dgpp.webui.routes.pages import render
+from dgpp.webui.switch.switcher import SwitchBusyError
 
 router = APIRouter(dependencies=LOGGED_IN)
 

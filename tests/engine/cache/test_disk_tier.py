@@ -31,7 +31,7 @@ from dgpp.engine.cache.tier_file import (
     write_block,
 )
 from dgpp.engine.scheduling.request import Request
-from dgpp.engine.server.prometheus import _tier_hits
+from dgpp.engine.server.metrics.prometheus import _tier_hits
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.cache.test_host_tier import _run, _turns
 

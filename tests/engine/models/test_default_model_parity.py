@@ -27,7 +27,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def default_checkpoint() -> Path:
-    from dgpp.appliance.default_model import install_default
+    from dgpp.appliance.models.default import install_default
 
     return install_default()  # idempotent: returns at once when already installed
 
@@ -90,7 +90,7 @@ def _perplexity(llm: LLM, token_ids: list[int]) -> float:
 @pytest.fixture(scope="module")
 def expanded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model's float32 expansion (what `install-default --dtype float32` writes)."""
-    from dgpp.appliance.default_model import _write_float32, ensure_default_gguf
+    from dgpp.appliance.models.default import _write_float32, ensure_default_gguf
 
     out = tmp_path_factory.mktemp("float32")
     _write_float32(ensure_default_gguf(), out)

@@ -16,9 +16,9 @@ from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.planning.memory_plan import plan_memory
 from dgpp.engine.planning.state_plan import engine_state_layout
-from dgpp.engine.server import prometheus
-from dgpp.engine.server.metrics import ServiceCounters, ServiceMetrics
-from dgpp.engine.server.metrics_routes import metrics_body
+from dgpp.engine.server.metrics import prometheus
+from dgpp.engine.server.metrics.service import ServiceCounters, ServiceMetrics
+from dgpp.engine.server.routes.metrics_routes import metrics_body
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.parity import hf_greedy, max_logit_difference
 

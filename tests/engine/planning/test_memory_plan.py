@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from dgpp.appliance.engine_options import add_engine_options, engine_knobs
+from dgpp.appliance.commands.engine_options import add_engine_options, engine_knobs
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.engine_config import EngineConfig

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError, safe_open
 
+from dgpp.appliance.common.paths import resident_dir
 from dgpp.appliance.offline import LLM as OfflineLLM
-from dgpp.appliance.paths import resident_dir
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.checkpoint import loader
 from dgpp.engine.planning import resident_cache

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from dgpp.appliance.model_facts import UniformSchemes, facts_config
+from dgpp.appliance.models.facts import UniformSchemes, facts_config
 from dgpp.engine.layers.moe import PackedExperts
 from dgpp.engine.planning import weight_count
 

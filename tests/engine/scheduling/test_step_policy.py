@@ -289,9 +289,9 @@ def test_greedy_outputs_do_not_change_with_the_policy(checkpoint: Path, speculat
 def test_the_step_model_is_visible_in_the_metrics(checkpoint: Path) -> None:
     """The fitted constants leave the engine: `/v1/metrics` "step_model", Prometheus gauges and
     the console's one-line view of them, all from one engine's real steps."""
-    from dgpp.engine.server.metrics import ServiceMetrics
-    from dgpp.engine.server.metrics_routes import metrics_body
-    from dgpp.engine.server.prometheus import build_registry, render
+    from dgpp.engine.server.metrics.prometheus import build_registry, render
+    from dgpp.engine.server.metrics.service import ServiceMetrics
+    from dgpp.engine.server.routes.metrics_routes import metrics_body
     from dgpp.webui.routes.overview_routes import step_model_view
 
     llm = LLM(str(checkpoint), kv_capacity=1024, block_size=4)

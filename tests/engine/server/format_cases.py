@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from dgpp.engine.server.output_parser import OutputParser, merge
+from dgpp.engine.server.tool_formats.output_parser import OutputParser, merge
 
 # dgpp's own ids, or the ids a format writes itself (Kimi K2: functions.NAME:INDEX)
 CALL_ID = re.compile(r"call_[0-9a-f]{24}|(functions\.)?[^\s:]+:\d+")

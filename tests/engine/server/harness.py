@@ -20,8 +20,8 @@ from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.planning.resolved import resolve
 from dgpp.engine.server.app import create_app
-from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.core.config import ServerConfig
+from dgpp.engine.server.pipeline.state import ServerState
 
 
 def linked_checkpoint(source: Path, folder: Path, chat_template: str) -> Path:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from schemathesis.python.asgi import ASGIClient
 
 from dgpp.engine.server.app import create_app
-from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.core.config import ServerConfig
+from dgpp.engine.server.pipeline.state import ServerState
 from tests.engine.server.fuzz_checks import TEXT, FuzzEngine, assert_error_shape, fuzz_examples
 from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD, chat_message
 

@@ -25,10 +25,10 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
-from dgpp.engine.server.admin_routes import DRAIN_KEY
 from dgpp.engine.server.app import attach_state, create_app
-from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.core.config import ServerConfig
+from dgpp.engine.server.pipeline.state import ServerState
+from dgpp.engine.server.routes.admin_routes import DRAIN_KEY
 from tests.engine.server.fuzz_checks import TEXT, FuzzEngine, assert_error_shape, fuzz_examples
 
 EXAMPLES = fuzz_examples(25)  # per operation

@@ -17,12 +17,12 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from dgpp.engine.errors import InvalidRequestError
-from dgpp.engine.server.anthropic_convert import to_chat_messages as anthropic_messages
-from dgpp.engine.server.anthropic_protocol import CountTokensRequest
-from dgpp.engine.server.chat_render import normalise, probe_template, render
-from dgpp.engine.server.protocol import ChatMessage
-from dgpp.engine.server.responses_convert import to_chat_messages as responses_messages
-from dgpp.engine.server.responses_convert import to_chat_tools
+from dgpp.engine.server.anthropic.convert import to_chat_messages as anthropic_messages
+from dgpp.engine.server.anthropic.protocol import CountTokensRequest
+from dgpp.engine.server.chat.render import normalise, probe_template, render
+from dgpp.engine.server.openai.protocol import ChatMessage
+from dgpp.engine.server.responses.convert import to_chat_messages as responses_messages
+from dgpp.engine.server.responses.convert import to_chat_tools
 from tests.engine.server.fuzz_checks import fuzz_examples
 from tests.engine.server.fuzz_json import JSON, OBJECT, TYPED, WORD, chat_message
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dgpp.engine.server.chat_render import render
+from dgpp.engine.server.chat.render import render
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.server.harness import RunningServer, running_server
 

@@ -7,8 +7,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from dgpp.engine.server.app import attach_state, create_app, mark_failed
-from dgpp.engine.server.config import ServerConfig
-from dgpp.engine.server.state import ServerState
+from dgpp.engine.server.core.config import ServerConfig
+from dgpp.engine.server.pipeline.state import ServerState
 from tests.engine.server.harness import assert_error
 from tests.engine.server.scripted import ScriptedEngine
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from dgpp.engine.server.output_format import ToolFormat, detect_format, template_text
+from dgpp.engine.server.tool_formats.output_format import ToolFormat, detect_format, template_text
 from dgpp.engine.tokenization.chat_dsv4 import EFFORT, TOOLS, attach, encode
 
 B, E, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"

@@ -1,0 +1,180 @@
+"""The memory preview: the engine's plan of a deployment against the budget rank 0 will read
+(host RAM on CPU; this node's GPU, else a Spark, on CUDA), its verdict, the refusal's numbers
+and knob, and the cache that computes each plan once."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from dgpp.appliance.deployments.deployment import parse_deployment
+from dgpp.appliance.deployments.plan import SPARK_BYTES, spark_memory
+from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
+from dgpp.webui.plans.cache import PlanCache, plan_key
+from dgpp.webui.plans.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
+
+QWEN3_8B = {
+    "model": "Qwen/Qwen3-8B",
+    "engine": {"device": "cuda", "dtype": "bfloat16", "kv_capacity": 65536, "max_model_len": 32768},
+}
+
+
+@pytest.fixture(autouse=True)
+def no_checkpoints(tmp_path, monkeypatch) -> None:
+    """Nothing downloaded: models are planned from their shipped facts."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("DGPP_HOME", str(tmp_path / "dgpp"))
+
+
+def deployment(**engine: object):
+    return parse_deployment({**QWEN3_8B, "engine": {**QWEN3_8B["engine"], **engine}})
+
+
+def test_the_budget_is_the_one_rank_zero_reads() -> None:
+    cpu = budget_memory(parse_deployment({"model": "default"}))
+    assert not cpu.is_accelerator and cpu.description == "cpu (host RAM)"
+    assert budget_memory(deployment(), lambda index: None) == spark_memory()
+    h200 = DeviceMemory(141 * GIB, 141 * GIB, "cuda:1 (H200)", is_accelerator=True)
+    seen = []
+    found = budget_memory(deployment(device="cuda:1"), lambda index: seen.append(index) or h200)
+    assert (found, seen) == (h200, [1])
+
+
+class FakeNvml:
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        if self.total is None:
+            raise RuntimeError("Not Supported")  # a Spark's unified memory
+        return SimpleNamespace(total=self.total, free=1, used=self.total - 1)
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return b"NVIDIA H200"
+
+
+def test_a_gpu_is_sized_by_nvml_and_taken_as_free() -> None:
+    memory = gpu_memory(0, lambda: FakeNvml(150 * GIB))
+    assert memory is not None
+    assert (memory.total_bytes, memory.free_bytes, memory.is_accelerator) == (
+        150 * GIB,
+        150 * GIB,
+        True,
+    )
+    assert memory.description == "cuda:0 (NVIDIA H200, 150.00 GiB, none of it held by others)"
+    assert gpu_memory(0, lambda: FakeNvml(None)) is None
+
+
+def test_a_deployment_that_fits_has_every_ranks_numbers() -> None:
+    plan = preview_memory(deployment(), spark_memory())
+    assert plan.verdict == "fits" and plan.fits and plan.message == ""
+    assert (plan.source, plan.quantization) == ("facts", "none")
+    (rank,) = plan.ranks
+    assert rank.weights_bytes == plan.weights_bytes and rank.text("weights_bytes") == "15.26 GiB"
+    assert rank.kv_tokens == 65536 and rank.kv_bytes == 65536 * rank.kv_bytes_per_token
+    assert rank.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2  # layers x K,V x kv heads x dim x bf16
+    assert rank.total_bytes <= rank.budget_bytes == int(SPARK_BYTES * 0.9) - 4 * 10**9
+    assert plan.largest_context == rank.largest_context == 40960  # the model's own limit
+    assert plan.summary().startswith("fits on DGX Spark (128 GB unified): 65,536 KV tokens")
+    world2 = preview_memory(parse_deployment({**QWEN3_8B, "world_size": 2}), spark_memory())
+    assert [rank.rank for rank in world2.ranks] == [0, 1]
+    assert world2.weights_bytes < plan.weights_bytes
+
+
+def test_a_kv_pool_too_large_is_refused_on_kv_capacity() -> None:
+    plan = preview_memory(deployment(kv_capacity=10**11), spark_memory())
+    assert plan.verdict == "refused" and not plan.fits
+    assert plan.field == "engine.kv_capacity"
+    assert plan.message.startswith(
+        "does not fit on DGX Spark (128 GB unified) (world 1): rank 0: weights 15.26 GiB + KV "
+    )
+    assert "(100,000,000,000 tokens)" in plan.message
+    room = plan.ranks[0].budget_bytes - (plan.ranks[0].total_bytes - plan.ranks[0].kv_bytes)
+    most = room // plan.ranks[0].kv_bytes_per_token
+    assert f"at most about {most:,} KV tokens would fit" in plan.message
+    assert plan.summary() == plan.message
+
+
+def test_weights_too_large_for_the_world_belong_to_no_knob() -> None:
+    big = parse_deployment({**QWEN3_8B, "model": "Qwen/Qwen2.5-72B-Instruct"})
+    plan = preview_memory(big, spark_memory())
+    assert plan.verdict == "refused" and plan.field == ""
+    assert "not even the weights, workspace and states fit without any KV pool" in plan.message
+
+
+def test_a_workspace_too_large_is_refused_on_the_prefill_chunk() -> None:
+    plan = preview_memory(deployment(prefill_chunk_tokens=32768), spark_memory())
+    assert plan.verdict == "refused", plan.summary()
+    assert plan.field == "engine.prefill_chunk_tokens"
+    assert plan.ranks[0].workspace_bytes > plan.ranks[0].weights_bytes
+
+
+def test_the_engines_own_refusals_name_their_knob() -> None:
+    plan = preview_memory(deployment(memory_fraction=0.1), spark_memory())
+    assert plan.verdict == "refused" and plan.ranks == ()
+    assert plan.message.startswith("memory_fraction=0.1 leaves ")
+    assert plan.field == "engine.memory_fraction"  # not on the form: shown above it
+    plan = preview_memory(deployment(kv_capacity=4096), spark_memory())
+    assert plan.message.startswith("max_model_len=32768 exceeds what this model and KV pool")
+    assert plan.field == "engine.max_model_len"
+
+    # The preview resolves as rank 0 does: a quantization the weights are not stored in is
+    # refused here, on its knob, not after the switch has restarted rank 0.
+    plan = preview_memory(deployment(quantization="gptq"), spark_memory())
+    assert plan.verdict == "refused" and plan.ranks == ()
+    assert "asks for quantization 'gptq', but the checkpoint's weights" in plan.message
+    assert plan.field == "engine.quantization"
+
+
+def test_without_the_checkpoint_or_its_facts_there_is_no_plan() -> None:
+    plan = preview_memory(parse_deployment({"model": "org/unknown"}), spark_memory())
+    assert plan.verdict == "unknown" and plan.ranks == ()
+    assert plan.message.startswith(
+        "no memory plan: the checkpoint is not on this machine and no facts about it ship with "
+        "dgpp (model org/unknown is not downloaded"
+    )
+    assert "the switch is allowed" in plan.message
+
+
+def test_a_plan_key_follows_what_the_plan_reads() -> None:
+    spark = spark_memory()
+    assert plan_key(deployment(), spark) == plan_key(deployment(), spark)
+    assert plan_key(deployment(), spark) != plan_key(deployment(kv_capacity=4096), spark)
+    assert plan_key(deployment(), spark) != plan_key(deployment(), spark_memory(256 * 10**9))
+    host = DeviceMemory(64 * GIB, 10 * GIB + 5, "cpu (host RAM)", is_accelerator=False)
+    moved = DeviceMemory(64 * GIB, 10 * GIB + (7 << 20), "cpu (host RAM)", is_accelerator=False)
+    assert plan_key(deployment(), host) == plan_key(deployment(), moved)  # to the GiB
+
+
+def test_the_cache_computes_each_plan_once_and_in_the_background() -> None:
+    calls: list[int] = []
+    release = threading.Event()
+
+    def plan(target, memory) -> MemoryPreview:
+        calls.append(target.engine.kv_capacity)
+        release.wait(5)
+        return MemoryPreview("fits", "", model=target.model)
+
+    cache = PlanCache(plan, gpu=lambda index: None)
+    first = deployment()
+    assert cache.known(first, schedule=True) is None  # queued for the background
+    waiter = threading.Thread(target=cache.plan, args=(first,))  # shares the running one
+    waiter.start()
+    release.set()
+    waiter.join(5)
+    assert cache.known(first) == cache.plan(first) == MemoryPreview("fits", "", model=first.model)
+    assert calls == [65536]
+    cache.close()
+    assert cache.known(deployment(kv_capacity=4096), schedule=True) is None  # closed: not queued
+    assert calls == [65536]
