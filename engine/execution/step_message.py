@@ -68,7 +68,7 @@ class StepMessage:
     dropped from the tables before the rows apply. `restores` and `saves` are recurrent-state
     copies (from slot, to slot), before and after the forward; `copies` the host tier's
     (`dgpp.engine.cache.host_tier`) and the disk tier's ops, run in order before the forward; after
-    it every rank reports on the `poll` oldest fetches from disk (`dgpp.engine.cache_tiers`).
+    it every rank reports on the `poll` oldest fetches from disk (`dgpp.engine.cache.disk_tier`).
     A message without rows only runs the copies and the poll (waiting a little for fetches).
     `encode` names the images (by digest) the vision encoder runs on before the forward; their
     `pixels` (the images' rows, concatenated in that order) travel beside the message, not in
