@@ -10,8 +10,9 @@ import torch
 
 from dgpp.engine.engine import LLMEngine
 from dgpp.engine.sampling.sampling_params import SamplingParams
-from dgpp.engine.scheduling.request import Request
+from dgpp.engine.scheduling.request import PromptIds, Request
 from dgpp.engine.scheduling.scheduler import ScheduledChunk, StepPlan
+from dgpp.engine.vision.spans import chunk_end
 
 
 def teacher_forced_logits(
@@ -19,13 +20,18 @@ def teacher_forced_logits(
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """(position, float32 logits [padded_vocab]) at every position the engine samples from
     while `prompt + continuation` is forced through it: the prompt's last, then each forced
-    token's. Runs on an idle engine; the request's blocks are freed when the iteration ends."""
+    token's. A prompt with images (`PromptIds`) brings them, in chunks that split none. Runs on
+    an idle engine; the request's blocks are freed when the iteration ends."""
     sequence = list(prompt) + list(continuation)
-    request = Request("teacher-forced", list(prompt), SamplingParams(max_tokens=1), max_tokens=1)
+    images = prompt.images if isinstance(prompt, PromptIds) else ()
+    params = SamplingParams(max_tokens=1)
+    request = Request("teacher-forced", list(prompt), params, max_tokens=1, images=images)
     chunk_size = engine.config.prefill_chunk_tokens
     try:
         while request.num_pending_tokens:
-            num = min(request.num_pending_tokens, chunk_size)
+            start = request.num_computed_tokens
+            end = start + min(request.num_pending_tokens, chunk_size)
+            num = chunk_end(request.image_spans, start, end) - start  # never splits an image
             assert engine.block_manager.allocate_slots(request, num)
             chunk = ScheduledChunk(request, request.num_computed_tokens, num)
             # inference mode around the step only, never across a `yield`: a generator suspended

@@ -25,13 +25,13 @@ import torch
 
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
+from dgpp.engine.evaluation.teacher_force import teacher_forced_logits
 from dgpp.engine.scheduling.request import PromptIds
 from tests.conftest import tiny_model
 from tests.engine.vision.vl_helpers import (
     hf_vl_greedy,
     hf_vl_logits,
     vl_prompt,
-    vl_teacher_forced_logits,
 )
 
 NEW = 16
@@ -157,7 +157,7 @@ def test_decode_after_images_matches_transformers_step_by_step(
     # Teacher-forced: transformers' tokens through the engine, every step's logits compared
     # (once a family: the Triton interpreter is slow).
     if chunk == 16:
-        forced = vl_teacher_forced_logits(engine, prompt, reference.tokens)
+        forced = list(teacher_forced_logits(engine, prompt, reference.tokens))
         sampled = [position for position, _ in forced]
         assert sampled == list(range(len(prompt) - 1, len(prompt) + NEW))
         vocab = reference.logits.shape[-1]

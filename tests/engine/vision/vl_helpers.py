@@ -9,10 +9,8 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.sampling.sampling_params import SamplingParams
-from dgpp.engine.scheduling.request import PromptIds, Request
-from dgpp.engine.scheduling.scheduler import ScheduledChunk, StepPlan
-from dgpp.engine.vision.spans import ImageSpan, PromptImage, chunk_end, image_digest
+from dgpp.engine.scheduling.request import PromptIds
+from dgpp.engine.vision.spans import ImageSpan, PromptImage, image_digest
 
 PATCH_DIM = 3 * 2 * 4 * 4  # channels x temporal x 4 x 4 patches (tests/conftest.py)
 # The tiny configs' special tokens (tests/conftest.py IMAGE_TOKENS)
@@ -84,42 +82,6 @@ def hf_vl_logits(
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([sequence]), mm_token_type_ids=types, **extra).logits
     return logits[0].float()
-
-
-def vl_teacher_forced_logits(
-    engine: object, prompt: PromptIds, continuation: list[int]
-) -> list[tuple[int, torch.Tensor]]:
-    """`dgpp.engine.evaluation.teacher_force.teacher_forced_logits` for a prompt with images: the
-    prompt in prefill chunks of the engine's size that split no image, then one decode row per
-    forced token (through the decode graphs where the runner has them); (position, float32 logits)
-    at every position the engine samples from."""
-    sequence = [*prompt, *continuation]
-    params = SamplingParams(max_tokens=1)
-    request = Request("teacher-forced", list(prompt), params, max_tokens=1, images=prompt.images)
-    size = engine.config.prefill_chunk_tokens  # type: ignore[attr-defined]
-    out = []
-    try:
-        while request.num_pending_tokens:
-            start = request.num_computed_tokens
-            num = chunk_end(
-                request.image_spans, start, start + min(request.num_pending_tokens, size)
-            )
-            num -= start
-            assert engine.block_manager.allocate_slots(request, num)  # type: ignore[attr-defined]
-            chunk = ScheduledChunk(request, start, num)
-            with torch.inference_mode():
-                plan = StepPlan((chunk,), num_decodes=int(num == 1))
-                logits = engine.runner.run(plan)  # type: ignore[attr-defined]
-            request.num_computed_tokens += num
-            if not chunk.is_sampling:
-                continue
-            out.append((request.num_tokens - 1, logits[0].float()))
-            if request.num_tokens == len(sequence):
-                return out
-            request.token_ids.append(sequence[request.num_tokens])
-    finally:
-        engine.block_manager.free(request)  # type: ignore[attr-defined]
-    return out
 
 
 # A Qwen-VL-style chat template for the tiny checkpoints (ChatML; an image part becomes its
