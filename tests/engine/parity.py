@@ -37,6 +37,15 @@ def earliest_ties(seen: list[bool] | None = None) -> Iterator[None]:
         torch.Tensor.topk = original  # type: ignore[method-assign]
 
 
+def hf_token_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """transformers' log-probability of each token after the first [len - 1], one forward, its
+    sparse indexers' ties taken earliest first (`earliest_ties`)."""
+    with torch.inference_mode(), earliest_ties():
+        logits = hf_model(torch.tensor([tokens])).logits[0].float()
+    picked = torch.tensor(tokens[1:])[:, None]
+    return logits[:-1].log_softmax(-1).gather(1, picked)[:, 0]
+
+
 def hf_greedy(hf_model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy decoding (argmax with its KV cache, as `generate` does), running past
     EOS like dgpp's `ignore_eos`; `generate` itself cannot ignore EOS without masking its logits."""

@@ -20,7 +20,12 @@ from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.layers.v4_indexer import LightningIndexer
 from dgpp.kernels.topk_ties import topk_earliest
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.parity import earliest_ties, hf_greedy, max_logit_difference
+from tests.engine.parity import (
+    earliest_ties,
+    hf_greedy,
+    hf_token_logprobs,
+    max_logit_difference,
+)
 
 SLIDING, SPARSE, HEAVY = (
     "sliding_attention",
@@ -70,14 +75,6 @@ def prompt() -> list[int]:
     return torch.randint(3, 49000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
 
 
-def _hf_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    """transformers' log-probability of each token after the first [len - 1], one forward."""
-    with torch.inference_mode(), earliest_ties():
-        logits = hf_model(torch.tensor([tokens])).logits[0].float()
-    picked = torch.tensor(tokens[1:])[:, None]
-    return logits[:-1].log_softmax(-1).gather(1, picked)[:, 0]
-
-
 @pytest.fixture(scope="module")
 def reference(hf_model: torch.nn.Module, prompt: list[int]) -> tuple[torch.Tensor, list[int]]:
     """transformers' prompt logprobs and its 16 greedy tokens (decoded with its cache); and a
@@ -94,7 +91,7 @@ def reference(hf_model: torch.nn.Module, prompt: list[int]) -> tuple[torch.Tenso
     scorers = [m for m in hf_model.modules() if type(m).__name__ == "DeepseekV4IndexerScorer"]
     hooks = [scorer.register_forward_hook(count_ties) for scorer in scorers]
     try:
-        logprobs = _hf_logprobs(hf_model, prompt)
+        logprobs = hf_token_logprobs(hf_model, prompt)
     finally:
         for hook in hooks:
             hook.remove()
@@ -162,7 +159,7 @@ def test_a_prefix_hit_restores_the_windows_the_indexer_chooses_from(
     assert llm.engine.counters.prefix_cache.hit_tokens == 112
     with earliest_ties():
         assert list(output.token_ids) == hf_greedy(hf_model, turn, NEW)
-    want = _hf_logprobs(hf_model, turn + list(output.token_ids))[len(turn) - 1 :]
+    want = hf_token_logprobs(hf_model, turn + list(output.token_ids))[len(turn) - 1 :]
     assert output.logprobs is not None
     got = torch.tensor([scored.logprob for scored in output.logprobs])
     assert (got - want).abs().max() < 1e-3

@@ -28,7 +28,12 @@ from dgpp.engine.speculative.ngram import NgramProposer
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.distributed.test_tensor_parallel import KNOBS, PRESSURE, _check_world_of_two
 from tests.engine.models.test_deepseek_v3 import MOE, _engine, _generate, _hf, _params, _prompts
-from tests.engine.parity import earliest_ties, hf_greedy, max_logit_difference
+from tests.engine.parity import (
+    earliest_ties,
+    hf_greedy,
+    hf_token_logprobs,
+    max_logit_difference,
+)
 
 DEEPSEEK, GLM = "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"
 NEW_TOKENS = 16
@@ -254,13 +259,6 @@ TIES = dict(
 )
 
 
-def _reference_logprobs(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    """transformers' logprob of every token after the first, from one forward."""
-    with torch.inference_mode():
-        logits = hf_model(torch.tensor([tokens])).logits[0].float()
-    return logits[:-1].log_softmax(-1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
-
-
 @pytest.mark.parametrize(
     ("arch", "overrides"),
     [pytest.param(DEEPSEEK, {}, id="deepseek-v3.2"), pytest.param(GLM, SHARED, id="glm-5-shared")],
@@ -286,7 +284,7 @@ def test_ties_at_the_budget_chunked_and_through_the_prefix_cache(
     with earliest_ties(tied):
         expected = {len(p): hf_greedy(hf_model, p, NEW_TOKENS) for p in (prompt, extended)}
         want = {
-            len(p): _reference_logprobs(hf_model, p + expected[len(p)]) for p in (prompt, extended)
+            len(p): hf_token_logprobs(hf_model, p + expected[len(p)]) for p in (prompt, extended)
         }
     assert any(tied), "no selection tied at the cut: the test would prove nothing"
     full = {tuple(p): p + expected[len(p)] for p in (prompt, extended)}
