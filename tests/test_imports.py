@@ -35,6 +35,7 @@ ENGINE_LAYERS = (
     ("models",),
     ("cache",),
     ("planning",),
+    ("selfcheck",),
     ("scheduling",),
     ("execution",),
     ("speculative",),
@@ -58,6 +59,7 @@ APPLIANCE_LAYERS = (
     ("models",),
     ("deployments",),
     ("control", "runtime"),
+    ("doctor",),
     ("offline",),  # a public import: `from dgpp.appliance.offline import LLM`
     ("commands",),
     ("cli",),
