@@ -16,6 +16,7 @@ from importlib.metadata import entry_points, version
 
 from dgpp.appliance.commands.cache import add_cache_parser
 from dgpp.appliance.commands.deploy import add_deploy_parsers
+from dgpp.appliance.commands.doctor import add_doctor_parser
 from dgpp.appliance.commands.engine_options import add_engine_options, add_sampling_options
 from dgpp.appliance.commands.eval import add_eval_parser
 from dgpp.appliance.commands.rank import add_rank_parser
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(chat)
     add_cache_parser(commands)
     add_eval_parser(commands)
+    add_doctor_parser(commands)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda point: point.name):
         command.load()(commands)
     return parser
@@ -161,6 +163,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.commands.cache import run_cache
 
         return run_cache(args)
+    if args.command == "doctor":
+        from dgpp.appliance.commands.doctor import run_doctor
+
+        return run_doctor(args)
     if getattr(args, "handler", None) is not None:  # a command of a layer above (COMMANDS_GROUP)
         return args.handler(args)
     from dgpp.appliance.commands import generate as generate_cli
