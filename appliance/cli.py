@@ -19,6 +19,7 @@ from dgpp.appliance.commands.deploy import add_deploy_parsers
 from dgpp.appliance.commands.doctor import add_doctor_parser
 from dgpp.appliance.commands.engine_options import add_engine_options, add_sampling_options
 from dgpp.appliance.commands.eval import add_eval_parser
+from dgpp.appliance.commands.nccl_env import add_nccl_env_parser
 from dgpp.appliance.commands.rank import add_rank_parser
 from dgpp.appliance.commands.serve import add_server_options, add_world_options
 from dgpp.appliance.common.exit_codes import (
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(commands)
     add_eval_parser(commands)
     add_doctor_parser(commands)
+    add_nccl_env_parser(commands)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda point: point.name):
         command.load()(commands)
     return parser
@@ -167,6 +169,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dgpp.appliance.commands.doctor import run_doctor
 
         return run_doctor(args)
+    if args.command == "nccl-env":
+        from dgpp.appliance.commands.nccl_env import run_nccl_env
+
+        return run_nccl_env(args)
     if getattr(args, "handler", None) is not None:  # a command of a layer above (COMMANDS_GROUP)
         return args.handler(args)
     from dgpp.appliance.commands import generate as generate_cli
