@@ -344,6 +344,8 @@ class LLMEngine:
             snapshots=states.snapshots.stats() if states is not None else None,
             snapshot_capacity=states.snapshots.num_slots if states is not None else 0,
             step_model=scheduler.times.snapshot(),
+            kernels=dict(self.runner.selfcheck.states),
+            kernel_checks=[result.to_json() for result in self.runner.selfcheck.results],
         )
 
     def _spec_depth(self) -> int:

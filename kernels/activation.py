@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels import activation_torch
-from dgpp.kernels.dispatch import uses_triton
+from dgpp.kernels.dispatch import SILU_AND_MUL, uses_triton
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    if uses_triton(x):
+    if uses_triton(x, SILU_AND_MUL):
         from dgpp.kernels.activation_triton import silu_and_mul_triton
 
         return silu_and_mul_triton(x)

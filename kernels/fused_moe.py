@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels import fused_moe_torch
-from dgpp.kernels.dispatch import uses_triton
+from dgpp.kernels.dispatch import FUSED_MOE, uses_triton
 
 
 def fused_moe(
@@ -21,7 +21,7 @@ def fused_moe(
     w13_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `fused_moe_torch.fused_moe`."""
-    if uses_triton(hidden):
+    if uses_triton(hidden, FUSED_MOE):
         from dgpp.kernels.fused_moe_triton import fused_moe_triton
 
         return fused_moe_triton(

@@ -10,7 +10,8 @@ they are thin adapters over fla's `chunk_gated_delta_rule` / `fused_recurrent_ga
 `select_kimi_delta(device)` is the same for Kimi Delta Attention (g [B, T, HV, K], a decay per
 key channel): fla's `chunk_kda` / `fused_recurrent_kda`, or the twins `chunk_kimi_delta_rule` and
 `recurrent_gated_delta_rule`. `DGPP_GATED_DELTA=torch` forces the twins even on CUDA (to bisect
-a numerical difference or a Triton failure); unset, empty or `auto` selects as above.
+a numerical difference or a Triton failure), as the start-up self-check does for a kernel it
+switched off (`kernels.dispatch.fall_back`); unset, empty or `auto` selects as above.
 
 fla-core (pinned to 0.6.0 in pyproject.toml) is imported only for a CUDA device, and may be absent.
 Where it imports next to triton, transformers' Qwen3-Next family calls fla's kernels even for CPU
@@ -34,6 +35,7 @@ from types import ModuleType
 
 import torch
 
+from dgpp.kernels.dispatch import GATED_DELTA, KIMI_DELTA, kernel_on
 from dgpp.kernels.gated_delta_torch import (
     chunk_gated_delta_rule,
     chunk_kimi_delta_rule,
@@ -184,10 +186,12 @@ def select_gated_delta(device: torch.device) -> GatedDeltaFns:
         raise ValueError(f"{ENV_VAR}={choice!r}: expected 'torch' or 'auto'")
     if choice == "torch" or torch.device(device).type != "cuda" or not fla_available():
         return TORCH_FNS
-    return FLA_FNS
+    return FLA_FNS if kernel_on(GATED_DELTA) else TORCH_FNS
 
 
 def select_kimi_delta(device: torch.device) -> GatedDeltaFns:
-    """As `select_gated_delta`, for Kimi Delta Attention."""
-    torch_only = select_gated_delta(device) is TORCH_FNS
-    return KDA_TORCH_FNS if torch_only or _fla_kda() is None else FLA_KDA_FNS
+    """As `select_gated_delta`, for Kimi Delta Attention (switched off on its own)."""
+    choice = os.environ.get(ENV_VAR, "").strip().lower()
+    fla = choice != "torch" and torch.device(device).type == "cuda" and fla_available()
+    fla = fla and _fla_kda() is not None and kernel_on(KIMI_DELTA)
+    return FLA_KDA_FNS if fla else KDA_TORCH_FNS

@@ -3,8 +3,6 @@ built."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
@@ -15,14 +13,16 @@ from dgpp.engine.backends.sparse_paged import SparsePagedAttention
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.checkpoint.config import ModelConfig
+from dgpp.kernels.dispatch import MLA_DECODE, PAGED_ATTENTION, has_triton, kernel_on
 
 
 def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
     """The paged-attention backend for `device` and `dtype`: the Triton kernel on CUDA (where
-    Triton is installed); on CPUs the PyTorch twin with float32 prefill chunks read in place by
-    the compiled kernel (which falls back to the twin, said once, where it cannot be built); the
-    twin elsewhere. Every dtype the engine serves runs on each."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+    Triton is installed and the start-up self-check kept it); on CPUs the PyTorch twin with
+    float32 prefill chunks read in place by the compiled kernel (which falls back to the twin,
+    said once, where it cannot be built); the twin elsewhere. Every dtype the engine serves
+    runs on each."""
+    if device.type == "cuda" and has_triton() and kernel_on(PAGED_ATTENTION):
         from dgpp.engine.backends.triton_paged import TritonPagedAttention  # imports triton
 
         return TritonPagedAttention(device)
@@ -33,9 +33,9 @@ def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedA
 
 def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
     """The multi-head latent attention backend: the Triton decode kernel on CUDA (where Triton
-    is installed), the PyTorch one elsewhere."""
+    is installed and the self-check kept it), the PyTorch one elsewhere."""
     del dtype
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+    if device.type == "cuda" and has_triton() and kernel_on(MLA_DECODE):
         from dgpp.engine.backends.triton_mla import TritonMLAAttention  # imports triton
 
         return TritonMLAAttention(device)

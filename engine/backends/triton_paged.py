@@ -13,8 +13,10 @@ import torch
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.engine.backends.torch_paged import TorchPagedAttention, paged_metadata
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.dispatch import ROPE_STORE, kernel_on
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
 from dgpp.kernels.paged_prefill_triton import prefill_tile_starts
+from dgpp.kernels.rope_store_torch import rope_store
 from dgpp.kernels.rope_store_triton import rope_store_triton
 
 
@@ -24,6 +26,11 @@ class TritonPagedAttention(TorchPagedAttention):
     rotate_and_store = staticmethod(rope_store_triton)
     fuses_rope = True  # full-rotary layers pass their angles: rotated in the store, one pass
     graph_safe = True  # the forward reads its metadata's tensors only
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        if not kernel_on(ROPE_STORE):  # the self-check switched the fused store off
+            self.rotate_and_store = rope_store
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
         """The shared paged metadata, each query token's row and position and the prefill

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from dgpp.engine.configuration.device_knobs import DeviceKnobs
 from dgpp.engine.configuration.knobs import Rule, check_knobs, knob
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.quant.methods import METHODS
@@ -26,7 +27,7 @@ DTYPES: tuple[str, ...] = Dtype.__args__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(DeviceKnobs):
     """Engine knobs. `model` is the checkpoint (a directory, a Hugging Face repo id or
     `default`); every other field is a knob."""
 
@@ -271,27 +272,6 @@ class EngineConfig:
         le=16,
         deployment="speculative.ngram_min",
     )
-    memory_fraction: float | None = knob(
-        None,
-        "share of the device's memory (host RAM on CPU) this rank may use; sizes the KV pool "
-        "from what the weights leave of it, instead of KV capacity",
-        label="Memory fraction",
-        group="memory",
-        gt=0.0,
-        le=1.0,
-        when_unset="the pool is KV capacity",
-    )
-    cuda_graph_max_batch: int = knob(
-        64,
-        "decode steps of at most this many requests replay a CUDA graph captured at start "
-        "(CUDA only; 0: always eager)",
-        label="CUDA-graph batch",
-        group="scheduling",
-        advanced=True,
-        unit="requests",
-        ge=0,
-        le=512,
-    )
     native_decode: bool = knob(
         True,
         "CPU decode steps of the plain Llama-family decoder run every layer in one native call "
@@ -299,10 +279,6 @@ class EngineConfig:
         label="Native CPU decode",
         group="scheduling",
         advanced=True,
-    )
-    mlock: bool = knob(
-        False,
-        "pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",
     )
     ngram_tables_in_memory: bool = knob(
         False,

@@ -186,6 +186,21 @@ class DecodeGraphs:
             logits = self._step(bucket)
         self.graphs[bucket] = (graph, logits)
 
+    def replayed_and_eager(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The smallest captured bucket's logits from a replay and from an eager run of the same
+        padded inputs (the start-up self-check compares them); None when nothing is captured.
+        Every rank calls this at the same point (warm-up): both runs hold the step's
+        collectives."""
+        bucket = self.buckets[0]
+        if bucket not in self.graphs:
+            return None
+        self._pad(bucket)
+        graph, logits = self.graphs[bucket]
+        graph.replay()
+        replayed = logits.float().clone()
+        eager = self._step(bucket).float()
+        return replayed, eager
+
     def run(self, message: StepMessage, tables: BlockTables) -> torch.Tensor:
         """Float32 logits [B, padded_vocab] of a step that `fits` (tables already applied)."""
         rows = message.rows

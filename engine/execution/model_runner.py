@@ -34,6 +34,7 @@ from dgpp.engine.execution.step_message import BlockTables, StepMessage, StepRow
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_state_specs
+from dgpp.engine.planning.device_memory import drop_page_cache
 from dgpp.engine.planning.host_store import HostStore, host_slots
 from dgpp.engine.planning.memory_lock import lock_memory
 from dgpp.engine.planning.memory_plan import check_fits, plan_memory
@@ -41,6 +42,7 @@ from dgpp.engine.planning.resident_cache import image_key, load_resident
 from dgpp.engine.planning.state_plan import engine_state_layout
 from dgpp.engine.planning.tier_layout import open_disk_stores
 from dgpp.engine.scheduling.scheduler import StepPlan
+from dgpp.engine.selfcheck.startup import StartupCheck
 from dgpp.engine.vision.runner_glue import (
     check_prompt_images,
     image_inputs,
@@ -80,12 +82,16 @@ class ModelRunner:
         self.dtype = TORCH_DTYPES[config.resolved_dtype]
         self.block_size = config.block_size
         parallel = parallel or ParallelContext()
+        if config.drop_page_cache:
+            logging.getLogger(__name__).info("%s", drop_page_cache())
         # Refuse a plan that cannot fit before any weight or KV byte is allocated.
         plan = plan_memory(config, model_config, parallel.tp_size, tp_rank=parallel.tp_rank)
         check_fits(plan)
         logging.getLogger(__name__).info("memory plan: %s", plan.describe())
         if config.mlock:
             lock_memory()
+        self.selfcheck = StartupCheck(config, model_config, parallel, self.device, self.dtype)
+        self.selfcheck.before_build()  # the kernels against their twins, before a backend
         attention = select_backend_for(model_config, self.device, self.dtype)
         with torch.device("cpu"):
             model = build_model(model_config, parallel, max_model_len, attention)
@@ -98,13 +104,9 @@ class ModelRunner:
         )
         if config.resident_cache and image_dir is not None:
             key = image_key(
-                checkpoint,
-                parallel.tp_rank,
-                parallel.tp_size,
-                config.resolved_dtype,
-                self.device.type,
-                model_config.architecture,
-            )
+                checkpoint, parallel.tp_rank, parallel.tp_size, config.resolved_dtype,
+                self.device.type, model_config.architecture,
+            )  # fmt: skip
             warm = load_resident(model, checkpoint, key, image_dir)
         else:
             load_weights(model, checkpoint)
@@ -112,6 +114,7 @@ class ModelRunner:
         if attach_tables is not None:
             attach_tables(checkpoint, config.ngram_tables_in_memory)
         self.model = model.to(self.device).eval()
+        self.selfcheck.after_load(self.model)  # before the layers pick their kernels
         # Rotary tables stay float32 whatever the weights' dtype.
         for rotary in (self.model.model.rotary, getattr(self.model.model, "local_rotary", None)):
             if rotary is not None:
@@ -390,6 +393,8 @@ class ModelRunner:
         row = StepRow(_WARM_UP_SEQ, 0, (0,), 1, 0, (0,), slot)
         self.execute(StepMessage((row,), num_decodes=0))
         self.tables.apply(StepMessage((), 0, finished=(_WARM_UP_SEQ,)))
+        self.selfcheck.agree()  # every rank's kernels, before the graphs capture them
         if self.graphs is not None:
             with torch.inference_mode():
                 self.graphs.capture_all()
+                self.graphs = self.selfcheck.check_graphs(self.graphs)

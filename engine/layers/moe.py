@@ -25,7 +25,7 @@ from torch import nn
 from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.layers.moe_spec import MoeSpec
 from dgpp.engine.layers.router import Router
-from dgpp.kernels.dispatch import uses_triton
+from dgpp.kernels.dispatch import FUSED_MOE, uses_triton
 from dgpp.kernels.fused_moe import fused_moe
 from dgpp.kernels.fused_moe_torch import grouped_by_expert, moe_activation
 
@@ -55,7 +55,7 @@ class Experts(nn.Module):
     def host_sync(self) -> bool:
         """The PyTorch path counts each expert's tokens on the host (no CUDA graphs); the fused
         Triton kernel, which CUDA weights use, does not."""
-        return not uses_triton(self.down_proj)
+        return not uses_triton(self.down_proj, FUSED_MOE)
 
     def __init__(self, spec: MoeSpec, hidden_size: int, parallel: ParallelContext) -> None:
         super().__init__()

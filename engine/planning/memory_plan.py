@@ -272,7 +272,11 @@ def _plan(
     weights: int,
     states: StateLayout,
 ) -> MemoryPlan:
-    memory = memory if memory is not None else read_device_memory(config.device)
+    memory = (
+        memory
+        if memory is not None
+        else read_device_memory(config.device, int(config.os_memory_floor_gib * GIB))
+    )
     kv_tokens = config.num_kv_blocks * config.block_size
     kv = kv_tokens * kv_bytes_per_token(config, specs)
     buffers = buffers_bytes(config, model, shapes, max_context)
@@ -338,7 +342,11 @@ def size_kv_pool(
     once and hands the result to every rank."""
     if config.memory_fraction is None:
         return config
-    memory = memory if memory is not None else read_device_memory(config.device)
+    memory = (
+        memory
+        if memory is not None
+        else read_device_memory(config.device, int(config.os_memory_floor_gib * GIB))
+    )
     max_context = config.max_model_len or model.max_position_embeddings
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more

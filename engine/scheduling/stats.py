@@ -125,6 +125,10 @@ class EngineStats:
     snapshot_capacity: int = 0  # snapshot slots
     # The step-time model's fitted constants (`StepTimes.snapshot`): seconds, None until fitted.
     step_model: dict[str, float | None] = field(default_factory=dict)
+    # The start-up self-check (`dgpp.engine.selfcheck`): {kernel: "ok" | "fallback: reason"}
+    # and every case's result; empty where it did not run (CPU ranks).
+    kernels: dict[str, str] = field(default_factory=dict)
+    kernel_checks: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def kv_usage(self) -> float:

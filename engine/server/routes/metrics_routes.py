@@ -77,6 +77,10 @@ def metrics_body(
             "decode_steps": counters.num_decode_steps,
             "layer_slice_steps": counters.num_layer_slices,
         },
+        # The start-up self-check: each Triton kernel "ok" or "fallback: reason", CUDA graphs
+        # too; every case with its first call's seconds (compile included) and its error.
+        "kernels": dict(stats.kernels),
+        "kernel_checks": list(stats.kernel_checks),
         "service": asdict(service),
         "memory": asdict(memory),
         "prefix_cache": {
