@@ -16,6 +16,8 @@ network): run from a checkout, dgpp need not be installed (the checkout's folder
     tokens against eager (the dry run: through the graphs' static buffers, not captured);
 (d) prefill tok/s of one 4K and one 32K prompt, and attention's share of each (the attention
     kernel's calls timed with CUDA events).
+(s) the start-up self-check at real checkpoints' per-rank shapes: each kernel's verdict, the
+    first start's seconds and a restart's on its cache (`gpu_check_selfcheck`);
 (e) the hybrid models' Gated DeltaNet kernels (fla-core's on CUDA, unpacked from the wheels in
     bench/wheels/ where the image lacks it) against dgpp's twins, and a tiny random Qwen3-Next's
     greedy parity with transformers and its CUDA-graphed tokens against eager
@@ -56,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, interpreted")
     parser.add_argument("--out", type=Path, required=True, help="folder for the log and JSON")
-    parser.add_argument("--sections", default="a,b,c,e", help="a, b, c (with d) and e")
+    parser.add_argument("--sections", default="s,a,b,c,e", help="s, a, b, c (with d) and e")
     return parser.parse_args(argv)
 
 
@@ -96,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     sections = set(args.sections.split(","))
     started = time.perf_counter()
+    if "s" in sections:
+        try:
+            from gpu_check_selfcheck import selfcheck_section
+
+            figures["selfcheck"] = checked = selfcheck_section(device, args.dry_run)
+            failed += [f"self-check {row['model']}" for row in checked if row["failures"]]
+        except Exception:
+            log.error("section s failed:\n%s", traceback.format_exc())
+            failed.append("section s raised")
     if "a" in sections:
         try:
             kernels = check_kernels(device, args.dry_run, 1 if args.dry_run else 20)
@@ -151,6 +162,17 @@ def render(figures: dict) -> str:
         verdict = f"{'ok' if k['ok'] else 'FAIL'} {k['error']:.1e} < {k['tolerance']:.0e}"
         timing = f"{k['kernel_ms']:.3f} | {k['twin_ms']:.3f}"
         lines.append(f"| {k['name']} | {k['dtype']} | {verdict} | {timing} |")
+    for row in figures.get("selfcheck", []):
+        verdict = (
+            "ok"
+            if not row["failures"]
+            else "FAIL " + ", ".join(f"{f['kernel']} ({f['failure']})" for f in row["failures"])
+        )
+        starts = f"first start {row['first_start_s']:.1f} s, cached {row['cached_start_s']:.2f} s"
+        lines.append(
+            f"| self-check {row['model']} tp{row['tp']}, {row['cases']} cases | {row['dtype']} "
+            f"| {verdict}; {starts} | | |"
+        )
     for r in figures.get("parity", []):
         equal = "equal" if r["float32_greedy_equal"] else "FAIL"
         lines.append(f"| greedy parity {r['model']} | float32 | {equal} | | |")

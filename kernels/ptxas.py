@@ -93,8 +93,9 @@ def can_target(
 
 
 def toolkit_ptxas(env: Mapping[str, str]) -> list[Path]:
-    """CUDA toolkits' `ptxas` in the order tried: $CUDA_HOME's, $CUDA_PATH's, /usr/local/cuda's."""
-    homes = [env.get(name) for name in ("CUDA_HOME", "CUDA_PATH")]
+    """CUDA toolkits' `ptxas` in the order tried: $DGPP_CUDA_HOME's (the playbook's), $CUDA_HOME's,
+    $CUDA_PATH's, /usr/local/cuda's."""
+    homes = [env.get(name) for name in ("DGPP_CUDA_HOME", "CUDA_HOME", "CUDA_PATH")]
     candidates = [Path(home) / "bin" / "ptxas" for home in homes if home]
     return list(dict.fromkeys([*candidates, *TOOLKIT_PTXAS]))
 

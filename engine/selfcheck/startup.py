@@ -28,6 +28,7 @@ from dgpp.engine.selfcheck.run import self_check
 from dgpp.engine.selfcheck.weight_cases import weight_cases
 from dgpp.kernels import dispatch
 from dgpp.kernels.cache_dir import dgpp_cache_dir
+from dgpp.kernels.ptxas import choose_ptxas, triton_env_var
 
 log = logging.getLogger("dgpp.selfcheck")
 
@@ -147,14 +148,13 @@ class StartupCheck:
 
 def choose_toolchain(device: torch.device) -> None:
     """On GPUs Triton's bundled ptxas may not know (GB10's sm_121a), point Triton at a CUDA
-    toolkit's ptxas that does, unless the operator set `TRITON_PTXAS_PATH`."""
-    try:
-        from dgpp.kernels.ptxas import choose_ptxas
-    except ImportError:
-        return
-    path, why = choose_ptxas(torch.cuda.get_device_capability(device), os.environ)
+    toolkit's ptxas that does, unless the operator set Triton's variable
+    (`kernels.ptxas.choose_ptxas`)."""
+    capability = torch.cuda.get_device_capability(device)
+    path, why = choose_ptxas(capability, os.environ)
     if path is not None:
-        os.environ["TRITON_PTXAS_PATH"] = path
-        log.warning("TRITON_PTXAS_PATH=%s: %s", path, why)
+        name = triton_env_var(capability)  # Triton reads its "Blackwell" ptxas from sm_90 up
+        os.environ[name] = path
+        log.warning("%s=%s: %s", name, path, why)
     elif why:
         log.info("ptxas: %s", why)
