@@ -67,6 +67,16 @@ class Cpu:
 
 
 @dataclass
+class RocePort:
+    """A RoCE port as sysfs shows it: state, network device and, when ACTIVE, the GIDs of one
+    IPv4 address (0/1 link-local v1/v2, 2/3 IPv4-mapped v1/v2)."""
+
+    netdev: str
+    state: str = "4: ACTIVE"
+    ipv4: str = "0a0a:0001"  # the low 32 bits of the IPv4-mapped GID (10.10.0.1)
+
+
+@dataclass
 class StagedHost:
     name: str
     rank: int
@@ -75,6 +85,7 @@ class StagedHost:
     clocks_csv: str = "2418, 300, 2418\n"
     cpus: list[Cpu] = field(default_factory=list)  # empty: no cpufreq on this host
     rdma_ports: dict[str, str] = field(default_factory=dict)  # "device/port" -> state
+    roce_ports: dict[str, RocePort] = field(default_factory=dict)  # "device/port" -> port
     interfaces: dict[str, int] = field(default_factory=dict)  # name -> MTU
     host_vars: dict[str, object] = field(default_factory=dict)
 
@@ -128,8 +139,10 @@ def stage(host: StagedHost, venv_link: bool = True) -> None:
         folder.mkdir(parents=True)
         (folder / "state").write_text(state + "\n")
         (folder / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    for port, roce in host.roce_ports.items():
+        _stage_roce_port(host, port, roce)
     for name, mtu in host.interfaces.items():
-        host.path(f"/sys/class/net/{name}").mkdir(parents=True)
+        host.path(f"/sys/class/net/{name}").mkdir(parents=True, exist_ok=True)
         host.path(f"/sys/class/net/{name}/mtu").write_text(f"{mtu}\n")
     host.stand_in.mkdir(parents=True)
     host.nvidia_smi.write_text(NVIDIA_SMI_STAND_IN)
@@ -137,6 +150,29 @@ def stage(host: StagedHost, venv_link: bool = True) -> None:
     for program in (host.nvidia_smi, host.ip):
         program.chmod(0o755)
     (host.stand_in / "clocks.csv").write_text(host.clocks_csv)
+
+
+def _stage_roce_port(host: StagedHost, port: str, roce: RocePort) -> None:
+    device, number = port.split("/")
+    folder = host.path(f"/sys/class/infiniband/{device}/ports/{number}")
+    active = roce.state.endswith("ACTIVE")
+    files = {"state": roce.state, "rate": "200 Gb/sec (4X HDR)", "link_layer": "Ethernet"}
+    link_local = "fe80:0000:0000:0000:4ebb:58ff:fe6a:1c21"
+    mapped = f"0000:0000:0000:0000:0000:ffff:{roce.ipv4}"
+    gids = [(link_local, "IB/RoCE v1"), (link_local, "RoCE v2")]
+    gids += [(mapped, "IB/RoCE v1"), (mapped, "RoCE v2")]
+    for index, (gid, kind) in enumerate(gids if active else []):
+        files |= {f"gids/{index}": gid, f"gid_attrs/types/{index}": kind}
+        files[f"gid_attrs/ndevs/{index}"] = roce.netdev
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text + "\n")
+    host.path(f"/sys/class/infiniband/{device}/device/net/{roce.netdev}").mkdir(parents=True)
+    net = host.path(f"/sys/class/net/{roce.netdev}")
+    net.mkdir(parents=True, exist_ok=True)
+    (net / "mtu").write_text("9000\n")
+    if active:
+        (net / "speed").write_text("200000\n")
 
 
 def write_inventory(

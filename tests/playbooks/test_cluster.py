@@ -18,6 +18,7 @@ from tests.playbooks.staging import (
     BIN,
     Cpu,
     PlaybookRun,
+    RocePort,
     StagedHost,
     run_playbook,
     snapshot,
@@ -60,8 +61,9 @@ class Cluster:
 
 
 def staged_hosts(tmp: Path) -> tuple[StagedHost, list[StagedHost]]:
-    """host0 (head) and host1 with cpufreq; host2 without, and with a GPU reading low; host1 with
-    an active RDMA port and a cluster interface at MTU 1500."""
+    """host0 (head) and host1 with cpufreq; host2 without, and with a GPU reading low; host0 with
+    a CUDA toolkit's ptxas; host1 with both RoCE twins of its cluster link ACTIVE and the link at
+    MTU 1500; host2 with one twin DOWN and the operator's own NCCL values."""
     cpus = [Cpu(), Cpu(), Cpu(cpuinfo_max_freq_khz=2_800_000), Cpu(cpuinfo_max_freq_khz=2_800_000)]
     head = StagedHost(
         "host0",
@@ -78,16 +80,34 @@ def staged_hosts(tmp: Path) -> tuple[StagedHost, list[StagedHost]]:
             tmp / "host1",
             tmp / "stand-in" / "host1",
             cpus=[Cpu(), Cpu()],
-            rdma_ports={"rocep1s0f0/1": "4: ACTIVE"},
+            roce_ports={
+                "rocep1s0f0/1": RocePort("enp1s0f0np0"),
+                "roceP2p1s0f0/1": RocePort("enP2p1s0f0np0", ipv4="0a0a:0101"),
+            },
             interfaces={"enp1s0f0np0": 1500},
             host_vars={"dgpp_rdma_mtu_interface": "enp1s0f0np0"},
         ),
         StagedHost(
-            "host2", 2, tmp / "host2", tmp / "stand-in" / "host2", clocks_csv="1500, 300, 1500\n"
+            "host2",
+            2,
+            tmp / "host2",
+            tmp / "stand-in" / "host2",
+            clocks_csv="1500, 300, 1500\n",
+            roce_ports={
+                "rocep1s0f1/1": RocePort("enp1s0f1np1"),
+                "roceP2p1s0f1/1": RocePort("enP2p1s0f1np1", state="1: DOWN"),
+            },
+            host_vars={
+                "dgpp_rdma_interface": "enp1s0f1np1",
+                "dgpp_rdma_nccl_env": {"NCCL_IB_HCA": "=rocep1s0f1:1", "NCCL_IB_GID_INDEX": ""},
+                "dgpp_engine_extra_env": {"GLOO_SOCKET_IFNAME": "lo"},
+            },
         ),
     ]
     for host in (head, *workers):
         stage(host)
+    head.path("/usr/local/cuda/bin").mkdir(parents=True)
+    head.path("/usr/local/cuda/bin/ptxas").touch(mode=0o755)
     # The head has polkit (an empty stand-in polkitd), so the console's restart path is a rule.
     head.path("/usr/lib/polkit-1/polkitd").parent.mkdir(parents=True)
     head.path("/usr/lib/polkit-1/polkitd").touch()
@@ -213,9 +233,7 @@ def test_rdma_limits_mtu_and_link_report(cluster: Cluster):
     rule = host1.path("/etc/udev/rules.d/70-dgpp-mtu.rules").read_text()
     assert 'KERNEL=="enp1s0f0np0", ATTR{mtu}="9000"' in rule
     assert not head.path("/etc/udev/rules.d/70-dgpp-mtu.rules").exists() and not head.ip_calls()
-    assert (
-        "host1: 1 ACTIVE RDMA port(s). rocep1s0f0/ports/1/state:4: ACTIVE" in cluster.first.output
-    )
+    assert "host1: 2 ACTIVE RDMA port(s). roce" in cluster.first.output
     assert "host0: 0 ACTIVE RDMA port(s). No RDMA devices found." in cluster.first.output
 
 
@@ -235,6 +253,22 @@ def test_every_rank_gets_its_environment_file(cluster: Cluster):
         mode = host.path(f"/etc/dgpp/rank{host.rank}.env").stat().st_mode
         assert stat.S_IMODE(mode) == 0o640
     assert env_file(cluster.head)["DGPP_DEPLOYMENT"] == "/etc/dgpp/deployment.json"
+
+
+def test_rank_files_get_nccl_s_environment_and_the_toolkit(cluster: Cluster):
+    head, host1, host2 = cluster.hosts
+    env1, env2, output = env_file(host1), env_file(host2), cluster.first.output
+    assert env1["NCCL_IB_HCA"] == "=rocep1s0f0:1,roceP2p1s0f0:1"  # both twins, exact names
+    assert env1["NCCL_IB_GID_INDEX"] == "3"  # RoCE v2, IPv4-mapped
+    assert env1["NCCL_SOCKET_IFNAME"] == env1["GLOO_SOCKET_IFNAME"] == "enp1s0f0np0"
+    assert "WARNING: host1" not in output  # twins ACTIVE, MTU 9000 by then
+    # The operator's values win ("" leaves a variable out), dgpp_engine_extra_env over both.
+    assert env2["NCCL_IB_HCA"] == "=rocep1s0f1:1" and "NCCL_IB_GID_INDEX" not in env2
+    assert (env2["NCCL_SOCKET_IFNAME"], env2["GLOO_SOCKET_IFNAME"]) == ("enp1s0f1np1", "lo")
+    assert "WARNING: host2 warn rdma.twins: one twin in use behind enp1s0f1np1" in output
+    assert not any(name.startswith(("NCCL_", "GLOO_")) for name in env_file(head))
+    assert env_file(head)["DGPP_CUDA_HOME"] == "/usr/local/cuda"  # its bin/ptxas exists
+    assert "DGPP_CUDA_HOME" not in env2
 
 
 def test_the_head_gets_its_firewall_and_the_workers_none(cluster: Cluster):
