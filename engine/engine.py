@@ -346,6 +346,7 @@ class LLMEngine:
             step_model=scheduler.times.snapshot(),
             kernels=dict(self.runner.selfcheck.states),
             kernel_checks=[result.to_json() for result in self.runner.selfcheck.results],
+            allreduce=list(self.runner.selfcheck.allreduce),
         )
 
     def _spec_depth(self) -> int:

@@ -129,6 +129,7 @@ class EngineStats:
     # and every case's result; empty where it did not run (CPU ranks).
     kernels: dict[str, str] = field(default_factory=dict)
     kernel_checks: list[dict[str, object]] = field(default_factory=list)
+    allreduce: list[dict[str, float]] = field(default_factory=list)  # at warm-up, worlds > 1
 
     @property
     def kv_usage(self) -> float:

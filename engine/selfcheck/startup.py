@@ -21,6 +21,7 @@ from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.selfcheck.allreduce import measure_allreduce
 from dgpp.engine.selfcheck.attention_cases import attention_cases
 from dgpp.engine.selfcheck.cases import CaseResult, relative_error
 from dgpp.engine.selfcheck.results_cache import ResultsCache
@@ -60,6 +61,7 @@ class StartupCheck:
         self.cache = cache if cache is not None else ResultsCache(dgpp_cache_dir() / "selfcheck")
         self.states: dict[str, str] = {}
         self.results: list[CaseResult] = []
+        self.allreduce: list[dict[str, float]] = []  # measured at warm-up (worlds of 2 or more)
 
     def _run(self, cases: list) -> None:
         states, results = self_check(cases, self.device, self.cache, self.config.strict_kernels)
@@ -88,7 +90,16 @@ class StartupCheck:
     def agree(self) -> None:
         """Every rank serves the twin of a kernel any rank switched off where the choice is
         made per call; where it was made at build (attention, quantized linears) the ranks may
-        differ, which only changes rounding: said in the log."""
+        differ, which only changes rounding: said in the log. Then the world's all-reduce
+        bandwidth is measured (`allreduce`)."""
+        self._agree_kernels()
+        self.allreduce = measure_allreduce(self.parallel, self.device)
+        for each in self.allreduce:
+            log.info("all-reduce of %d KiB over %d ranks: %.3f ms, bus %.2f Gbit/s",
+                     each["bytes"] >> 10, self.parallel.tp_size, 1e3 * each["seconds"],
+                     each["bus_gbps"])  # fmt: skip
+
+    def _agree_kernels(self) -> None:
         failed = self._count(
             [
                 kernel not in self.states or self.states[kernel] == "ok"

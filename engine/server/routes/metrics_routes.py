@@ -81,6 +81,8 @@ def metrics_body(
         # too; every case with its first call's seconds (compile included) and its error.
         "kernels": dict(stats.kernels),
         "kernel_checks": list(stats.kernel_checks),
+        # The world's all-reduce at its warm-up: [{bytes, seconds, bus_gbps (Gbit/s)}].
+        "allreduce": list(stats.allreduce),
         "service": asdict(service),
         "memory": asdict(memory),
         "prefix_cache": {

@@ -1,6 +1,7 @@
 """A world of two real ranks (two processes over gloo) agrees on its kernels: rank 1's
 self-check fails RMSNorm (an injected error), and rank 0, whose own check passed, serves the
-twin too and says so in its stats; both serve the same tokens as a world of one."""
+twin too and says so in its stats; both serve the same tokens as a world of one. Rank 0's
+stats carry the world's all-reduce bandwidth, measured at warm-up."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def _rank(rank: int, port: int, checkpoint: str, results: Any, cache: str) -> No
     head = Head(resolve(config, Path(checkpoint), spec.world_size), spec)
     try:
         engine = head.form()
-        results.put((engine.stats().kernels, _tokens(engine)))
+        stats = engine.stats()
+        results.put((stats.kernels, stats.allreduce, _tokens(engine)))
     finally:
         head.dissolve(orderly=True)
 
@@ -75,7 +77,7 @@ def test_ranks_agree_on_a_kernel_one_rank_switched_off(tmp_path: Path, tokenizer
     for process in ranks:
         process.start()
     try:
-        kernels, tokens = results.get(timeout=240)
+        kernels, allreduce, tokens = results.get(timeout=240)
     finally:
         for process in ranks:
             process.join(timeout=60)
@@ -84,3 +86,6 @@ def test_ranks_agree_on_a_kernel_one_rank_switched_off(tmp_path: Path, tokenizer
     assert kernels["rms_norm"] == "fallback: switched off on 1 of 2 ranks", kernels
     assert kernels["paged_attention"] == "ok"
     assert tokens == expected
+    # The world's all-reduce, measured at its warm-up (gloo over loopback here).
+    assert [each["bytes"] for each in allreduce] == [64 << 10, 1 << 20, 4 << 20]
+    assert all(each["bus_gbps"] > 0 and each["seconds"] > 0 for each in allreduce)
