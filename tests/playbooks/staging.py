@@ -252,9 +252,11 @@ def ansible_env(home: Path) -> dict[str, str]:
     }
 
 
-def run_playbook(inventory: Path, home: Path, *args: str, timeout: float = 600) -> PlaybookRun:
+def run_playbook(
+    inventory: Path, home: Path, *args: str, timeout: float = 600, playbook: str = "cluster.yml"
+) -> PlaybookRun:
     completed = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inventory), "cluster.yml", *args],
+        [str(BIN / "ansible-playbook"), "-i", str(inventory), playbook, *args],
         cwd=PLAYBOOKS,
         env=ansible_env(home),
         capture_output=True,
