@@ -103,8 +103,22 @@ def _tier_hits(model: str, cache: PrefixCacheCounters) -> CounterMetricFamily:
     return family
 
 
+def _kernel_fallbacks(model: str, stats: EngineStats) -> GaugeMetricFamily:
+    """1 for each Triton kernel the start-up self-check switched off (its twin serves), 0 for
+    each that passed; CUDA graphs among them (no series where no check ran: CPU ranks)."""
+    family = GaugeMetricFamily(
+        "dgpp:kernel_fallback",
+        "1 where the start-up self-check switched a kernel off for its PyTorch twin, else 0.",
+        labels=[*LABELS, "kernel"],
+    )
+    for kernel, state in sorted(stats.kernels.items()):
+        family.add_metric([model, kernel], float(state != "ok"))
+    return family
+
+
 def _engine_families(model: str, stats: EngineStats) -> Iterator[Metric]:
     counters = stats.counters
+    yield _kernel_fallbacks(model, stats)
     yield _gauge(
         "dgpp:num_requests_running", "Requests in the running batch.", model, stats.running
     )

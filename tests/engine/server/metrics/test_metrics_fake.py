@@ -64,6 +64,7 @@ STATS = EngineStats(
             "long": ClassLatency(),
         },
     ),
+    kernels={"paged_attention": "ok", "fused_moe": "fallback: error 0.9 above the tolerance 0.02"},
 )
 
 
@@ -156,6 +157,9 @@ def test_engine_families_come_from_the_stats_snapshot(tokenizer: Any) -> None:
         body = client.get("/v1/metrics").json()
     assert samples[("dgpp:num_requests_running", ())] == 1
     assert samples[("dgpp:num_requests_waiting", ())] == 2
+    assert samples[("dgpp:kernel_fallback", (("kernel", "fused_moe"),))] == 1
+    assert samples[("dgpp:kernel_fallback", (("kernel", "paged_attention"),))] == 0
+    assert body["kernels"] == STATS.kernels
     assert samples[("dgpp:kv_cache_usage_perc", ())] == 0.25
     assert samples[("dgpp:prefix_cache_queries_total", ())] == 200  # tokens
     assert samples[("dgpp:prefix_cache_hits_total", ())] == 80
