@@ -84,6 +84,7 @@ def _inventory(network: ClusterNetwork, key: Path) -> dict[str, object]:
         "dgpp_head_address": network.address(HOSTS[0]),
         "dgpp_rendezvous_port": RENDEZVOUS_PORT,
         "dgpp_http_port": 18080,
+        "dgpp_rdma_interface": "eth0",  # the bridge's veth: sockets only, no RDMA device
         "dgpp_engine_model": MODEL,
         "dgpp_engine_deployment": {
             "engine": {"kv_capacity": 2048, "num_threads": 1},
@@ -203,6 +204,11 @@ def test_the_playbook_brings_up_a_world_of_two_over_ssh(cluster: Cluster) -> Non
     for box, unit in ((cluster.head, "dgpp@rank0"), (cluster.worker, "dgpp@rank1")):
         assert box.sh(f"systemctl is-enabled {unit} dgpp.target").returncode == 0
     assert "ready in" in _journal(cluster.head, "dgpp@rank0")
+    for rank, box in enumerate((cluster.head, cluster.worker)):
+        env = box.sh(f"cat /etc/dgpp/rank{rank}.env").stdout.splitlines()
+        # dgpp_rdma's discovery, rendered by dgpp_engine; gloo formed the world over it
+        assert {"NCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0"} <= set(env), env
+        assert not any(line.startswith("NCCL_IB_") for line in env), env
 
 
 def test_the_head_firewall_admits_the_worker_alone_to_the_rendezvous_port(
