@@ -24,6 +24,7 @@ from dgpp.webui.core.console import Console, build_console
 from dgpp.webui.monitor.metrics_poller import MetricsPoller
 from dgpp.webui.routes import (
     auth_routes,
+    doctor_routes,
     history_routes,
     knob_routes,
     log_routes,
@@ -120,6 +121,7 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
     for module in (
         auth_routes,
         overview_routes,
+        doctor_routes,
         model_routes,
         pull_routes,
         knob_routes,

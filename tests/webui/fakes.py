@@ -51,6 +51,41 @@ METRICS = {
 }
 
 
+# `/v1/metrics`'s self-check keys on a two-rank world where one kernel fell back (docs/metrics.md).
+PTXAS_REASON = "compile: ptxas fatal: Value 'sm_121a' is not defined for option 'gpu-name'"
+SELF_CHECK = {
+    "kernels": {
+        "paged_attention": f"fallback: {PTXAS_REASON}",
+        "rms_norm": "ok",
+        "cuda_graphs": "ok",
+    },
+    "kernel_checks": [
+        {
+            "kernel": "paged_attention",
+            "label": "8 kv heads x 128, page 16",
+            "dtype": "bfloat16",
+            "seconds": 1.25,
+            "error": None,
+            "tolerance": 0.02,
+            "failure": PTXAS_REASON,
+        },
+        {
+            "kernel": "rms_norm",
+            "label": "hidden 4096",
+            "dtype": "bfloat16",
+            "seconds": 0.0,
+            "error": 0.0031,
+            "tolerance": 0.02,
+            "failure": "",
+        },
+    ],
+    "allreduce": [
+        {"bytes": 1 << 20, "seconds": 0.0002, "bus_gbps": 41.9},
+        {"bytes": 64 << 20, "seconds": 0.0052, "bus_gbps": 103.2},
+    ],
+}
+
+
 def node_snapshot(rank: int, hostname: str, **gpu: Any) -> dict[str, Any]:
     """One rank's entry of rank 0's `/admin/nodes`; with `gpu` fields, one GPU that has them."""
     report: dict[str, Any] = {"available": False, "reason": "unavailable: no driver", "gpus": []}
@@ -87,6 +122,9 @@ class FakeWorld:
     nodes: list[dict[str, Any]] = field(
         default_factory=lambda: [node_snapshot(0, "spark-1"), node_snapshot(1, "spark-2")]
     )
+    # What `/v1/metrics` adds from the engine's start: `kernels`, `kernel_checks`, `allreduce`
+    # (none: an engine older than the kernel self-check).
+    self_check: dict[str, Any] = field(default_factory=dict)
     # The server's outcome counters and latency histograms (`/v1/metrics` service, `/metrics`);
     # tests record into it, and a restart starts it afresh as a real server's does.
     service: ServiceMetrics = field(default_factory=ServiceMetrics)
@@ -172,6 +210,7 @@ class FakeEngine:
         method, depth = self.world.speculative
         return {
             **METRICS,
+            **self.world.self_check,
             "service": asdict(self.world.service.counters()),
             "spec_decode": {**METRICS["spec_decode"], "method": method, "depth": depth},
         }

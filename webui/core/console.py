@@ -14,6 +14,7 @@ from dgpp.webui.deployments.store import DeploymentStore, engine_target
 from dgpp.webui.models.pull import PullManager
 from dgpp.webui.monitor.engine_client import EngineApi, EngineClient
 from dgpp.webui.monitor.history import HistoryStore
+from dgpp.webui.monitor.node_health import NodeDoctor
 from dgpp.webui.monitor.node_probe import NvmlProbe
 from dgpp.webui.plans.cache import PlanCache
 from dgpp.webui.security.credentials import Credentials, load_credentials
@@ -36,6 +37,7 @@ class Console:
     credentials_path: Path
     plans: PlanCache = field(default_factory=PlanCache)  # memory plans, kept once drawn
     pulls: PullManager = field(default_factory=PullManager)  # checkpoint downloads
+    doctor: NodeDoctor = field(default_factory=NodeDoctor)  # this node's `dgpp doctor`, kept
 
     def credentials(self) -> Credentials:
         """Read at every login, so `dgpp webui set-password` needs no console restart."""

@@ -18,6 +18,7 @@ from dgpp.engine.errors import ConfigError
 from dgpp.webui.core.console import Console
 from dgpp.webui.core.engine_address import foreign_engine_warning
 from dgpp.webui.deployments.store import engine_target, served_names
+from dgpp.webui.monitor.kernel_view import kernel_warning, kernels_view
 from dgpp.webui.monitor.node_probe import NodesApi, NodesClient, local_node, node_view
 from dgpp.webui.routes.deps import (
     LOGGED_IN,
@@ -83,10 +84,12 @@ def step_model_view(metrics: dict[str, Any] | None) -> dict[str, Any]:
 async def overview(
     console: Console, backend: Backend, engine_for: EngineFactory, nodes_for: NodesFactory
 ) -> dict[str, Any]:
-    """Deployment, health, ranks, every node's GPUs and CPU, the latest switch, and the rollback
-    banner's content (None unless the last switch that ended was not kept)."""
+    """Deployment, health, ranks, every node's GPUs and CPU, rank 0's kernel self-check, the
+    latest switch, and the rollback banner's content (None unless the last switch that ended
+    was not kept)."""
     body: dict[str, Any] = {"time": time.time(), "backend": backend.kind}
     nodes = None
+    metrics: dict[str, Any] | None = None
     try:
         deployment = console.store.current()
     except ConfigError as err:
@@ -131,6 +134,9 @@ async def overview(
         body["nodes"] = [await asyncio.to_thread(local_node, console.gpus, fraction)]
         body["nodes_source"] = "local"
     body["warnings"] = [warning for node in body["nodes"] for warning in node["warnings"]]
+    body["kernels"] = kernels_view(metrics)
+    if (warning := kernel_warning(body["kernels"])) is not None:
+        body["warnings"].append(warning)
     if deployment is not None and (warning := exposure_warning(deployment)) is not None:
         body["warnings"].insert(0, warning)
     if deployment is not None and (

@@ -1,5 +1,5 @@
-// Overview: refreshes the history charts (charts.js), the summary and the rollback banner, all from
-// this console.
+// Overview: refreshes the history charts (charts.js), the summary, the kernels and node health
+// panels and the rollback banner, all from this console.
 (function () {
   "use strict";
   const chartsEl = document.getElementById("charts");
@@ -67,6 +67,70 @@
     });
   }
 
+  function rows(selector, items, build) {
+    const body = document.querySelector(selector + " tbody");
+    body.replaceChildren();
+    items.forEach(function (item) { body.appendChild(build(item)); });
+  }
+
+  // Rank 0's kernel self-check and all-reduce figures (`kernels_view`): a fallback's row is a
+  // warning with its reason and what it costs.
+  function renderKernels(k) {
+    document.getElementById("kernels-note").textContent = k.note;
+    document.getElementById("kernels").hidden = k.kernels.length === 0;
+    rows("#kernels", k.kernels, function (kernel) {
+      const row = document.createElement("tr");
+      row.className = "kernel-" + kernel.state;
+      cell(row, kernel.name); cell(row, kernel.state); cell(row, kernel.reason);
+      if (kernel.is_fallback) {
+        const hint = document.createElement("div");
+        hint.className = "note";
+        hint.textContent = k.hint;
+        row.lastChild.appendChild(hint);
+      }
+      return row;
+    });
+    document.getElementById("kernel-cases").hidden = k.cases.length === 0;
+    rows("#kernel-cases", k.cases, function (c) {
+      const row = document.createElement("tr");
+      if (!c.passed) row.className = "kernel-fallback";
+      [c.kernel, c.label, c.dtype, c.seconds, c.error, c.failure].forEach(function (v) { cell(row, v); });
+      return row;
+    });
+    document.getElementById("allreduce").hidden = k.allreduce.length === 0;
+    rows("#allreduce", k.allreduce, function (a) {
+      const row = document.createElement("tr");
+      cell(row, a.size); cell(row, a.time); cell(row, a.bus);
+      return row;
+    });
+  }
+
+  // This node's `dgpp doctor` findings (GET /api/doctor, which keeps them a minute).
+  function renderHealth(report) {
+    const failing = report.checks.filter(function (c) { return c.status === "warn" || c.status === "fail"; });
+    document.getElementById("node-health-summary").textContent = report.hostname + ": " + report.status +
+      (failing.length ? " (" + failing.length + " to look at)" : "") + ", checked " +
+      new Date(report.time * 1000).toLocaleTimeString();
+    document.getElementById("node-health").hidden = false;
+    rows("#node-health", report.checks, function (check) {
+      const row = document.createElement("tr"), badge = document.createElement("span");
+      badge.className = "check check-" + check.status;
+      badge.textContent = check.label;
+      const status = document.createElement("td");
+      status.appendChild(badge);
+      row.appendChild(status);
+      cell(row, check.name); cell(row, check.detail); cell(row, check.fix);
+      return row;
+    });
+  }
+
+  async function refreshHealth(fresh) {
+    try {
+      const response = await fetch("/api/doctor" + (fresh ? "?fresh=true" : ""), { credentials: "same-origin" });
+      if (response.ok) { renderHealth(await response.json()); }
+    } catch (err) { /* the next refresh tries again */ }
+  }
+
   // Shown while the last switch that ended was not kept (`rollback` of /api/overview).
   function renderBanner(rollback) {
     const banner = document.getElementById("rollback-banner");
@@ -100,6 +164,7 @@
       body.appendChild(row);
     });
     renderNodes(data);
+    renderKernels(data.kernels);
     const warnings = document.getElementById("warnings");
     warnings.replaceChildren();
     data.warnings.forEach(function (message) {
@@ -118,6 +183,9 @@
   }
 
   windowSelect.addEventListener("change", refreshHistory);
+  document.getElementById("node-health-refresh").addEventListener("click", function () { refreshHealth(true); });
+  refreshHealth(false);
+  setInterval(function () { refreshHealth(false); }, 60000);
   window.addEventListener("resize", function () { charts.forEach(function (chart) { chart.resize(); }); });
   refreshHistory();
   setInterval(refreshHistory, intervalMs);

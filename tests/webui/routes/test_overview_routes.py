@@ -16,8 +16,9 @@ from dgpp.appliance.deployments.files import deployment_id
 from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput, RequestTimings
 from dgpp.engine.server.metrics.service import Outcome
 from dgpp.webui.deployments.store import resolve_raw
+from dgpp.webui.monitor.kernel_view import CPU_NOTE, FALLBACK_HINT
 from tests.webui.conftest import DEPLOYMENT, Console, running_console
-from tests.webui.fakes import BROKEN_MODEL, node_snapshot
+from tests.webui.fakes import BROKEN_MODEL, PTXAS_REASON, SELF_CHECK, node_snapshot
 
 
 def test_overview_reports_deployment_health_ranks_and_node(logged_in: Console) -> None:
@@ -219,3 +220,18 @@ def test_the_overview_warns_while_the_api_is_open_to_the_network_without_a_key(
     with running_console(tmp_path) as console:
         assert console.login().status_code == 303
         assert console.client.get("/api/overview").json()["warnings"] == []
+
+
+def test_the_kernels_panel_shows_a_fallback_and_its_reason(logged_in: Console) -> None:
+    body = logged_in.client.get("/api/overview").json()
+    assert body["kernels"]["note"].startswith("the engine reports no kernel self-check")
+    logged_in.world.self_check = SELF_CHECK
+    body = logged_in.client.get("/api/overview").json()
+    assert body["kernels"]["fallbacks"] == ["paged_attention"]
+    assert any("paged_attention fell back" in warning for warning in body["warnings"])
+    page = logged_in.client.get("/").text
+    panel = html.unescape(page.split('id="kernels-card"', 1)[1].split("</section>", 1)[0])
+    assert PTXAS_REASON in panel and FALLBACK_HINT in panel
+    assert 'class="kernel-fallback"' in panel and "103.2 Gb/s" in panel
+    logged_in.world.self_check = {"kernels": {}, "kernel_checks": [], "allreduce": []}
+    assert CPU_NOTE in logged_in.client.get("/").text
