@@ -109,7 +109,7 @@
   function renderHealth(report) {
     const failing = report.checks.filter(function (c) { return c.status === "warn" || c.status === "fail"; });
     document.getElementById("node-health-summary").textContent = report.hostname + ": " + report.status +
-      (failing.length ? " (" + failing.length + " to look at)" : "") + ", checked " +
+      (failing.length ? ", " + failing.length + (failing.length === 1 ? " finding" : " findings") + " to act on" : "") + ", checked " +
       new Date(report.time * 1000).toLocaleTimeString();
     document.getElementById("node-health").hidden = false;
     rows("#node-health", report.checks, function (check) {
