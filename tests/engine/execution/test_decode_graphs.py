@@ -102,7 +102,7 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
         ),
     )
     monkeypatch.setattr(moe, "fused_moe", fused_moe_triton)
-    monkeypatch.setattr(moe, "uses_triton", lambda _: True)
+    monkeypatch.setattr(moe, "uses_triton", lambda *_: True)
     graphed = LLM(str(checkpoint), kv_capacity=512, block_size=16)
     runner = graphed.engine.runner
     names = [backend.name for backend in runner.backends]

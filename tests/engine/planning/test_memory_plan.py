@@ -301,7 +301,7 @@ def test_engine_sizes_its_pool_from_memory_fraction(
 ) -> None:
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
     memory = DeviceMemory(240 << 20, 230 << 20, "test host", is_accelerator=False)
-    monkeypatch.setattr(memory_plan, "read_device_memory", lambda device: memory)
+    monkeypatch.setattr(memory_plan, "read_device_memory", lambda device, floor=0: memory)
     config = EngineConfig(
         model=str(checkpoint), memory_fraction=0.5, max_concurrency=4, prefill_chunk_tokens=64
     )
