@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.attention_sinks import sdpa_with_sinks, sink_bias
+from dgpp.kernels.kv_quant import KvFormat
 
 
 def store_kv(
@@ -16,11 +17,20 @@ def store_kv(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv: KvFormat | None = None,
 ) -> None:
-    """Write key/value [T, H_kv, D] into caches [blocks, block_size, H_kv, D] at `slot_mapping`."""
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    """Write key/value [T, H_kv, D] into caches [blocks, block_size, H_kv, D] at `slot_mapping`
+    (with a quantized `kv`, their rows [..., H_kv, kv.width])."""
+    if kv is not None:
+        key, value = kv.encode(key), kv.encode(value)
+    num_kv_heads, width = key.shape[1], key.shape[2]
+    key_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, value)
+
+
+def _rows(rows: torch.Tensor, kv: KvFormat | None, dtype: torch.dtype) -> torch.Tensor:
+    """Gathered cache rows as keys or values in `dtype` (quantized ones decoded)."""
+    return rows if kv is None else kv.decode(rows, dtype)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -42,9 +52,11 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each sequence's cached keys; returns [T, H, D]
-    (into `out` when given).
+    (into `out` when given). With a quantized `kv` the caches hold its rows; only the rows a
+    step gathers are decoded.
 
     `sinks` [H]: a learned logit per head that joins each softmax's denominator and adds no
     value (gpt-oss). `sliding_window`: a query at position p sees only keys k with
@@ -57,7 +69,7 @@ def paged_attention(
     if num_decodes:
         decoded = starts[num_decodes]  # decode query rows (verify rows have several)
         out[:decoded] = _decode(
-            query[:decoded], key_cache, value_cache, metadata, scale, sinks, sliding_window
+            query[:decoded], key_cache, value_cache, metadata, scale, sinks, sliding_window, kv
         )
     for row in range(num_decodes, metadata.num_seqs):
         begin, end = starts[row], starts[row + 1]
@@ -68,8 +80,8 @@ def paged_attention(
         first_block, num_blocks = first_key // block_size, -(-seq_len // block_size)
         table = metadata.block_tables[row, first_block:num_blocks]
         offset = first_block * block_size  # position of the first key gathered
-        keys = _gather(key_cache, table, seq_len - offset)  # [S, H_kv, D]
-        values = _gather(value_cache, table, seq_len - offset)
+        keys = _rows(_gather(key_cache, table, seq_len - offset), kv, query.dtype)  # [S, H_kv, D]
+        values = _rows(_gather(value_cache, table, seq_len - offset), kv, query.dtype)
         out[begin:end] = _prefill(
             query[begin:end],
             keys,
@@ -129,6 +141,7 @@ def _decode(
     scale: float,
     sinks: torch.Tensor | None,
     sliding_window: int | None,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """Decode rows, batched: one query each, or a verify row's few (padded to the longest)."""
     slots, mask = metadata.decode_context(sliding_window)
@@ -136,10 +149,15 @@ def _decode(
         # One more key per row, zeroed after the gather: the sink's (see `attention_sinks`).
         slots = F.pad(slots, (0, 1))
     num_rows, max_len = slots.shape
-    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    num_kv_heads, width = key_cache.shape[2], key_cache.shape[3]
+    head_dim = width if kv is None else kv.head_dim
     flat_slots = slots.view(-1)
-    keys = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
-    values = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat_slots)
+    keys = _rows(
+        key_cache.view(-1, num_kv_heads, width).index_select(0, flat_slots), kv, query.dtype
+    )
+    values = _rows(
+        value_cache.view(-1, num_kv_heads, width).index_select(0, flat_slots), kv, query.dtype
+    )
     keys = keys.view(num_rows, max_len, num_kv_heads, head_dim).transpose(1, 2)  # [B, H_kv, S, D]
     values = values.view(num_rows, max_len, num_kv_heads, head_dim).transpose(1, 2)
     index = metadata.decode_query_index

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels.kv_quant import KvFormat
 from dgpp.kernels.paged_attention_torch import store_kv
 
 
@@ -27,8 +28,10 @@ def rope_store(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """Rotate query [T, H, D] and key [T, H_kv, D], store the rotated key and value [T, H_kv, D]
-    at `slot_mapping` in the caches [blocks, block_size, H_kv, D]; returns the rotated query."""
-    store_kv(apply_rotary(key, angles), value, key_cache, value_cache, slot_mapping)
+    at `slot_mapping` in the caches [blocks, block_size, H_kv, D] (quantized rows with `kv`);
+    returns the rotated query."""
+    store_kv(apply_rotary(key, angles), value, key_cache, value_cache, slot_mapping, kv)
     return apply_rotary(query, angles)

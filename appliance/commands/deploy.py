@@ -72,9 +72,11 @@ def _run_plan(args: argparse.Namespace) -> int:
     """Print the plan; exit non-zero (naming the numbers) when a rank does not fit."""
     from dgpp.appliance.deployments.deployment import parse_deployment
     from dgpp.appliance.deployments.files import find_template
+    from dgpp.appliance.deployments.kv_dtypes import describe_kv_dtypes, kv_dtype_rows
     from dgpp.appliance.deployments.plan import (
         SPARK_BYTES,
         describe_plans,
+        largest_context,
         model_config_of,
         plan_deployment,
         refuse_unfit,
@@ -92,6 +94,16 @@ def _run_plan(args: argparse.Namespace) -> int:
     plans = plan_deployment(resolve_deployment(deployment, model, memory), memory)
     print(f"{deployment.model} ({model.quant_method}, from its {source}), world {len(plans)}:")
     print(describe_plans(plans))
+    resolved = resolve_deployment(deployment, model, memory)
+    weights = plans[0].plan.weights_bytes
+
+    def longest(config: object) -> int:
+        return largest_context(config, model, len(plans), 0, memory, weights)  # type: ignore[arg-type]
+
+    context = resolved.engine.max_model_len or model.max_position_embeddings
+    chosen = resolved.engine.kv_cache_dtype
+    print(f"\nKV-cache dtypes on rank 0 (engine.kv_cache_dtype; this plan: {chosen}):")
+    print(describe_kv_dtypes(kv_dtype_rows(resolved, memory, longest), context))
     refuse_unfit(plans)
     return EXIT_OK
 

@@ -123,7 +123,7 @@ def plan_deployment(resolved: ResolvedConfig, memory: DeviceMemory | None = None
     plans = []
     for rank in range(tp_size):
         mtp = uses_mtp(config.speculative, model)
-        specs = rank_cache_specs(model, tp_size, rank, mtp)
+        specs = rank_cache_specs(model, tp_size, rank, mtp, config.kv_cache_dtype)
         # Counted once per rank: building a large MoE on the meta device takes seconds.
         dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
         weights = rank_weight_bytes(model, tp_size, rank, dtype_bytes, mtp)

@@ -8,12 +8,14 @@ block manager serves a model whose layers need caches of different widths.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from dgpp.engine.backends.base import AttentionBackend
+from dgpp.engine.errors import ConfigError
+from dgpp.kernels.kv_quant import KvFormat, kv_format
 
 
 class CacheSpec(Protocol):
@@ -40,13 +42,23 @@ class CacheSpec(Protocol):
 @dataclass(frozen=True)
 class PagedKVSpec:
     """Keys and values of `num_kv_heads` heads of `head_dim` per token: per layer
-    [2, blocks, block_size, num_kv_heads, head_dim]."""
+    [2, blocks, block_size, num_kv_heads, head_dim] in the model dtype, or with a quantized
+    `kv_dtype` (`kernels.kv_quant`) uint8 [2, blocks, block_size, num_kv_heads, width]: each head
+    its blocks of scale and codes."""
 
     num_kv_heads: int
     head_dim: int
+    kv_dtype: str = "auto"
     block_axis = 2  # of the pool `allocate` returns
 
+    @property
+    def kv_format(self) -> KvFormat | None:
+        return kv_format(self.kv_dtype, self.head_dim)
+
     def bytes_per_token(self, dtype: torch.dtype) -> int:
+        fmt = self.kv_format
+        if fmt is not None:
+            return 2 * self.num_kv_heads * fmt.width
         return 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
 
     def allocate(
@@ -57,6 +69,10 @@ class PagedKVSpec:
         dtype: torch.dtype,
         device: torch.device,
     ) -> torch.Tensor:
+        fmt = self.kv_format
+        if fmt is not None:
+            shape = (num_layers, 2, num_blocks, block_size, self.num_kv_heads, fmt.width)
+            return torch.zeros(shape, dtype=torch.uint8, device=device)
         shape = (num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -124,6 +140,29 @@ class CacheLayer(Protocol):
     def backend(self) -> AttentionBackend: ...
 
     def bind_cache(self, cache: torch.Tensor) -> None: ...
+
+
+def with_kv_dtype(specs: Iterable[CacheSpec], kv_dtype: str, family: str) -> list[CacheSpec]:
+    """`specs` with paged keys and values stored at `kv_dtype`; `ConfigError` for a cache kind
+    that is stored at the model dtype only (latents, indexer keys, compressed keys)."""
+    specs = list(specs)
+    if kv_dtype == "auto":
+        return specs
+    found: list[CacheSpec] = []
+    for spec in specs:
+        if type(spec) is not PagedKVSpec:
+            raise ConfigError(
+                f"kv_cache_dtype={kv_dtype}: {family}'s {type(spec).__name__} cache is stored at "
+                "the model dtype only so far; the value that works for it: auto"
+            )
+        try:
+            kv_format(kv_dtype, spec.head_dim)
+        except ValueError as err:
+            raise ConfigError(
+                f"kv_cache_dtype={kv_dtype}: {err}; values that work: auto, int8, fp8_e4m3"
+            ) from None
+        found.append(replace(spec, kv_dtype=kv_dtype))
+    return found
 
 
 def cache_layers(model: torch.nn.Module) -> list[CacheLayer]:

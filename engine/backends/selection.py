@@ -43,16 +43,19 @@ def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
 
 
 def select_backend_for(
-    model: ModelConfig, device: torch.device, dtype: torch.dtype
+    model: ModelConfig, device: torch.device, dtype: torch.dtype, kv_dtype: str = "auto"
 ) -> AttentionBackend:
     """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
     compressed key/value latent (DeepSeek-V3), sparse MLA over it where an indexer picks each
     query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise, sparse where an indexer
-    picks each query's blocks (Qwen4-Exp)."""
+    picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` (`kernels.kv_quant`) is served
+    by the PyTorch backend, for paged keys and values only (the memory plan refuses others)."""
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
         return SparseMLAAttention(select_mla_backend(device, dtype))
     if model.is_latent_attention:
         return select_mla_backend(device, dtype)
     if model.raw.get("indexer_budget") is not None:
         return SparsePagedAttention(select_attention_backend(device, dtype))
+    if kv_dtype != "auto":  # the PyTorch twins read quantized rows (CPUs: the knob's rule)
+        return TorchPagedAttention(device, kv_dtype)
     return select_attention_backend(device, dtype)

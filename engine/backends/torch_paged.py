@@ -10,6 +10,7 @@ import torch
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.decode_inputs import DecodeWindows, decode_gather_inputs, decode_query_index
+from dgpp.kernels.kv_quant import kv_format
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 from dgpp.kernels.rope_store_torch import rope_store
 
@@ -54,8 +55,9 @@ class TorchPagedAttention:
     rotate_and_store = staticmethod(rope_store)
     fuses_rope = False  # layers rotate themselves: one rotation of the adjacent q/k heads
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, kv_dtype: str = "auto") -> None:
         self.device = device
+        self.kv_dtype = kv_dtype  # how the caches store keys and values (`kernels.kv_quant`)
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
         """The step's slots, block tables and row extents, plus what the PyTorch decode path
@@ -98,6 +100,15 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         key_cache, value_cache = cache[0], cache[1]
         slots = metadata.slot_mapping
+        kv = kv_format(self.kv_dtype, key.shape[-1])
+        if kv is not None:  # the twins read and write quantized rows
+            if angles is not None:
+                query = rope_store(query, key, value, angles, key_cache, value_cache, slots, kv)
+            else:
+                store_kv(key, value, key_cache, value_cache, slots, kv)
+            return paged_attention(
+                query, key_cache, value_cache, metadata, scale, sinks, sliding_window, kv=kv
+            )
         if angles is None:
             store_kv(key, value, key_cache, value_cache, slots)
         else:

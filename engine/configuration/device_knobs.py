@@ -6,8 +6,11 @@ Keyword-only, so `EngineConfig`'s `model` stays its first positional field."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from dgpp.engine.configuration.knobs import knob
+
+KvCacheDtype = Literal["auto", "fp8_e4m3", "int8", "int4"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +39,14 @@ class DeviceKnobs:
     mlock: bool = knob(
         False,
         "pin the weights and KV pool in RAM (needs LimitMEMLOCK=infinity or ulimit -l)",
+    )
+    kv_cache_dtype: KvCacheDtype = knob(
+        "auto",
+        "how the KV cache stores keys and values: auto (the model dtype), int8 (ggml's Q8_0 "
+        "blocks: a float16 scale per 32), fp8_e4m3 (e4m3 codes, a scale per head) or int4 "
+        "(Q4_0 blocks); about twice the context per GiB at int8 or fp8 for a 16-bit model",
+        label="KV cache dtype",
+        group="memory",
     )
     strict_kernels: bool = knob(
         False,

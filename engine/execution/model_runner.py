@@ -92,7 +92,7 @@ class ModelRunner:
             lock_memory()
         self.selfcheck = StartupCheck(config, model_config, parallel, self.device, self.dtype)
         self.selfcheck.before_build()  # the kernels against their twins, before a backend
-        attention = select_backend_for(model_config, self.device, self.dtype)
+        attention = select_backend_for(model_config, self.device, self.dtype, config.kv_cache_dtype)
         with torch.device("cpu"):
             model = build_model(model_config, parallel, max_model_len, attention)
         model = model.to(self.dtype)
@@ -143,7 +143,7 @@ class ModelRunner:
             for module in packable:
                 module.pack(packer, keep_dense=False)
         layers = cache_layers(self.model)
-        declared = layer_cache_specs(model_config, parallel)  # what the memory plan counted
+        declared = layer_cache_specs(model_config, parallel, config.kv_cache_dtype)  # as planned
         assert [layer.cache_spec for layer in layers] == declared, "cache specs disagree"
         self.backends: list[AttentionBackend] = list(unique_backends(layers))
         recurrent = state_layers(self.model)

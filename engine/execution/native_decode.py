@@ -55,6 +55,8 @@ def _layer_why_not(layer: nn.Module, block_size: int) -> str | None:
     paged = attn.attn
     if type(paged.backend) not in (CpuPagedAttention, TorchPagedAttention):
         return f"attention backend {paged.backend.name}"
+    if getattr(paged.backend, "kv_dtype", "auto") != "auto":
+        return "a quantized KV cache (the native step reads the model dtype's)"
     if paged.sinks is not None or paged.sliding_window is not None:
         return "attention sinks or a sliding window"
     if attn.rotary_dim != attn.head_dim:

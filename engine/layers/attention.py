@@ -56,7 +56,8 @@ class PagedAttention(nn.Module):
 
     @property
     def cache_spec(self) -> PagedKVSpec:
-        return PagedKVSpec(self.num_kv_heads, self.head_dim)
+        kv_dtype = getattr(self._backend, "kv_dtype", "auto")
+        return PagedKVSpec(self.num_kv_heads, self.head_dim, kv_dtype)
 
     @property
     def backend(self) -> PagedAttentionBackend:

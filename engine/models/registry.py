@@ -7,7 +7,7 @@ from typing import Protocol
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.backends.cache_spec import CacheSpec
+from dgpp.engine.backends.cache_spec import CacheSpec, with_kv_dtype
 from dgpp.engine.backends.state_cache import LinearStateSpec
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.parallel import ParallelContext
@@ -98,10 +98,14 @@ def build_model(
     return model_class(config)(config, parallel, max_position, attention)
 
 
-def layer_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+def layer_cache_specs(
+    config: ModelConfig, parallel: ParallelContext, kv_dtype: str = "auto"
+) -> list[CacheSpec]:
     """The cache spec of every cache layer of this rank's model, in layer order, without
-    building it (see `cache_specs` on each model class)."""
-    return list(model_class(config).cache_specs(config, parallel))
+    building it (see `cache_specs` on each model class); paged keys and values at `kv_dtype`
+    (`ConfigError` where a cache of the family cannot take it)."""
+    specs = model_class(config).cache_specs(config, parallel)
+    return with_kv_dtype(specs, kv_dtype, config.architecture)
 
 
 def attention_workspace(
@@ -117,14 +121,17 @@ def attention_workspace(
     return int(estimate(config, tokens, chunk, heads, max_context, dtype_bytes))
 
 
-def layer_mtp_cache_specs(config: ModelConfig, parallel: ParallelContext) -> list[CacheSpec]:
+def layer_mtp_cache_specs(
+    config: ModelConfig, parallel: ParallelContext, kv_dtype: str = "auto"
+) -> list[CacheSpec]:
     """The cache specs of the MTP layer: the family's `mtp_cache_specs` where it declares them
     (a layer of several caches), else the last layer's one."""
     found = model_class(config)
     own = getattr(found, "mtp_cache_specs", None)
-    if own is not None:
-        return list(own(config, parallel))
-    return list(found.cache_specs(config, parallel))[-1:]
+    specs = (
+        own(config, parallel) if own is not None else list(found.cache_specs(config, parallel))[-1:]
+    )
+    return with_kv_dtype(specs, kv_dtype, config.architecture)
 
 
 def layer_state_specs(config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:

@@ -40,7 +40,8 @@ def host_slots(
     states = int(budget * STATE_SHARE) // state_slot_bytes if state_slot_bytes else 0
     if state_slot_bytes and states < MIN_SLOTS:
         return 0, 0
-    specs = rank_cache_specs(model, tp_size, 0, uses_mtp(config.speculative, model))
+    mtp = uses_mtp(config.speculative, model)
+    specs = rank_cache_specs(model, tp_size, 0, mtp, config.kv_cache_dtype)
     block_bytes = kv_bytes_per_token(config, specs) * config.block_size
     blocks = (budget - states * state_slot_bytes) // max(block_bytes, 1)
     return (blocks, states) if blocks >= MIN_SLOTS else (0, 0)

@@ -138,12 +138,13 @@ def kv_bytes_per_token(config: EngineConfig, specs: Sequence[CacheSpec]) -> int:
 
 
 def rank_cache_specs(
-    model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False
+    model: ModelConfig, tp_size: int, tp_rank: int, mtp: bool = False, kv_dtype: str = "auto"
 ) -> list[CacheSpec]:
-    """The cache specs of rank `tp_rank`'s layers (with `mtp`, the MTP layer's, as the last's)."""
+    """The cache specs of rank `tp_rank`'s layers (with `mtp`, the MTP layer's, as the last's),
+    paged keys and values at `kv_dtype` (`ConfigError` where the family cannot take it)."""
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
-    specs = layer_cache_specs(model, parallel)
-    return specs + layer_mtp_cache_specs(model, parallel) if mtp else specs
+    specs = layer_cache_specs(model, parallel, kv_dtype)
+    return specs + layer_mtp_cache_specs(model, parallel, kv_dtype) if mtp else specs
 
 
 def workspace_bytes(
@@ -253,7 +254,7 @@ def plan_memory(
     `rank_weight_bytes` (planning many pools for one model counts them once)."""
     shapes = RankShapes.of(model, tp_size, tp_rank)
     mtp = uses_mtp(config.speculative, model)
-    specs = rank_cache_specs(model, tp_size, tp_rank, mtp)
+    specs = rank_cache_specs(model, tp_size, tp_rank, mtp, config.kv_cache_dtype)
     if weights is None:
         dtype_bytes = DTYPE_BYTES[config.resolved_dtype]
         weights = rank_weight_bytes(model, tp_size, tp_rank, dtype_bytes, mtp)
@@ -351,7 +352,7 @@ def size_kv_pool(
     block_size = config.block_size
     shapes = RankShapes.of(model, tp_size)  # rank 0: no rank holds more
     mtp = uses_mtp(config.speculative, model)
-    specs = rank_cache_specs(model, tp_size, 0, mtp)
+    specs = rank_cache_specs(model, tp_size, 0, mtp, config.kv_cache_dtype)
     weights = rank_weight_bytes(model, tp_size, 0, DTYPE_BYTES[config.resolved_dtype], mtp)
     # Recurrent state slots with the whole snapshot budget (not yet capped by the pool's size).
     states = engine_state_layout(config, model, tp_size, max_snapshots=1 << 62)

@@ -1,11 +1,11 @@
 """Where the prefix cache's disk tier keeps its files and what keeps them valid.
 
 A block file is usable only by a process whose KV for the same tokens has the same bytes: the
-same checkpoint files and config (as the resident images key them), dtype and prefill
-precision, cache pools (shapes, dtypes, the MTP layer's), block size, tensor-parallel world and
-rank, and the Python version (block keys are Python hashes of tuples). The layout digest covers
-all of it except the rank, which names the folder below it, so the ranks of one world on one
-node share a layout and another model's or world's files are foreign to it.
+same checkpoint files and config (as the resident images key them), dtype, KV-cache dtype and
+prefill precision, cache pools (shapes, dtypes, the MTP layer's), block size, tensor-parallel
+world and rank, and the Python version (block keys are Python hashes of tuples). The layout
+digest covers all of it except the rank, which names the folder below it, so the ranks of one
+world on one node share a layout and another model's or world's files are foreign to it.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def layout_digest(
         f"block {config.block_size}",
         repr(shapes),
     )
+    if config.kv_cache_dtype != "auto":  # int8 and fp8 rows have one shape, not the same bytes
+        parts += (f"kv {config.kv_cache_dtype}",)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

@@ -163,11 +163,14 @@ def _check_world_of_two(
     waves: Waves = (PROMPTS,),
     target: Any = None,
     sliced: bool = False,
+    reference_knobs: dict[str, Any] | None = None,
 ) -> int:
     """World 2 with `knobs` gives world 1's tokens (with KNOBS); returns world 2's prefix-cache
     hit tokens. `target` replaces `_rank` as each rank's process (a picklable callable with its
-    arguments); `sliced`: its policy computes long chunks in layer slices."""
-    reference = LLMEngine(resolve(EngineConfig(model=str(checkpoint), **KNOBS), checkpoint))
+    arguments); `sliced`: its policy computes long chunks in layer slices; `reference_knobs`
+    replace KNOBS for world 1."""
+    world_one = EngineConfig(model=str(checkpoint), **(reference_knobs or KNOBS))
+    reference = LLMEngine(resolve(world_one, checkpoint))
     expected = _generate(reference, waves)
     context = mp.get_context("spawn")
     results = context.Queue()

@@ -1,0 +1,57 @@
+"""What each KV-cache dtype gives a deployment, from real checkpoints' facts on Spark memory
+(`dgpp deploy plan`): tokens per GiB at int8 and fp8 about twice a bfloat16 cache's, at int4
+3.5 times; more sessions of the configured context; and on CUDA, or for a cache the family
+cannot quantize (DeepSeek-V3's latents), the reason instead of numbers."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from dgpp.appliance import cli
+from dgpp.appliance.common.exit_codes import EXIT_OK
+from dgpp.appliance.deployments.deployment import parse_deployment
+from dgpp.appliance.deployments.files import find_template
+from dgpp.appliance.deployments.kv_dtypes import kv_dtype_rows
+from dgpp.appliance.deployments.plan import (
+    model_config_of,
+    resolve_deployment,
+    spark_memory,
+)
+
+
+def _rows(name: str, **engine: object) -> dict:
+    raw = find_template(name).load()
+    raw["engine"].update(engine)
+    deployment = parse_deployment(raw, name)
+    model, _ = model_config_of(deployment)
+    memory = spark_memory()
+    resolved = resolve_deployment(deployment, model, memory)
+    return {row.kv_dtype: row for row in kv_dtype_rows(resolved, memory, lambda config: 0)}
+
+
+def test_quantized_dtypes_hold_about_twice_the_tokens_per_gib() -> None:
+    rows = _rows("llama-3.1-8b-instruct_bfloat16_w1", device="cpu")
+    auto = rows["auto"].tokens_per_gib
+    assert rows["auto"].bytes_per_token == 2 * 32 * 8 * 128 * 2  # layers, K+V, heads, dim, bf16
+    assert rows["int8"].tokens_per_gib >= 1.88 * auto  # Q8_0 blocks: 34 bytes per 32
+    assert rows["fp8_e4m3"].tokens_per_gib >= 1.9 * auto  # one scale per head: 130 per 128
+    assert rows["int4"].tokens_per_gib >= 3.5 * auto  # Q4_0: 18 per 32
+    assert rows["int8"].sessions > 1.8 * rows["auto"].sessions
+
+
+def test_refusals_say_why() -> None:
+    rows = _rows("llama-3.1-8b-instruct_bfloat16_w1")  # cuda
+    assert rows["auto"].tokens_per_gib and "served on CPUs" in rows["int8"].refused
+    rows = _rows("deepseek-v4-flash_bfloat16_w2", device="cpu")
+    assert all("stored at the model dtype only" in rows[kv].refused for kv in ("int8", "int4"))
+
+
+def test_deploy_plan_prints_every_dtype() -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["deploy", "plan", "--template", "smollm2-135m_float32_w1"])
+    assert code == EXIT_OK
+    text = out.getvalue()
+    assert "| KV dtype | bytes/token | tokens per GiB" in text
+    assert all(f"| {kv} | " in text for kv in ("auto", "int8", "fp8_e4m3", "int4"))

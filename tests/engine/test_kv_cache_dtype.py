@@ -1,0 +1,75 @@
+"""`kv_cache_dtype` on real engines: each family with paged keys and values serves every
+quantized dtype with its log-probabilities within a bound of the model-dtype cache's at every
+position (a prompt in chunks smaller than it, then forced decode rows), its caches stored as
+quantized rows; families whose caches cannot take it, and CUDA, are refused when the plan is
+made with the values that work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgpp.engine import LLM
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.scheduling.request import PromptIds
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.family_cases import GPT_OSS, MOE_DEEPSEEK
+from tests.engine.family_parity import forced_logprobs
+
+# Against the model-dtype cache, over every position (float32, random tiny models: a MoE's
+# routing flips under any perturbation, so the worst position says little): the mean over
+# positions of the largest |Δ logprob|, and the share of positions whose top-1 token agrees.
+# Measured (mean of the worst |Δ| per position, top-1): int8 0.013-0.055, 95.7-98.9%; fp8
+# 0.068-0.18, 91-97%; int4 0.22-0.51, 63-89% (gpt-oss's routing flips most). A wrong scale or
+# code is off by order one.
+BOUND = {"int8": 0.08, "fp8_e4m3": 0.25, "int4": 0.7}
+AGREEMENT = {"int8": 0.93, "fp8_e4m3": 0.88, "int4": 0.55}
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "gpt-oss": ("GptOssForCausalLM", GPT_OSS),  # windows and sinks
+    "qwen3-next": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),  # hybrid: states as they are
+}
+
+
+def _engine(checkpoint: Path, kv: str, **knobs: object) -> LLM:
+    return LLM(
+        str(checkpoint), dtype="float32", kv_capacity=1024, block_size=16, native_decode=False,
+        kv_cache_dtype=kv, prefix_cache=False, **knobs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_quantized_dtype_stays_near_the_model_dtype_cache(
+    family: str, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    architecture, overrides = FAMILIES[family]
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
+    gen = torch.Generator().manual_seed(65)
+    prompt = PromptIds(torch.randint(3, 49000, (80,), generator=gen).tolist())
+    forced = torch.randint(3, 49000, (12,), generator=gen).tolist()
+    want = forced_logprobs(_engine(checkpoint, "auto"), prompt, forced, chunk=24)
+    for kv, bound in BOUND.items():
+        llm = _engine(checkpoint, kv)
+        pools = [pool for pool in llm.engine.runner.kv_caches if pool.dtype == torch.uint8]
+        assert pools, f"{kv}: no quantized pool"
+        got = forced_logprobs(llm, prompt, forced, chunk=24)
+        per_position = (got - want).abs().amax(dim=-1)  # the worst token at each position
+        error = float(per_position.mean())
+        same = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        print(f"{family} {kv}: mean of max |Δ logprob| {error:.4f}, top-1 {same:.1%}")
+        assert 0 < error < bound and same >= AGREEMENT[kv], (kv, error, same)
+
+
+def test_caches_that_cannot_take_it_are_refused_with_what_works(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, "DeepseekV3ForCausalLM", **{**MOE_DEEPSEEK, "num_hidden_layers": 2}
+    )
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype=int8: .*MLALatentSpec.*auto"):
+        _engine(checkpoint, "int8")
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype=int8 is served on CPUs.*auto"):
+        _engine(checkpoint, "int8", device="cuda")
