@@ -81,7 +81,7 @@ def _step(rows: list[tuple[int, int]], decodes: int, block: int = 8):
         tables.append(list(range(first, first + count))[::-1])  # pages out of order
         first += count
     layout = BatchLayout(
-        tuple(BatchRow(length - q, q, table) for (length, q), table in zip(rows, tables)),
+        tuple(BatchRow(length - q, q, table) for (length, q), table in zip(rows, tables, strict=True)),
         decodes, block, True,
     )  # fmt: skip
     return layout, first
