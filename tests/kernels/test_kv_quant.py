@@ -80,10 +80,9 @@ def _step(rows: list[tuple[int, int]], decodes: int, block: int = 8):
         count = -(-length // block)
         tables.append(list(range(first, first + count))[::-1])  # pages out of order
         first += count
-    layout = BatchLayout(
-        tuple(BatchRow(length - q, q, table) for (length, q), table in zip(rows, tables, strict=True)),
-        decodes, block, True,
-    )  # fmt: skip
+    pairs = zip(rows, tables, strict=True)
+    batch = tuple(BatchRow(length - q, q, table) for (length, q), table in pairs)
+    layout = BatchLayout(batch, decodes, block, True)
     return layout, first
 
 
