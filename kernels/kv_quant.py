@@ -74,8 +74,11 @@ class KvFormat:
 
 
 def _roundf(x: torch.Tensor) -> torch.Tensor:
-    """C's roundf: halves away from zero (ggml's Q8_0), not to even."""
-    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+    """C's roundf: halves away from zero (ggml's Q8_0), not to even; exact where |x| + 0.5
+    would round up in float32 (0.49999997)."""
+    magnitude = x.abs()
+    whole = torch.floor(magnitude)
+    return torch.sign(x) * (whole + torch.floor(2 * (magnitude - whole)))
 
 
 def _scaled_codes(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,8 +55,9 @@ def _layer_why_not(layer: nn.Module, block_size: int) -> str | None:
     paged = attn.attn
     if type(paged.backend) not in (CpuPagedAttention, TorchPagedAttention):
         return f"attention backend {paged.backend.name}"
-    if getattr(paged.backend, "kv_dtype", "auto") != "auto":
-        return "a quantized KV cache (the native step reads the model dtype's)"
+    kv_dtype = getattr(paged.backend, "kv_dtype", "auto")
+    if kv_dtype not in ("auto", "int8") or (kv_dtype == "int8" and attn.head_dim % 32):
+        return f"a {kv_dtype} KV cache (the native step reads float32 and int8 caches of 32s)"
     if paged.sinks is not None or paged.sliding_window is not None:
         return "attention sinks or a sliding window"
     if attn.rotary_dim != attn.head_dim:
@@ -145,6 +146,7 @@ class NativeDecode:
                 *_weight(gate_up),
                 *_weight(down),
                 attn.attn.cache,
+                getattr(attn.attn.backend, "kv_dtype", "auto") == "int8",
             )
 
     @staticmethod

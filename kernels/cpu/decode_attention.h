@@ -12,6 +12,8 @@
 #include <limits>
 #include <vector>
 
+#include <c10/util/Half.h>
+
 #include "tile_gemm.h"
 #include "vec_math.h"
 
@@ -29,23 +31,77 @@ inline float dot(const float* a, const float* b, int64_t D) {
   return s;
 }
 
+// An int8 KV cache's rows (`kernels/kv_quant.py`, `int8`): each head of D values is D / 32 of
+// ggml's Q8_0 blocks, a float16 scale d and 32 int8 codes: value = d * code.
+constexpr int64_t Q8_BLOCK = 32, Q8_BYTES = 34;
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return c10::detail::fp16_ieee_to_fp32_value(bits);
+}
+
+// q . k for a Q8_0 row k of D values.
+inline float dot_q8(const float* q, const uint8_t* k, int64_t D) {
+  float s = 0.0f;
+  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
+    const uint8_t* block = k + b * Q8_BYTES;
+    const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
+    const float* qb = q + b * Q8_BLOCK;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < Q8_BLOCK; ++i) acc += qb[i] * static_cast<float>(code[i]);
+    s += half_at(block) * acc;
+  }
+  return s;
+}
+
+// o += w * v for a Q8_0 row v of D values.
+inline void add_q8(float* o, float w, const uint8_t* v, int64_t D) {
+  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
+    const uint8_t* block = v + b * Q8_BYTES;
+    const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
+    const float wd = w * half_at(block);
+    float* ob = o + b * Q8_BLOCK;
+    for (int64_t i = 0; i < Q8_BLOCK; ++i) ob[i] += wd * static_cast<float>(code[i]);
+  }
+}
+
+// x [D] as Q8_0 blocks into out [D / 32 * 34]: d = max|x| / 127, codes roundf(x / d) computed
+// with the float32 d, d kept as float16 (ggml's quantize_row_q8_0, the twin's `KvFormat.encode`).
+inline void store_q8(const float* x, int64_t D, uint8_t* out) {
+  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
+    const float* xb = x + b * Q8_BLOCK;
+    float top = 0.0f;
+    for (int64_t i = 0; i < Q8_BLOCK; ++i) top = std::max(top, std::fabs(xb[i]));
+    const float d = top / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t* block = out + b * Q8_BYTES;
+    const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(d);
+    std::memcpy(block, &bits, sizeof bits);
+    int8_t* code = reinterpret_cast<int8_t*>(block + 2);
+    for (int64_t i = 0; i < Q8_BLOCK; ++i) code[i] = static_cast<int8_t>(std::roundf(xb[i] * inverse));
+  }
+}
+
 // How many positions ahead of the one being scored its keys and values are prefetched: a decode
 // row's positions sit in scattered blocks that the weights streamed since the last step have
 // pushed out of L2.
 constexpr int64_t AHEAD = 4;
 
 struct Attention {
-  const float *q, *kc, *vc;  // q [B, H, D]; caches [blocks * block_size, H_kv, D]
+  const float *q, *kc, *vc;  // q [B, H, D]; caches [blocks * block_size, H_kv, D] (float32)
   const int64_t *table, *lens;
   int64_t width, block_size, heads, kv_heads, D;
   float scale;
+  const uint8_t *kq = nullptr, *vq = nullptr;  // int8 caches instead: [.., H_kv, D / 32 * 34]
 };
 
 // One span of a decode row's keys, p0 .. p1, for the query heads of KV head g: the unnormalized
 // sum of e^(s - top) v into acc [group, D], top and the sum of e^(s - top) into m and l [group].
 void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p1, float* acc,
                  float* m, float* l, std::vector<float>& scores, std::vector<int64_t>& where) {
-  const int64_t group = a.heads / a.kv_heads, ld = a.kv_heads * a.D, D = a.D, n = p1 - p0;
+  const bool q8 = a.kq != nullptr;
+  const int64_t row = q8 ? a.D / Q8_BLOCK * Q8_BYTES : a.D;  // one head's elements (or bytes)
+  const int64_t group = a.heads / a.kv_heads, ld = a.kv_heads * row, D = a.D, n = p1 - p0;
   const int64_t padded = (n + VW - 1) / VW * VW;
   const int64_t* table = a.table + b * a.width;
   const float* qg = a.q + (b * a.heads + g * group) * D;
@@ -56,11 +112,21 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
   for (int64_t p = p0, i = 0; p < p1; ++i) {
     const int64_t block = p / a.block_size, in = p % a.block_size;
     const int64_t take = std::min(a.block_size - in, p1 - p), base = table[block] * a.block_size + in;
-    for (int64_t j = 0; j < take; ++j) rows[i + j] = (base + j) * ld + g * D;
+    for (int64_t j = 0; j < take; ++j) rows[i + j] = (base + j) * ld + g * row;
     p += take;
     i += take - 1;
   }
   for (int64_t i = 0; i < n; ++i) {
+    if (q8) {
+      if (i + AHEAD < n)
+        for (int64_t d = 0; d < row; d += 64) {
+          __builtin_prefetch(a.kq + rows[i + AHEAD] + d);
+          __builtin_prefetch(a.vq + rows[i + AHEAD] + d);
+        }
+      const uint8_t* k = a.kq + rows[i];
+      for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot_q8(qg + h * D, k, D) * a.scale;
+      continue;
+    }
     if (i + AHEAD < n) {  // the keys a few positions on, and their values for the second pass
       for (int64_t d = 0; d < D; d += 16) {
         __builtin_prefetch(a.kc + rows[i + AHEAD] + d);
@@ -85,6 +151,11 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
     m[h] = top;
     l[h] = dgpp_tile::hsum(total) + rest;
     std::fill(acc + h * D, acc + (h + 1) * D, 0.0f);
+  }
+  if (q8) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < group; ++h) add_q8(acc + h * D, scores[h * padded + i], a.vq + rows[i], D);
+    return;
   }
   for (int64_t i = 0; i < n; ++i) {
     const float* v = a.vc + rows[i];

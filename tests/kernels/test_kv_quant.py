@@ -28,6 +28,7 @@ def _heads(seed: int, dim: int = 128) -> torch.Tensor:
     x[0, 0] = 0  # an all-zero block: scale 0
     x[0, 1, :32] = 0.5  # halves exactly: ggml rounds them away from zero
     x[1, 0, 5] = 1e4  # one outlier in a block
+    x[1, 1, :32] = 0.49999997 * 127 / x[1, 1, :32].abs().max()  # just below a half, scaled
     return x
 
 

@@ -1,0 +1,40 @@
+"""The fused native CPU decode step over an int8 KV cache (`kv_cache_dtype=int8`): it stores
+each head as the twin's Q8_0 blocks (`kernels.kv_quant`) and reads them in place, so its decode
+steps give the PyTorch layer path's log-probabilities over the same int8 cache, to float32
+summation order, and its stored rows decode to the keys the layer path stores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dgpp.engine import LLM
+from dgpp.engine.scheduling.request import PromptIds
+from tests.conftest import build_tiny_checkpoint
+from tests.engine.family_parity import forced_logprobs
+
+
+def _engine(checkpoint: Path, native: bool) -> LLM:
+    return LLM(
+        str(checkpoint), dtype="float32", kv_capacity=512, block_size=16, native_decode=native,
+        kv_cache_dtype="int8", prefix_cache=False,
+    )  # fmt: skip
+
+
+def test_the_native_step_reads_and_writes_int8_as_the_layer_path(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen3ForCausalLM", head_dim=32)
+    native = _engine(checkpoint, True)
+    assert native.engine.runner.native is not None, "the native step serves int8 caches"
+    layers = _engine(checkpoint, False)
+    assert layers.engine.runner.native is None
+    gen = torch.Generator().manual_seed(8)
+    prompt = PromptIds(torch.randint(3, 49000, (40,), generator=gen).tolist())
+    forced = torch.randint(3, 49000, (24,), generator=gen).tolist()  # 24 native decode steps
+    native.engine.runner.native.step.phase_seconds()  # zeroed
+    got = forced_logprobs(native, prompt, forced, chunk=40)
+    assert native.engine.runner.native.step.phase_seconds()[2] > 0  # its attention ran
+    want = forced_logprobs(layers, prompt, forced, chunk=40)
+    assert float((got - want).abs().max()) < 1e-4
