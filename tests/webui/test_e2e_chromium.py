@@ -1,10 +1,11 @@
 """The console end to end in headless Chromium (Playwright, the system's /usr/bin/chromium): a real
 engine under the local backend; a login; the overview's charts drawing from it and following the
 chosen window; invalid knobs refused, all at once, and a KV pool that cannot fit refused by the
-memory plan, without a restart; valid ones applied (n-gram speculative decoding among them, whose
-acceptance chart then draws); a switch to a second model; a switch that rolls back, with rank
-0's own error as the reason, a banner and a chart marker; the History page and a restore through
-it; the Logs page (no polling lines, search, earlier runs); the Models page's fit verdicts.
+memory plan, without a restart; the plan's row for each KV-cache dtype; valid ones applied
+(n-gram speculative decoding among them, whose acceptance chart then draws); a switch to a
+second model; a switch that rolls back, with rank 0's own error as the reason, a banner and a
+chart marker; the History page and a restore through it; the Logs page (no polling lines,
+search, earlier runs); the Models page's fit verdicts.
 
 Screenshots of every page (1400x900) are copied to $DGPP_TEST_ARTIFACTS/webui-e2e/ (default
 build/test-artifacts/webui-e2e/)."""
@@ -149,6 +150,13 @@ def test_console_end_to_end(
     assert "timeouts.shutdown_s" in diff
     assert "speculative.ngram_min" not in diff
     assert "fits" in page.inner_text("#memory-plan")
+    # What each KV-cache dtype would give rank 0: on CPU all four, the configured one marked.
+    kv_rows = page.locator("#kv-dtypes tbody tr")
+    assert kv_rows.count() == 4 and page.inner_text("#kv-dtype") == "KV cache dtype: auto"
+    configured = page.locator("#kv-dtypes tr.configured")
+    assert configured.get_attribute("data-kv-dtype") == "auto"
+    assert page.locator("#kv-dtypes tr[data-refused='true']").count() == 0
+    assert "sessions of 512 tokens" in page.inner_text("#kv-dtypes thead")
     appliance.shot(page, "04-knob-preview.png")
     page.click("#apply")
     assert wait_for_switch(page, appliance, "05-knob-applied.png") == "ready"

@@ -118,6 +118,9 @@ class Candidate:
             "size": self.size_text,
             "quantization": self.quantization_text,
             "largest_context": plan.largest_context if plan is not None else None,
+            # rank 0 at each KV-cache dtype (`memory_preview.kv_dtype_table`); [] until planned
+            "kv_dtype": plan.kv_dtype if plan is not None else None,
+            "kv_dtypes": [row.to_json() for row in plan.kv_dtypes] if plan is not None else [],
         }
 
 

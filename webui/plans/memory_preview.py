@@ -2,7 +2,9 @@
 the engine's own memory plan (`appliance.deployments.plan`, the plan `dgpp deploy plan` prints)
 against the budget rank 0 will size its pool from, with the verdict, the largest context one
 request can have, and — when it does not fit — the refusal with its numbers and the knob it
-belongs to.
+belongs to. Beside it, what each KV-cache dtype (`engine.kv_cache_dtype`) would give rank 0 on the
+same memory (`appliance.deployments.kv_dtypes`), so an operator sees what each value buys before
+applying one.
 
 The budget is the one the engine reads when it starts (`memory_plan.read_device_memory`): host
 RAM available now for `engine.device: cpu` (the engine being replaced still holds its share, so
@@ -16,11 +18,17 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dgpp.appliance.deployments.deployment import Deployment
+from dgpp.appliance.deployments.kv_dtypes import KvDtypeRow, kv_dtype_rows
 from dgpp.engine.errors import ConfigError, ModelLoadError, one_line
 from dgpp.engine.planning.memory_plan import DeviceMemory, format_bytes
+
+if TYPE_CHECKING:
+    from dgpp.appliance.deployments.plan import RankPlan
+    from dgpp.engine.configuration.engine_config import EngineConfig
+    from dgpp.engine.planning.resolved import ResolvedConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,9 @@ class MemoryPreview:
     quantization: str = ""
     device: str = ""  # the memory planned against
     ranks: tuple[RankMemory, ...] = ()
+    kv_dtype: str = ""  # the deployment's `engine.kv_cache_dtype`
+    kv_context: int = 0  # the context a row's `sessions` counts (max_model_len)
+    kv_dtypes: tuple[KvDtypeRow, ...] = ()  # rank 0 at each KV dtype, the configured one among them
 
     @property
     def fits(self) -> bool:
@@ -93,7 +104,8 @@ class MemoryPreview:
     def from_dict(cls, data: dict[str, Any]) -> MemoryPreview:
         """The inverse of `asdict` (a plan read back from `plans.cache`'s store)."""
         ranks = tuple(RankMemory(**rank) for rank in data.get("ranks", ()))
-        return cls(**{**data, "ranks": ranks})
+        kv_dtypes = tuple(KvDtypeRow(**row) for row in data.get("kv_dtypes", ()))
+        return cls(**{**data, "ranks": ranks, "kv_dtypes": kv_dtypes})
 
 
 def gpu_memory(index: int, nvml_loader: Callable[[], Any] | None = None) -> DeviceMemory | None:
@@ -162,9 +174,10 @@ def preview_memory(deployment: Deployment, memory: DeviceMemory) -> MemoryPrevie
         "source": source,
         "quantization": model.quant_method or "none",
         "device": memory.description,
+        "kv_dtype": deployment.engine.kv_cache_dtype,
     }
     try:
-        ranks = _plan_ranks(deployment, model, memory)
+        ranks, kv = _plan_ranks(deployment, model, memory)
     except (ConfigError, ModelLoadError) as err:
         # rank 0's own refusal: a pool it cannot size, a context longer than the pool, a model
         # it cannot shard over the world, a quantization the checkpoint is not stored in, an
@@ -176,9 +189,26 @@ def preview_memory(deployment: Deployment, memory: DeviceMemory) -> MemoryPrevie
         return MemoryPreview("unknown", f"the memory plan failed: {one_line(err)}", **base)
     unfit = [rank for rank in ranks if not rank.fits]
     if not unfit:
-        return MemoryPreview("fits", "", **base, ranks=ranks)
+        return MemoryPreview("fits", "", **base, ranks=ranks, **kv)
     message, field = _refusal(unfit, memory, deployment)
-    return MemoryPreview("refused", message, field, **base, ranks=ranks)
+    return MemoryPreview("refused", message, field, **base, ranks=ranks, **kv)
+
+
+def kv_dtype_table(
+    resolved: ResolvedConfig, memory: DeviceMemory, rank0: RankPlan
+) -> tuple[KvDtypeRow, ...]:
+    """Rank 0's row at each KV dtype (`dgpp deploy plan`'s table). The configured dtype's
+    largest context is the plan's own; each other's is searched with the weights the plan
+    counted (a few milliseconds each: counting them is what takes seconds)."""
+    from dgpp.appliance.deployments.plan import largest_context
+
+    def longest(trial: EngineConfig) -> int:
+        if trial.kv_cache_dtype == resolved.engine.kv_cache_dtype:
+            return rank0.largest_context
+        weights = rank0.plan.weights_bytes
+        return largest_context(trial, resolved.model, resolved.tp_size, 0, memory, weights)
+
+    return tuple(kv_dtype_rows(resolved, memory, longest))
 
 
 def _knob_named(message: str) -> str:
@@ -191,11 +221,16 @@ def _knob_named(message: str) -> str:
     return f"engine.{match.group(1)}"
 
 
-def _plan_ranks(deployment: Deployment, model: Any, memory: DeviceMemory) -> tuple[RankMemory, ...]:
+def _plan_ranks(
+    deployment: Deployment, model: Any, memory: DeviceMemory
+) -> tuple[tuple[RankMemory, ...], dict[str, Any]]:
+    """Every rank's row, and the KV-dtype fields of the preview (rank 0's rows)."""
     from dgpp.appliance.deployments.plan import describe_states, plan_deployment, resolve_deployment
 
+    resolved = resolve_deployment(deployment, model, memory)
+    entries = plan_deployment(resolved, memory)
     rows = []
-    for entry in plan_deployment(resolve_deployment(deployment, model, memory), memory):
+    for entry in entries:
         plan = entry.plan
         rows.append(
             RankMemory(
@@ -213,7 +248,13 @@ def _plan_ranks(deployment: Deployment, model: Any, memory: DeviceMemory) -> tup
                 states=describe_states(entry.states),
             )
         )
-    return tuple(rows)
+    context = resolved.engine.max_model_len or model.max_position_embeddings
+    try:  # a side table: its failure must not take the plan down
+        kv_dtypes = kv_dtype_table(resolved, memory, entries[0]) if entries else ()
+    except Exception:
+        log.exception("the KV dtype rows of %s failed", deployment.model)
+        kv_dtypes = ()
+    return tuple(rows), {"kv_context": context, "kv_dtypes": kv_dtypes}
 
 
 def _refusal(

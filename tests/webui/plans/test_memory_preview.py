@@ -1,19 +1,33 @@
 """The memory preview: the engine's plan of a deployment against the budget rank 0 will read
 (host RAM on CPU; this node's GPU, else a Spark, on CUDA), its verdict, the refusal's numbers
-and knob, and the cache that computes each plan once."""
+and knob, what each KV-cache dtype gives rank 0, and the cache that computes each plan once."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import pytest
 
 from dgpp.appliance.deployments.deployment import parse_deployment
-from dgpp.appliance.deployments.plan import SPARK_BYTES, spark_memory
+from dgpp.appliance.deployments.plan import (
+    SPARK_BYTES,
+    largest_context,
+    model_config_of,
+    plan_deployment,
+    resolve_deployment,
+    spark_memory,
+)
 from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
 from dgpp.webui.plans.cache import PlanCache, plan_key
-from dgpp.webui.plans.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
+from dgpp.webui.plans.memory_preview import (
+    MemoryPreview,
+    budget_memory,
+    gpu_memory,
+    kv_dtype_table,
+    preview_memory,
+)
 
 QWEN3_8B = {
     "model": "Qwen/Qwen3-8B",
@@ -90,6 +104,41 @@ def test_a_deployment_that_fits_has_every_ranks_numbers() -> None:
     world2 = preview_memory(parse_deployment({**QWEN3_8B, "world_size": 2}), spark_memory())
     assert [rank.rank for rank in world2.ranks] == [0, 1]
     assert world2.weights_bytes < plan.weights_bytes
+
+
+def test_each_kv_dtype_row_reuses_the_plans_own_search_for_the_configured_one() -> None:
+    target, spark = deployment(device="cpu", kv_cache_dtype="int8"), spark_memory()
+    model = model_config_of(target)[0]
+    resolved = resolve_deployment(target, model, spark)
+    (rank0,) = plan_deployment(resolved, spark)
+    rows = kv_dtype_table(resolved, spark, replace(rank0, largest_context=12345))
+    assert [row.kv_dtype for row in rows] == ["auto", "fp8_e4m3", "int8", "int4"]
+    auto, fp8, int8, int4 = rows
+    assert int8.largest_context == 12345  # the plan's, not searched again
+    weights = rank0.plan.weights_bytes
+    searched = largest_context(
+        replace(resolved.engine, kv_cache_dtype="auto"), model, 1, 0, spark, weights
+    )
+    assert auto.largest_context == searched == 40960  # the model's own limit
+    assert int8.bytes_per_token == rank0.kv_bytes_per_token and auto.bytes_per_token == 147456
+    assert auto.tokens_per_gib == 2**30 // 147456
+    assert int8.tokens_per_gib >= 1.8 * auto.tokens_per_gib  # the scales cost a little
+    assert int4.tokens_per_gib > fp8.tokens_per_gib > auto.tokens_per_gib
+    assert int4.sessions > int8.sessions > auto.sessions > 0
+    assert not any(row.refused for row in rows)
+
+
+def test_the_preview_carries_the_kv_dtype_rows_and_a_device_refuses_some() -> None:
+    cpu = preview_memory(deployment(device="cpu", kv_cache_dtype="int4"), spark_memory())
+    assert (cpu.kv_dtype, cpu.kv_context, len(cpu.kv_dtypes)) == ("int4", 32768, 4)
+    assert MemoryPreview.from_dict(asdict(cpu)) == cpu  # as `plans.store` reads it back
+    assert cpu.as_json()["kv_dtypes"][3]["kv_dtype"] == "int4"
+    cuda = preview_memory(deployment(), spark_memory())
+    assert cuda.kv_dtype == "auto" and cuda.kv_dtypes[0].tokens_per_gib == 7281
+    for row in cuda.kv_dtypes[1:]:
+        assert row.refused.startswith(f"kv_cache_dtype={row.kv_dtype} is served on CPUs so far")
+        assert row.refused.endswith("on device=cuda the value that works is auto")
+        assert row.tokens_per_gib == row.sessions == 0
 
 
 def test_a_kv_pool_too_large_is_refused_on_kv_capacity() -> None:
