@@ -8,9 +8,9 @@
 (b) greedy output of 16 chat prompts (64 new tokens) at each dtype against `auto`: per prompt
     the first position where the tokens differ (- where none does).
 
-`auto` runs the fused native decode step; the quantized dtypes run the PyTorch layer path
-(the native step reads the model dtype's cache only, so far), so (a) also shows what `auto`
-would cost on that path (`auto/layers`).
+`auto` and `int8` run the fused native decode step (it reads float32 and int8 caches in place);
+`fp8_e4m3` and `int4` the PyTorch layer path, so (a) also shows what `auto` costs on that path
+(`auto/layers`).
 
     python bench/kv_cache.py [--contexts 1024,8192,32768] [--dtypes int8,fp8_e4m3,int4]
 """

@@ -24,6 +24,7 @@ import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.cpu_build import load_cpu_extension
+from dgpp.kernels.kv_quant import KvFormat
 from dgpp.kernels.paged_attention_torch import paged_attention
 
 SOURCE = Path(__file__).with_name("cpu") / "paged_attention.cpp"
@@ -72,10 +73,16 @@ def paged_attention_cpu(
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """The twin's attention; the whole step in one call of the compiled kernel where it applies
-    (no sinks, no window that excludes a key of any row, float32, `out` contiguous)."""
+    (no sinks, no window that excludes a key of any row, float32, `out` contiguous, a float32
+    cache: quantized rows go to the twin)."""
     excludes = sliding_window is not None and metadata.max_seq_len > sliding_window
+    if kv is not None:
+        return paged_attention(
+            query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out, kv
+        )
     if (
         excludes
         or not kernel_applies(query, key_cache, sinks)

@@ -22,6 +22,8 @@ import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.dispatch import float32_products
+from dgpp.kernels.kv_quant import KvFormat
+from dgpp.kernels.kv_quant_triton import kv_params, load_kv
 from dgpp.kernels.online_softmax import online_softmax_step
 from dgpp.kernels.paged_decode_split import PARTITION_KEYS, combine_partitions, decode_split
 from dgpp.kernels.paged_prefill_triton import prefill_attention_triton, prefill_tile_starts
@@ -63,6 +65,9 @@ def _paged_attention_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     SPLIT: tl.constexpr,
+    KV_KIND: tl.constexpr,
+    KV_GROUP: tl.constexpr,
+    KV_BLOCK_BYTES: tl.constexpr,
 ) -> None:
     token = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -104,9 +109,9 @@ def _paged_attention_kernel(
         block = tl.load(block_tables_ptr + row * stride_bt + page)
         k_at = k_cache_ptr + block * stride_kb + kv_head * stride_kh
         v_at = v_cache_ptr + block * stride_vb + kv_head * stride_vh
-        k = tl.load(k_at + s[:, None] * stride_ks + d[None, :], mask=d_ok[None, :], other=0.0)
-        v = tl.load(v_at + s[:, None] * stride_vs + d[None, :], mask=d_ok[None, :], other=0.0)
-        k, v = k.to(tl.float32), v.to(tl.float32)  # [BLOCK_SIZE, DIM]
+        kv = (KV_KIND, KV_GROUP, KV_BLOCK_BYTES)
+        k = load_kv(k_at + s * stride_ks, d, d_ok[None, :], *kv)  # float32 [BLOCK_SIZE, DIM]
+        v = load_kv(v_at + s * stride_vs, d, d_ok[None, :], *kv)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP, BLOCK_SIZE]
         key_pos = page * BLOCK_SIZE + s
         visible = (key_pos >= first) & (key_pos <= pos)
@@ -143,10 +148,12 @@ def paged_attention_triton(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     partition_keys: int = PARTITION_KEYS,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """Causal attention of query [T, H, D] over each row's cached keys and values
-    ([blocks, block_size, H_kv, D]); returns [T, H, D] (into `out` when given).
-    `partition_keys`: the shortest share of a context one split-K decode program reads."""
+    ([blocks, block_size, H_kv, D], or a quantized `kv`'s rows); returns [T, H, D] (into `out`
+    when given). `partition_keys`: the shortest share of a context one split-K decode program
+    reads."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     assert num_heads % num_kv_heads == 0, "query heads come in whole groups per KV head"
@@ -167,7 +174,7 @@ def paged_attention_triton(
         f32 = float32_products(query.dtype) or metadata.prefill_softmax_fp32
         prefill_attention_triton(
             query, key_cache, value_cache, out, tables, metadata.query_start_loc, tiles, rows,
-            positions, scale, sinks, sliding_window, f32,
+            positions, scale, sinks, sliding_window, f32, kv,
         )  # fmt: skip
     if not decoded:
         return out
@@ -190,7 +197,7 @@ def paged_attention_triton(
         GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
         DIM_P2=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
-        SPLIT=split is not None,
+        SPLIT=split is not None, **kv_params(kv),
     )  # fmt: skip
     if split is not None:
         combine_partitions(part, stat, sinks, out[:decoded])

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dgpp.kernels.kv_quant import KvFormat
+from dgpp.kernels.kv_quant_triton import kv_params, load_kv
 from dgpp.kernels.online_softmax import online_softmax_step
 
 TILE_TOKENS = 16  # query tokens per tile
@@ -79,6 +81,9 @@ def _prefill_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     F32_DOT: tl.constexpr,
+    KV_KIND: tl.constexpr,
+    KV_GROUP: tl.constexpr,
+    KV_BLOCK_BYTES: tl.constexpr,
 ) -> None:
     first_token = tl.load(tile_start_ptr + tl.program_id(0))
     kv_head = tl.program_id(1)
@@ -126,8 +131,13 @@ def _prefill_kernel(
         k_at = k_cache_ptr + block * stride_kb + slot * stride_ks + kv_head * stride_kh
         v_at = v_cache_ptr + block * stride_vb + slot * stride_vs + kv_head * stride_vh
         kv_mask = key_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if KV_KIND == 0:
+            k = tl.load(k_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_at[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        else:  # quantized rows, decoded in registers, in the queries' dtype
+            kv = (KV_KIND, KV_GROUP, KV_BLOCK_BYTES)
+            k = load_kv(k_at, d, kv_mask, *kv).to(q.dtype)
+            v = load_kv(v_at, d, kv_mask, *kv).to(q.dtype)
         if F32_DOT:
             k, v = k.to(tl.float32), v.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -166,8 +176,10 @@ def prefill_attention_triton(
     sinks: torch.Tensor | None,
     sliding_window: int | None,
     f32_dot: bool,
+    kv: KvFormat | None = None,
 ) -> None:
-    """Attention of the prefill tiles starting at `tile_starts`, written into `out`."""
+    """Attention of the prefill tiles starting at `tile_starts`, written into `out` (caches of
+    a quantized `kv`'s rows where given)."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads, block_size = key_cache.shape[2], key_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -181,7 +193,8 @@ def prefill_attention_triton(
         out.stride(0), out.stride(1), tables.stride(0),
         GROUP=group, GROUP_P2=triton.next_power_of_2(group), HEAD_DIM=head_dim,
         DIM_P2=dim_p2, BLOCK_SIZE=block_size, TILE=TILE_TOKENS,
-        KEYS_PER_STEP=keys_per_step(dim_p2, 4 if f32_dot else key_cache.element_size()),
+        KEYS_PER_STEP=keys_per_step(dim_p2, 4 if f32_dot else query.element_size()),
         HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F32_DOT=f32_dot,
+        **kv_params(kv),
         num_warps=4, num_stages=2,
     )  # fmt: skip

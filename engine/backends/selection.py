@@ -16,7 +16,9 @@ from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.kernels.dispatch import MLA_DECODE, PAGED_ATTENTION, has_triton, kernel_on
 
 
-def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedAttentionBackend:
+def select_attention_backend(
+    device: torch.device, dtype: torch.dtype, kv_dtype: str = "auto"
+) -> PagedAttentionBackend:
     """The paged-attention backend for `device` and `dtype`: the Triton kernel on CUDA (where
     Triton is installed and the start-up self-check kept it); on CPUs the PyTorch twin with
     float32 prefill chunks read in place by the compiled kernel (which falls back to the twin,
@@ -25,10 +27,10 @@ def select_attention_backend(device: torch.device, dtype: torch.dtype) -> PagedA
     if device.type == "cuda" and has_triton() and kernel_on(PAGED_ATTENTION):
         from dgpp.engine.backends.triton_paged import TritonPagedAttention  # imports triton
 
-        return TritonPagedAttention(device)
+        return TritonPagedAttention(device, kv_dtype)
     if device.type == "cpu" and dtype == torch.float32:
-        return CpuPagedAttention(device)
-    return TorchPagedAttention(device)
+        return CpuPagedAttention(device, kv_dtype)
+    return TorchPagedAttention(device, kv_dtype)
 
 
 def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
@@ -48,14 +50,12 @@ def select_backend_for(
     """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
     compressed key/value latent (DeepSeek-V3), sparse MLA over it where an indexer picks each
     query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise, sparse where an indexer
-    picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` (`kernels.kv_quant`) is served
-    by the PyTorch backend, for paged keys and values only (the memory plan refuses others)."""
+    picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` (`kernels.kv_quant`) is for
+    paged keys and values only (the memory plan refuses the others)."""
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
         return SparseMLAAttention(select_mla_backend(device, dtype))
     if model.is_latent_attention:
         return select_mla_backend(device, dtype)
     if model.raw.get("indexer_budget") is not None:
         return SparsePagedAttention(select_attention_backend(device, dtype))
-    if kv_dtype != "auto":  # the PyTorch twins read quantized rows (CPUs: the knob's rule)
-        return TorchPagedAttention(device, kv_dtype)
-    return select_attention_backend(device, dtype)
+    return select_attention_backend(device, dtype, kv_dtype)

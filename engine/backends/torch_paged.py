@@ -101,12 +101,12 @@ class TorchPagedAttention:
         key_cache, value_cache = cache[0], cache[1]
         slots = metadata.slot_mapping
         kv = kv_format(self.kv_dtype, key.shape[-1])
-        if kv is not None:  # the twins read and write quantized rows
+        if kv is not None:  # the twins quantize the rows they store; the kernel reads them
             if angles is not None:
                 query = rope_store(query, key, value, angles, key_cache, value_cache, slots, kv)
             else:
                 store_kv(key, value, key_cache, value_cache, slots, kv)
-            return paged_attention(
+            return self.attend(
                 query, key_cache, value_cache, metadata, scale, sinks, sliding_window, kv=kv
             )
         if angles is None:

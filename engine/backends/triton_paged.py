@@ -27,8 +27,8 @@ class TritonPagedAttention(TorchPagedAttention):
     fuses_rope = True  # full-rotary layers pass their angles: rotated in the store, one pass
     graph_safe = True  # the forward reads its metadata's tensors only
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
+    def __init__(self, device: torch.device, kv_dtype: str = "auto") -> None:
+        super().__init__(device, kv_dtype)
         if not kernel_on(ROPE_STORE):  # the self-check switched the fused store off
             self.rotate_and_store = rope_store
 

@@ -39,12 +39,6 @@ class EngineConfig(DeviceKnobs):
             "{0} ({v0}) must not exceed {1} ({v1})",
         ),
         Rule(
-            ("kv_cache_dtype", "device"),
-            lambda kv, device: kv == "auto" or not device.startswith("cuda"),
-            "{0}={v0} is served on CPUs so far (the Triton kernels read the model dtype's "
-            "cache); on {1}={v1} the value that works is auto",
-        ),
-        Rule(
             ("prefix_cache_disk_gib", "prefix_cache_host_gib"),
             lambda disk, host: disk == 0 or host > 0,
             "{0} ({v0}) needs {1} too: blocks read from disk are staged in the host tier",

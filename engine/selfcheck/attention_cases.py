@@ -17,12 +17,15 @@ from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.models.registry import layer_cache_specs
 from dgpp.engine.selfcheck.cases import Case
 from dgpp.kernels.dispatch import MLA_DECODE, PAGED_ATTENTION, ROPE_STORE
+from dgpp.kernels.kv_quant import KvFormat, kv_format
 
 PAGED_SOURCES = (
     "dgpp.kernels.paged_attention_triton",
     "dgpp.kernels.paged_prefill_triton",
     "dgpp.kernels.paged_decode_split",
     "dgpp.kernels.online_softmax",
+    "dgpp.kernels.kv_quant_triton",
+    "dgpp.kernels.kv_quant",
 )
 # (label, (context length, query tokens) per row, decode rows, split-K partition keys)
 _STEPS = (
@@ -34,9 +37,10 @@ _STEPS = (
 
 def attention_cases(
     model: ModelConfig, parallel: ParallelContext, block_size: int, dtype: torch.dtype,
-    prefill_fp32: bool, device: torch.device,
+    prefill_fp32: bool, device: torch.device, kv_dtype: str = "auto",
 ) -> list[Case]:  # fmt: skip
-    """The cases of the attention kernels this rank's model dispatches."""
+    """The cases of the attention kernels this rank's model dispatches, over caches of
+    `kv_dtype` (quantized rows: the rotary store is the twin's then, not a kernel)."""
     specs = list(dict.fromkeys(layer_cache_specs(model, parallel)))
     heads = max(1, model.num_heads // parallel.tp_size)
     raw = model.raw
@@ -48,12 +52,14 @@ def attention_cases(
             kv, dim = spec.num_kv_heads, spec.head_dim
             query_heads = kv * max(1, heads // kv)
             shape = (query_heads, kv, dim, block_size)
-            cases += paged_cases(shape, dtype, prefill_fp32, device, None, False)
+            quant = kv_format(kv_dtype, dim)
+            cases += paged_cases(shape, dtype, prefill_fp32, device, None, False, quant)
             windowed = isinstance(window, int) and window > 0
             if windowed or sinks:  # a window shorter than the rows: the window path runs
                 short = block_size + 3 if windowed else None
-                cases += paged_cases(shape, dtype, prefill_fp32, device, short, sinks)
-            cases.append(rope_case(query_heads, kv, dim, block_size, dtype, device))
+                cases += paged_cases(shape, dtype, prefill_fp32, device, short, sinks, quant)
+            if quant is None:
+                cases.append(rope_case(query_heads, kv, dim, block_size, dtype, device))
         elif isinstance(spec, MLALatentSpec):
             nope = int(raw.get("qk_nope_head_dim") or spec.kv_lora_rank)
             scale = (nope + spec.rope_dim) ** -0.5
@@ -83,7 +89,7 @@ def _metadata(layout: BatchLayout, device: torch.device) -> object:
 
 def paged_cases(
     shape: tuple[int, int, int, int], dtype: torch.dtype, prefill_fp32: bool,
-    device: torch.device, window: int | None, sinks: bool,
+    device: torch.device, window: int | None, sinks: bool, quant: KvFormat | None = None,
 ) -> list[Case]:  # fmt: skip
     from dgpp.kernels.paged_attention_torch import paged_attention
     from dgpp.kernels.paged_attention_triton import paged_attention_triton
@@ -99,14 +105,21 @@ def paged_cases(
         query = torch.randn(sum(q for _, q in rows), heads, dim, generator=gen, device=device)
         sink = torch.randn(heads, generator=gen, device=device) if sinks else None
         scale = dim**-0.5
-        wide = (query.double(), caches[0].double(), caches[1].double(), twin_metadata, scale)
         extra = None if sink is None else sink.double()
-        inputs = (query.to(dtype), caches[0].to(dtype), caches[1].to(dtype), metadata, scale)
+        if quant is None:
+            low, wide = caches.to(dtype), caches.double()
+        else:  # the same quantized rows for both; the twin decodes them in float64
+            low = wide = quant.encode(caches)
+        wide = (query.double(), wide[0], wide[1], twin_metadata, scale)
+        inputs = (query.to(dtype), low[0], low[1], metadata, scale)
         label = f"{name}, {heads}/{kv} heads of {dim}, page {block}"
         label += f", window {window}" if window else ""
         label += ", sinks" if sinks else ""
-        kernel = partial(paged_attention_triton, *inputs, sink, window, partition_keys=partition)
-        twin = partial(paged_attention, *wide, extra, window)
+        label += f", {quant.name} cache" if quant is not None else ""
+        kernel = partial(
+            paged_attention_triton, *inputs, sink, window, partition_keys=partition, kv=quant
+        )
+        twin = partial(paged_attention, *wide, extra, window, kv=quant)
         cases.append(Case(PAGED_ATTENTION, label, dtype, PAGED_SOURCES, kernel, twin))
     return cases
 

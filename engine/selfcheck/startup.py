@@ -77,9 +77,8 @@ class StartupCheck:
             choose_toolchain(self.device)
         prefill_fp32 = self.config.prefill_precision == "fp32"
         block = self.config.block_size
-        cases = attention_cases(
-            self.model, self.parallel, block, self.dtype, prefill_fp32, self.device
-        )
+        where = (self.dtype, prefill_fp32, self.device, self.config.kv_cache_dtype)
+        cases = attention_cases(self.model, self.parallel, block, *where)
         self._run(cases)
 
     def after_load(self, model: nn.Module) -> None:

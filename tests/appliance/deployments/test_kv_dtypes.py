@@ -1,7 +1,7 @@
 """What each KV-cache dtype gives a deployment, from real checkpoints' facts on Spark memory
 (`dgpp deploy plan`): tokens per GiB at int8 and fp8 about twice a bfloat16 cache's, at int4
-3.5 times; more sessions of the configured context; and on CUDA, or for a cache the family
-cannot quantize (DeepSeek-V3's latents), the reason instead of numbers."""
+3.5 times; more sessions of the configured context; and for a cache the family cannot quantize
+(DeepSeek-V4's), the reason instead of numbers."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def test_quantized_dtypes_hold_about_twice_the_tokens_per_gib() -> None:
 
 
 def test_refusals_say_why() -> None:
-    rows = _rows("llama-3.1-8b-instruct_bfloat16_w1")  # cuda
-    assert rows["auto"].tokens_per_gib and "served on CPUs" in rows["int8"].refused
+    rows = _rows("llama-3.1-8b-instruct_bfloat16_w1")  # cuda: the Triton kernels read them
+    assert not any(row.refused for row in rows.values())
     rows = _rows("deepseek-v4-flash_bfloat16_w2", device="cpu")
     assert all("stored at the model dtype only" in rows[kv].refused for kv in ("int8", "int4"))
 

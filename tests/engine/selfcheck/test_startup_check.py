@@ -27,6 +27,9 @@ FAMILIES = {
     "llama": (
         "LlamaForCausalLM", {}, {"paged_attention", "rope_store", "rms_norm", "silu_and_mul"},
     ),
+    "llama-int8": (  # quantized rows: the kernel reads them, the twin stores them
+        "LlamaForCausalLM", {}, {"paged_attention", "rms_norm", "silu_and_mul"},
+    ),
     "qwen3-moe": (
         "Qwen3MoeForCausalLM", MOE_QWEN,
         {"paged_attention", "rope_store", "rms_norm", "silu_and_mul", "fused_moe"},
@@ -61,7 +64,7 @@ def test_each_familys_kernels_pass_at_its_own_shapes(
     architecture, overrides, expected = FAMILIES[family]
     checkpoint = build_tiny_checkpoint(tmp_path / family, tokenizer_dir, architecture, **overrides)
     started = time.perf_counter()
-    llm = _engine(checkpoint)
+    llm = _engine(checkpoint, kv_cache_dtype="int8" if family.endswith("int8") else "auto")
     stats = llm.engine.stats()
     assert stats.kernels == dict.fromkeys(expected, "ok"), stats.kernels
     assert all(check["error"] < check["tolerance"] for check in stats.kernel_checks)

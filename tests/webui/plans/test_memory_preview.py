@@ -128,17 +128,15 @@ def test_each_kv_dtype_row_reuses_the_plans_own_search_for_the_configured_one() 
     assert not any(row.refused for row in rows)
 
 
-def test_the_preview_carries_the_kv_dtype_rows_and_a_device_refuses_some() -> None:
+def test_the_preview_carries_the_kv_dtype_rows_on_either_device() -> None:
     cpu = preview_memory(deployment(device="cpu", kv_cache_dtype="int4"), spark_memory())
     assert (cpu.kv_dtype, cpu.kv_context, len(cpu.kv_dtypes)) == ("int4", 32768, 4)
     assert MemoryPreview.from_dict(asdict(cpu)) == cpu  # as `plans.store` reads it back
     assert cpu.as_json()["kv_dtypes"][3]["kv_dtype"] == "int4"
-    cuda = preview_memory(deployment(), spark_memory())
+    cuda = preview_memory(deployment(), spark_memory())  # the Triton kernels read every dtype
     assert cuda.kv_dtype == "auto" and cuda.kv_dtypes[0].tokens_per_gib == 7281
-    for row in cuda.kv_dtypes[1:]:
-        assert row.refused.startswith(f"kv_cache_dtype={row.kv_dtype} is served on CPUs so far")
-        assert row.refused.endswith("on device=cuda the value that works is auto")
-        assert row.tokens_per_gib == row.sessions == 0
+    assert not any(row.refused for row in cuda.kv_dtypes)
+    assert all(row.tokens_per_gib > 1.8 * 7281 for row in cuda.kv_dtypes[1:])
 
 
 def test_a_kv_pool_too_large_is_refused_on_kv_capacity() -> None:
