@@ -15,7 +15,7 @@ from dgpp.engine import LLM
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.scheduling.request import PromptIds
 from tests.conftest import build_tiny_checkpoint
-from tests.engine.family_cases import GPT_OSS, MOE_DEEPSEEK
+from tests.engine.family_cases import GPT_OSS, MIMO, MOE_DEEPSEEK
 from tests.engine.family_parity import forced_logprobs
 
 # Against the model-dtype cache, over every position (float32, random tiny models: a MoE's
@@ -31,6 +31,7 @@ FAMILIES = {
     "qwen3": ("Qwen3ForCausalLM", {}),
     "gpt-oss": ("GptOssForCausalLM", GPT_OSS),  # windows and sinks
     "qwen3-next": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),  # hybrid: states as they are
+    "mimo-v2-flash": ("MiMoV2FlashForCausalLM", MIMO),  # keys padded to the values' width
 }
 
 
