@@ -55,7 +55,7 @@ def kernel_applies(
         sinks is None
         and query.device.type == "cpu"
         and query.dtype == torch.float32
-        and key_cache.dtype == torch.float32
+        and key_cache.dtype in (torch.float32, torch.uint8)  # uint8: int8 rows (the caller's)
         and block_size <= MAX_BLOCK_SIZE
         and num_heads % num_kv_heads == 0
         and num_heads // num_kv_heads <= MAX_GROUP
@@ -77,9 +77,9 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """The twin's attention; the whole step in one call of the compiled kernel where it applies
     (no sinks, no window that excludes a key of any row, float32, `out` contiguous, a float32
-    cache: quantized rows go to the twin)."""
+    cache or int8 rows of 32-value blocks: other quantized rows go to the twin)."""
     excludes = sliding_window is not None and metadata.max_seq_len > sliding_window
-    if kv is not None:
+    if kv is not None and (kv.name != "int8" or kv.group != 32):  # the kernel reads int8 rows
         return paged_attention(
             query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out, kv
         )
@@ -89,7 +89,7 @@ def paged_attention_cpu(
         or (out is not None and not out.is_contiguous())
     ):
         return paged_attention(
-            query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out
+            query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out, kv
         )
     ext = cpu_extension()
     assert ext is not None

@@ -66,6 +66,16 @@ inline void add_q8(float* o, float w, const uint8_t* v, int64_t D) {
   }
 }
 
+// A Q8_0 row of D values into out [D] (float32).
+inline void decode_q8(const uint8_t* row, int64_t D, float* out) {
+  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
+    const uint8_t* block = row + b * Q8_BYTES;
+    const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
+    const float d = half_at(block);
+    for (int64_t i = 0; i < Q8_BLOCK; ++i) out[b * Q8_BLOCK + i] = d * static_cast<float>(code[i]);
+  }
+}
+
 // x [D] as Q8_0 blocks into out [D / 32 * 34]: d = max|x| / 127, codes roundf(x / d) computed
 // with the float32 d, d kept as float16 (ggml's quantize_row_q8_0, the twin's `KvFormat.encode`).
 inline void store_q8(const float* x, int64_t D, uint8_t* out) {

@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "decode_attention.h"
 #include "tile_gemm.h"
 #include "vec_math.h"
 
@@ -51,6 +52,7 @@ struct Shape {
   const float* v;
   int64_t H, D, BS, Hkv, G, QT;
   float scale;
+  const uint8_t *kq = nullptr, *vq = nullptr;  // an int8 cache instead: [.., Hkv, D / 32 * 34]
 };
 
 // One row of the step (a decode row, a verify row's queries, a prefill chunk): its Q queries are
@@ -107,8 +109,11 @@ inline void weighted_values(const vec (*P)[RV_MAX], int64_t nt, const float* v, 
 // divided), m and l [ROWS] (running max and sum).
 template <int RV>
 void item(const Shape& p, const Row& row, int64_t h, int64_t tile, int64_t split, float* qt,
-          float* acc, float* m_out, float* l_out) {
-  const int64_t D = p.D, G = p.G, ldk = p.Hkv * D;
+          float* acc, float* m_out, float* l_out, float* scratch) {
+  // An int8 cache's block is decoded into `scratch` ([2][MAX_BLOCK][D]: this head's keys and
+  // values of one block) and read from there, `D` apart.
+  const int64_t D = p.D, G = p.G, ldk = p.kq != nullptr ? D : p.Hkv * D;
+  const int64_t q8_row = D / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES;
   const int64_t q0 = tile * p.QT, nq = std::min(p.QT, row.Q - q0), rows = nq * G;
   const int64_t first_pos = row.seq_len - row.Q + q0;
   alignas(64) float pos[ROWS];
@@ -133,8 +138,19 @@ void item(const Shape& p, const Row& row, int64_t h, int64_t tile, int64_t split
   for (int64_t base = k0; base < k1; base += p.BS) {
     const int64_t nt = std::min(p.BS, k1 - base);
     const int64_t block = row.table[base / p.BS];
-    const float* kb = p.k + (block * p.BS * p.Hkv + h) * D;
-    const float* vb = p.v + (block * p.BS * p.Hkv + h) * D;
+    const float* kb;
+    const float* vb;
+    if (p.kq != nullptr) {
+      for (int64_t t = 0; t < nt; ++t) {
+        const int64_t at = ((block * p.BS + t) * p.Hkv + h) * q8_row;
+        dgpp_decode::decode_q8(p.kq + at, D, scratch + t * D);
+        dgpp_decode::decode_q8(p.vq + at, D, scratch + (MAX_BLOCK + t) * D);
+      }
+      kb = scratch, vb = scratch + MAX_BLOCK * D;
+    } else {
+      kb = p.k + (block * p.BS * p.Hkv + h) * D;
+      vb = p.v + (block * p.BS * p.Hkv + h) * D;
+    }
     int64_t t = 0;
     for (; t + TB <= nt; t += TB) scores<RV, TB>(qt, kb + t * ldk, ldk, D, S + t);
     for (; t < nt; ++t) scores<RV, 1>(qt, kb + t * ldk, ldk, D, S + t);
@@ -203,9 +219,11 @@ void merge(const Shape& p, const Row& row, int64_t h, int64_t tile, const float*
 void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor query_start, torch::Tensor seq_lens,
                      double scale, torch::Tensor out) {
-  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key_cache.scalar_type() == torch::kFloat32 &&
-                  value_cache.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32,
-              "paged_attention takes float32 queries and caches");
+  const bool q8 = key_cache.scalar_type() == torch::kUInt8;  // int8 rows (kernels/kv_quant.py)
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32 &&
+                  key_cache.scalar_type() == value_cache.scalar_type() &&
+                  (q8 || key_cache.scalar_type() == torch::kFloat32),
+              "paged_attention takes float32 queries and float32 or int8 (uint8 rows) caches");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && block_tables.dim() == 2,
               "query [T, H, D], caches [blocks, block_size, H_kv, D], tables [B, W]");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && query_start.scalar_type() == torch::kInt64 &&
@@ -217,13 +235,19 @@ void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor
   seq_lens = seq_lens.contiguous();
   Shape p{};
   p.H = query.size(1), p.D = query.size(2), p.BS = key_cache.size(1), p.Hkv = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == p.D && p.H % p.Hkv == 0 && p.D % DB == 0, "head shapes");
+  const int64_t width = q8 ? p.D / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES : p.D;
+  TORCH_CHECK(key_cache.size(3) == width && p.H % p.Hkv == 0 && p.D % DB == 0 &&
+                  (!q8 || p.D % dgpp_decode::Q8_BLOCK == 0), "head shapes");
   p.G = p.H / p.Hkv;
   TORCH_CHECK(p.G <= ROWS && p.BS <= MAX_BLOCK, "sizes out of the kernel's range");
-  p.k = key_cache.data_ptr<float>(), p.v = value_cache.data_ptr<float>();
+  if (q8) {
+    p.kq = key_cache.data_ptr<uint8_t>(), p.vq = value_cache.data_ptr<uint8_t>();
+  } else {
+    p.k = key_cache.data_ptr<float>(), p.v = value_cache.data_ptr<float>();
+  }
   p.scale = static_cast<float>(scale);
   p.QT = ROWS / p.G;
-  const int64_t B = seq_lens.size(0), width = block_tables.size(1);
+  const int64_t B = seq_lens.size(0), tables_width = block_tables.size(1);
   TORCH_CHECK(query_start.size(0) == B + 1 && block_tables.size(0) == B, "one table and start per row");
   const int64_t* starts = query_start.data_ptr<int64_t>();
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
@@ -233,11 +257,11 @@ void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor
   for (int64_t b = 0; b < B; ++b) {
     Row& r = rows[b];
     r.Q = starts[b + 1] - starts[b], r.seq_len = lens[b];
-    TORCH_CHECK(r.Q >= 0 && r.Q <= r.seq_len && (r.seq_len + p.BS - 1) / p.BS <= width,
-                "row ", b, ": ", r.Q, " queries, ", r.seq_len, " positions, ", width, " blocks");
+    TORCH_CHECK(r.Q >= 0 && r.Q <= r.seq_len && (r.seq_len + p.BS - 1) / p.BS <= tables_width,
+                "row ", b, ": ", r.Q, " queries, ", r.seq_len, " positions, ", tables_width, " blocks");
     r.q = query.data_ptr<float>() + starts[b] * p.H * p.D;
     r.out = out.data_ptr<float>() + starts[b] * p.H * p.D;
-    r.table = block_tables.data_ptr<int64_t>() + b * width;
+    r.table = block_tables.data_ptr<int64_t>() + b * tables_width;
     r.tiles = (r.Q + p.QT - 1) / p.QT;
     base_items += p.Hkv * r.tiles;
   }
@@ -258,7 +282,7 @@ void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor
   const int64_t stride = p.D * ROWS;
   std::vector<float> acc(partials * stride), ms(partials * ROWS), ls(partials * ROWS);
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> qt(p.D * ROWS), own(stride);
+    std::vector<float> qt(p.D * ROWS), own(stride), scratch(q8 ? 2 * MAX_BLOCK * p.D : 0);
     alignas(64) float m[ROWS], l[ROWS];
     for (int64_t i = i0; i < i1; ++i) {
       const Item& it = items[i];
@@ -269,9 +293,9 @@ void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor
       float* lo = direct ? l : ls.data() + it.partial * ROWS;
       // row vectors the row's first tile needs (later tiles are no fuller)
       switch ((std::min(p.QT, r.Q) * p.G + VW - 1) / VW) {
-        case 1: item<1>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
-        case 2: item<2>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
-        default: item<3>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo); break;
+        case 1: item<1>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo, scratch.data()); break;
+        case 2: item<2>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo, scratch.data()); break;
+        default: item<3>(p, r, it.h, it.tile, it.split, qt.data(), a, mo, lo, scratch.data()); break;
       }
       if (direct) merge(p, r, it.h, it.tile, a, mo, lo, stride);
     }

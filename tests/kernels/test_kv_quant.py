@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.paged_attention_cpu import cpu_extension, paged_attention_cpu
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 
 GGML = {"int8": GGMLQuantizationType.Q8_0, "int4": GGMLQuantizationType.Q4_0}
@@ -110,3 +111,24 @@ def test_the_twin_reads_quantized_rows_as_their_decoded_values(
     got = paged_attention(query, packed[0], packed[1], metadata, 0.2, sink, window, kv=fmt)
     want = paged_attention(query, plain[0], plain[1], metadata, 0.2, sink, window)
     assert torch.equal(got, want)
+
+
+def test_the_compiled_cpu_kernel_reads_int8_rows_as_the_twin() -> None:
+    """Prefill chunks, verify and decode rows through the compiled kernel over int8 rows (each
+    block of keys and values decoded beside it), against the twin over the same rows."""
+    if cpu_extension() is None:
+        pytest.skip("the CPU attention kernel cannot be built here")
+    heads, kv_heads, dim = 4, 2, 64
+    fmt = kv_format("int8", dim)
+    layout, blocks = _step([(23, 1), (30, 3), (300, 40)], decodes=2)  # long enough to split
+    metadata = TorchPagedAttention(torch.device("cpu")).prepare(layout)
+    gen = torch.Generator().manual_seed(4)
+    tokens = blocks * 8
+    key, value = (torch.randn(tokens, kv_heads, dim, generator=gen) for _ in range(2))
+    packed = torch.zeros(2, blocks, 8, kv_heads, fmt.width, dtype=torch.uint8)
+    store_kv(key, value, packed[0], packed[1], torch.randperm(tokens, generator=gen), fmt)
+    query = torch.randn(metadata.query_start_loc_host[-1], heads, dim, generator=gen)
+    want = paged_attention(query, packed[0], packed[1], metadata, 0.2, kv=fmt)
+    got = paged_attention_cpu(query, packed[0], packed[1], metadata, 0.2, kv=fmt)
+    assert float((got - want).abs().max()) < 1e-5
+    assert not torch.equal(got, want)  # the kernel's own arithmetic (a polynomial exp) ran
