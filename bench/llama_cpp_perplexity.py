@@ -6,8 +6,10 @@ log-probabilities here.
     <venv>/bin/python bench/llama_cpp_perplexity.py MODEL.gguf THREADS JOB.json OUT.npz
 
 JOB.json: {"tokens": [...], "windows": [[begin, end, first], ...], "top_k": K,
-"reference_ids": an .npz with `top_ids` [N - 1, K] or null}. OUT.npz holds per scored token
-(row t - 1 for token t): `nll`, `top1`, and `top_ids` / `top_logprobs` (the top K) or
+"reference_ids": an .npz with `top_ids` [N - 1, K] or null; optionally "kv_type": the K and
+V cache's ggml type by name, "f16", "q8_0" or "q4_0" (`-ctk`/`-ctv`), and "flash_attn": true or
+false (a quantized V cache needs it); left out, llama-cpp-python's defaults}. OUT.npz holds per
+scored token (row t - 1 for token t): `nll`, `top1`, and `top_ids` / `top_logprobs` (the top K) or
 `at_reference` (the log-probabilities of the reference's top K ids). Prints the seconds taken.
 """
 
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
@@ -33,6 +36,10 @@ def main() -> None:
     tokens, spans, top_k = job["tokens"], job["windows"], int(job["top_k"])
     reference = np.load(job["reference_ids"])["top_ids"] if job["reference_ids"] else None
     context = max(end - begin for begin, end, _ in spans)
+    options = {"flash_attn": bool(job["flash_attn"])} if "flash_attn" in job else {}
+    if "kv_type" in job:
+        kv_type = getattr(llama_cpp, f"GGML_TYPE_{job['kv_type'].upper()}")
+        options.update(type_k=kv_type, type_v=kv_type)
     llm = Llama(
         model_path=path,
         n_ctx=context,
@@ -41,6 +48,7 @@ def main() -> None:
         n_batch=512,
         logits_all=True,
         verbose=False,
+        **options,
     )
     n = len(tokens) - 1
     nll, top1 = np.full(n, np.nan, np.float32), np.zeros(n, np.int64)

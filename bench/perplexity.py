@@ -10,7 +10,8 @@ outside the repository). Each engine's F32 run is its own reference: the KL of Q
 measured against the same engine's F32, over the reference's top K tokens and one bucket for
 the rest (`coarse_kl`); the last row is dgpp's F32 against llama.cpp's F32. The default text is
 the GPL-3 from Debian's common licenses (on every Debian machine, about 8,000 tokens).
-Prints a markdown table with the ratios; docs/quality.md records it.
+Prints a markdown table with the ratios; docs/quality.md records it. bench/kv_cache_kld.py
+measures the KV-cache dtypes the same way.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from gguf_variants import variant
 FORMATS = ("F32", "Q8_0", "Q4_1")
 
 
-def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Reference | None):
-    llm = LLM(str(path), kv_capacity=4096)
+def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Reference | None,
+              **knobs: object) -> dict:  # fmt: skip
+    """dgpp's scores of `spans` (`knobs`: engine knobs, e.g. kv_cache_dtype="int8")."""
+    llm = LLM(str(path), kv_capacity=4096, **knobs)
     collector = Collector(tokens, top_k if ref is None else 0, ref)
     started = time.perf_counter()
     score_text(llm.engine, collector, spans)
@@ -50,11 +53,15 @@ def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Refer
         "top_ids": collector.top_ids.numpy(),
         "top_logprobs": collector.top_logprobs.numpy(),
         "kl": collector.kl.numpy() if ref is not None else None,
+        "dtype_bits": 8 * llm.engine.runner.dtype.itemsize,
+        "head_dim": llm.engine.runner.model_config.head_dim,
     }
 
 
 def peer_side(path: Path, tokens: list[int], spans: list, top_k: int, ref_ids: Path | None,
-              threads: int, work: Path) -> dict:  # fmt: skip
+              threads: int, work: Path, **options: object) -> dict:  # fmt: skip
+    """llama.cpp's scores of `spans` (`options`: `kv_type`, `flash_attn`; see
+    bench/llama_cpp_perplexity.py)."""
     job = work / "job.json"
     job.write_text(
         json.dumps(
@@ -63,6 +70,7 @@ def peer_side(path: Path, tokens: list[int], spans: list, top_k: int, ref_ids: P
                 "windows": [[s.begin, s.end, s.first] for s in spans],
                 "top_k": top_k,
                 "reference_ids": str(ref_ids) if ref_ids else None,
+                **options,
             }
         )
     )
@@ -79,6 +87,19 @@ def kl_of(reference: dict, at_reference: np.ndarray) -> np.ndarray:
     return coarse_kl(
         torch.from_numpy(reference["top_logprobs"]), torch.from_numpy(at_reference)
     ).numpy()
+
+
+def reference_of(side: dict) -> Reference:
+    """A side's scores as the reference the others are measured against."""
+    return Reference(
+        torch.from_numpy(side["top_ids"]), torch.from_numpy(side["top_logprobs"]),
+        -torch.from_numpy(side["nll"]),
+    )  # fmt: skip
+
+
+def text_tokens(model: Path, text: Path, limit: int) -> list[int]:
+    """The first `limit` tokens of `text`, by `model`'s tokenizer."""
+    return list(LLM(str(model), kv_capacity=64).tokenizer(text.read_text()).input_ids)[:limit]
 
 
 def row(name: str, side: dict, ref: dict | None, computed: int) -> dict:
@@ -101,8 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     shipped = install_default() / "model.gguf"
     files = {fmt: shipped if fmt == "Q4_1" else variant(shipped, fmt) for fmt in FORMATS}
-    tokens = list(LLM(str(shipped), kv_capacity=64).tokenizer(args.text.read_text()).input_ids)
-    tokens = tokens[: args.tokens]
+    tokens = text_tokens(shipped, args.text, args.tokens)
     spans = windows(len(tokens), args.context, args.context // 2)
     computed = sum(s.end - s.begin for s in spans)
     rows = []
@@ -115,10 +135,7 @@ def main() -> None:
             row("F32 dgpp", ours, None, computed),
             row("F32 llama.cpp", theirs, None, computed),
         ]
-        own_ref = Reference(
-            torch.from_numpy(ours["top_ids"]), torch.from_numpy(ours["top_logprobs"]),
-            -torch.from_numpy(ours["nll"]),
-        )  # fmt: skip
+        own_ref = reference_of(ours)
         for fmt in FORMATS[1:]:
             print(f"{fmt} ...", file=sys.stderr)
             side = dgpp_side(files[fmt], tokens, spans, args.top_k, own_ref)
@@ -127,11 +144,7 @@ def main() -> None:
             peer["kl"] = kl_of(theirs, peer["at_reference"])
             rows += [row(f"{fmt} dgpp", side, ours, computed)]
             rows += [row(f"{fmt} llama.cpp", peer, theirs, computed)]
-        cross_ref = Reference(
-            torch.from_numpy(theirs["top_ids"]), torch.from_numpy(theirs["top_logprobs"]),
-            -torch.from_numpy(theirs["nll"]),
-        )  # fmt: skip
-        cross = dgpp_side(files["F32"], tokens, spans, args.top_k, cross_ref)
+        cross = dgpp_side(files["F32"], tokens, spans, args.top_k, reference_of(theirs))
         rows.append(row("F32 dgpp vs F32 llama.cpp", cross, theirs, computed))
     report(rows, args, len(tokens))
 
