@@ -76,7 +76,10 @@ def test_small_heads_are_one_block(name: str, limit: float) -> None:
     assert float((back - x).norm() / x.norm()) < limit
 
 
-def _step(rows: list[tuple[int, int]], decodes: int, block: int = 8):
+def paged_step(
+    rows: list[tuple[int, int]], decodes: int, block: int = 8
+) -> tuple[BatchLayout, int]:
+    """A step of `rows` (length, query tokens) over pages listed out of order; the pages used."""
     tables, first = [], 0
     for length, _ in rows:
         count = -(-length // block)
@@ -97,7 +100,7 @@ def test_the_twin_reads_quantized_rows_as_their_decoded_values(
 ) -> None:
     heads, kv_heads, dim = 4, 2, 32
     fmt = kv_format(name, dim)
-    layout, blocks = _step([(23, 1), (30, 3), (40, 12)], decodes=2)  # decode, verify, chunk
+    layout, blocks = paged_step([(23, 1), (30, 3), (40, 12)], decodes=2)  # decode, verify, chunk
     metadata = TorchPagedAttention(torch.device("cpu")).prepare(layout)
     gen = torch.Generator().manual_seed(3)
     tokens = blocks * 8
@@ -120,7 +123,7 @@ def test_the_compiled_cpu_kernel_reads_int8_rows_as_the_twin() -> None:
         pytest.skip("the CPU attention kernel cannot be built here")
     heads, kv_heads, dim = 4, 2, 64
     fmt = kv_format("int8", dim)
-    layout, blocks = _step([(23, 1), (30, 3), (300, 40)], decodes=2)  # long enough to split
+    layout, blocks = paged_step([(23, 1), (30, 3), (300, 40)], decodes=2)  # long enough to split
     metadata = TorchPagedAttention(torch.device("cpu")).prepare(layout)
     gen = torch.Generator().manual_seed(4)
     tokens = blocks * 8

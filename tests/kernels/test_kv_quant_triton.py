@@ -8,25 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.engine.backends.triton_paged import TritonPagedAttention
 from dgpp.kernels.kv_quant import kv_format
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 from dgpp.kernels.paged_attention_triton import paged_attention_triton
+from tests.kernels.test_kv_quant import paged_step
 
 CPU = torch.device("cpu")
-
-
-def _layout(rows: list[tuple[int, int]], decodes: int, block: int) -> tuple[BatchLayout, int]:
-    tables, first = [], 0
-    for length, _ in rows:
-        count = -(-length // block)
-        tables.append(list(range(first, first + count))[::-1])  # pages out of order
-        first += count
-    pairs = zip(rows, tables, strict=True)
-    batch = tuple(BatchRow(length - q, q, table) for (length, q), table in pairs)
-    return BatchLayout(batch, decodes, block, True), first
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8_e4m3", "int4"])
@@ -45,7 +34,7 @@ def test_the_kernels_read_quantized_rows_as_the_twin(
 ) -> None:
     heads, kv_heads, dim, block = 4, 2, 64, 8
     fmt = kv_format(name, dim)
-    layout, blocks = _layout(rows, decodes, block)
+    layout, blocks = paged_step(rows, decodes, block)
     gen = torch.Generator().manual_seed(7)
     tokens = blocks * block
     key, value = (torch.randn(tokens, kv_heads, dim, generator=gen) for _ in range(2))
