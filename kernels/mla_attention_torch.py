@@ -18,11 +18,18 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.latent_quant import RowFormat, read_rows, store_rows
 
 
-def store_latent(latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write latent [T, L + R] into cache [blocks, block_size, L + R] at `slot_mapping` [T]."""
-    cache.view(-1, cache.shape[-1]).index_copy_(0, slot_mapping, latent)
+def store_latent(
+    latent: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv: RowFormat | None = None,
+) -> None:
+    """Write latent [T, L + R] into cache [blocks, block_size, L + R] at `slot_mapping` [T]
+    (with `kv`, a quantized cache [blocks, block_size, bytes]: `kernels.latent_quant`)."""
+    store_rows(latent, cache, slot_mapping, kv)
 
 
 def expanded_attention(
@@ -97,18 +104,20 @@ def mla_attention(
     kv_b: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    kv: RowFormat | None = None,
 ) -> torch.Tensor:
     """Causal MLA of the step's queries q_nope [T, H, N], q_pe [T, H, R] over each sequence's
     cached latents (this step's included): decode rows absorbed, prefill chunks expanded.
-    Returns [T, H, V]."""
+    `kv`: the cache's row format where it is quantized. Returns [T, H, V]."""
     num_tokens, num_heads = q_nope.shape[0], q_nope.shape[1]
     out = q_nope.new_empty(num_tokens, num_heads, kv_b.shape[1] - q_nope.shape[-1])
     starts = metadata.query_start_loc_host
     num_decodes = metadata.num_decodes
     if num_decodes:
         decoded = starts[num_decodes]  # decode query rows (verify rows have several)
-        out[:decoded] = _decode(q_nope[:decoded], q_pe[:decoded], cache, kv_b, metadata, scale)
-    expanded_prefill_rows(q_nope, q_pe, cache, kv_b, metadata, scale, out)
+        rows = (q_nope[:decoded], q_pe[:decoded])
+        out[:decoded] = _decode(*rows, cache, kv_b, metadata, scale, kv)
+    expanded_prefill_rows(q_nope, q_pe, cache, kv_b, metadata, scale, out, kv)
     return out
 
 
@@ -120,6 +129,7 @@ def expanded_prefill_rows(
     metadata: PagedAttentionMetadata,
     scale: float,
     out: torch.Tensor,
+    kv: RowFormat | None = None,
 ) -> None:
     """The prefill chunks of the step (rows `num_decodes ..`), expanded, into `out` [T, H, V]."""
     block_size = cache.shape[1]
@@ -128,7 +138,8 @@ def expanded_prefill_rows(
         begin, end = starts[row], starts[row + 1]
         seq_len = metadata.seq_lens_host[row]
         table = metadata.block_tables[row, : -(-seq_len // block_size)]
-        latents = torch.index_select(cache, 0, table).flatten(0, 1)[:seq_len]  # [S, L + R]
+        gathered = torch.index_select(cache, 0, table).flatten(0, 1)[:seq_len]
+        latents = read_rows(gathered, kv, q_nope.dtype)  # [S, L + R]
         out[begin:end] = expanded_attention(
             q_nope[begin:end],
             q_pe[begin:end],
@@ -146,13 +157,15 @@ def _decode(
     kv_b: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    kv: RowFormat | None,
 ) -> torch.Tensor:
     """Decode rows, batched: one query each, or a verify row's few (padded to the longest)."""
     slots = metadata.decode_slots
     assert slots is not None, "decode rows need decode_slots"
     num_rows, max_len = slots.shape
     width = cache.shape[-1]
-    latents = cache.view(-1, width).index_select(0, slots.view(-1)).view(num_rows, max_len, width)
+    gathered = cache.view(-1, width).index_select(0, slots.view(-1)).view(num_rows, max_len, width)
+    latents = read_rows(gathered, kv, q_nope.dtype)
     index = metadata.decode_query_index
     if index is None:
         o = absorbed_attention(

@@ -21,6 +21,8 @@ import triton.language as tl
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.dispatch import float32_products
+from dgpp.kernels.kv_quant_triton import kv_params, load_kv
+from dgpp.kernels.latent_quant import RowFormat, read_rows
 from dgpp.kernels.online_softmax import online_softmax_step
 
 HEAD_BLOCK = 16  # heads per program (the smallest `tl.dot` operand)
@@ -35,9 +37,11 @@ def mla_decode_torch(
     cache: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    kv: RowFormat | None = None,
 ) -> torch.Tensor:
     """q_latent [T, H, L], q_pe [T, H, R] of the step's first T tokens (its decode rows), cache
-    [blocks, block_size, L + R] -> the latent-space output [T, H, L]."""
+    [blocks, block_size, L + R] (with `kv`, quantized rows: `kernels.latent_quant`) -> the
+    latent-space output [T, H, L]."""
     num_tokens, rank = q_latent.shape[0], q_latent.shape[-1]
     rows, positions = metadata.rows_and_positions(num_tokens)
     block_size = cache.shape[1]
@@ -45,7 +49,7 @@ def mla_decode_torch(
     tables = metadata.block_tables[rows.long()]  # [T, max_blocks]
     pages = (keys // block_size).clamp(max=tables.shape[1] - 1)
     slots = tables[:, pages] * block_size + keys % block_size  # [T, S]
-    latents = cache.view(-1, cache.shape[-1])[slots]  # [T, S, L + R]
+    latents = read_rows(cache.view(-1, cache.shape[-1])[slots], kv, q_latent.dtype)  # [T, S, L + R]
     query = torch.cat((q_latent, q_pe), dim=-1)  # [T, H, L + R]
     scores = torch.einsum("thd,tsd->ths", query, latents) * scale
     visible = keys[None, :] <= positions[:, None].long()  # [T, S]
@@ -60,6 +64,7 @@ def _mla_decode_kernel(
     q_ptr: tl.tensor,
     pe_ptr: tl.tensor,
     cache_ptr: tl.tensor,
+    rope_ptr: tl.tensor,
     out_ptr: tl.tensor,
     block_tables_ptr: tl.tensor,
     token_row_ptr: tl.tensor,
@@ -72,6 +77,8 @@ def _mla_decode_kernel(
     stride_ph: int,
     stride_cb: int,
     stride_cs: int,
+    stride_rb: int,
+    stride_rs: int,
     stride_ot: int,
     stride_oh: int,
     stride_bt: int,
@@ -79,10 +86,14 @@ def _mla_decode_kernel(
     RANK_P2: tl.constexpr,
     ROPE: tl.constexpr,
     ROPE_P2: tl.constexpr,
+    ROPE_AT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEADS: tl.constexpr,
     KEYS_PER_STEP: tl.constexpr,
     F32_DOT: tl.constexpr,
+    KV_KIND: tl.constexpr,
+    KV_GROUP: tl.constexpr,
+    KV_BLOCK_BYTES: tl.constexpr,
 ) -> None:
     token = tl.program_id(0)
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -115,10 +126,16 @@ def _mla_decode_kernel(
         block = tl.load(
             block_tables_ptr + row * stride_bt + key_pos // BLOCK_SIZE, mask=key_ok, other=0
         )
-        at = cache_ptr + block * stride_cb + (key_pos % BLOCK_SIZE) * stride_cs
-        latent = tl.load(at[:, None] + c[None, :], mask=key_ok[:, None] & c_ok[None, :], other=0.0)
+        slot = key_pos % BLOCK_SIZE
+        at = cache_ptr + block * stride_cb + slot * stride_cs
+        key_mask = key_ok[:, None] & c_ok[None, :]
+        if KV_KIND == 0:
+            latent = tl.load(at[:, None] + c[None, :], mask=key_mask, other=0.0)
+        else:  # quantized rows: the latent's blocks read and scaled here, never stored wide
+            latent = load_kv(at, c, key_mask, KV_KIND, KV_GROUP, KV_BLOCK_BYTES).to(q.dtype)
+        rope_at = rope_ptr + block * stride_rb + slot * stride_rs + ROPE_AT
         k_pe = tl.load(
-            at[:, None] + RANK + r[None, :], mask=key_ok[:, None] & r_ok[None, :], other=0.0
+            rope_at[:, None] + r[None, :], mask=key_ok[:, None] & r_ok[None, :], other=0.0
         )
         if F32_DOT:
             latent, k_pe = latent.to(tl.float32), k_pe.to(tl.float32)
@@ -146,12 +163,19 @@ def mla_decode_triton(
     cache: torch.Tensor,
     metadata: PagedAttentionMetadata,
     scale: float,
+    kv: RowFormat | None = None,
 ) -> torch.Tensor:
     """As `mla_decode_torch`."""
     num_tokens, num_heads, rank = q_latent.shape
     rope, block_size = q_pe.shape[-1], cache.shape[1]
     assert block_size & (block_size - 1) == 0, "pages hold a power-of-two number of tokens"
-    assert cache.shape[-1] == rank + rope and cache.stride(-1) == 1
+    assert cache.stride(-1) == 1
+    if kv is None:
+        assert cache.shape[-1] == rank + rope
+        rope_view, rope_at = cache, rank
+    else:  # the rope key's bytes, in the model dtype, after the latent's codes
+        assert cache.shape[-1] == kv.width(q_pe.dtype) and kv.kept == rope
+        rope_view, rope_at = cache.view(q_pe.dtype), kv.codes_bytes // q_pe.dtype.itemsize
     out = torch.empty_like(q_latent)
     if num_tokens == 0:
         return out
@@ -159,11 +183,13 @@ def mla_decode_triton(
     tables = metadata.block_tables
     f32 = float32_products(q_latent.dtype)
     _mla_decode_kernel[(num_tokens, triton.cdiv(num_heads, HEAD_BLOCK))](
-        q_latent, q_pe, cache, out, tables, rows, positions, scale, num_heads,
+        q_latent, q_pe, cache, rope_view, out, tables, rows, positions, scale, num_heads,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
-        cache.stride(0), cache.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        cache.stride(0), cache.stride(1), rope_view.stride(0), rope_view.stride(1),
+        out.stride(0), out.stride(1), tables.stride(0),
         RANK=rank, RANK_P2=max(16, triton.next_power_of_2(rank)), ROPE=rope,
-        ROPE_P2=max(16, triton.next_power_of_2(rope)), BLOCK_SIZE=block_size, HEADS=HEAD_BLOCK,
-        KEYS_PER_STEP=KEYS[4 if f32 else 2], F32_DOT=f32, num_warps=4, num_stages=2,
+        ROPE_P2=max(16, triton.next_power_of_2(rope)), ROPE_AT=rope_at, BLOCK_SIZE=block_size,
+        HEADS=HEAD_BLOCK, KEYS_PER_STEP=KEYS[4 if f32 else 2], F32_DOT=f32,
+        **kv_params(None if kv is None else kv.codes), num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.latent_quant import RowFormat, read_rows
 from dgpp.kernels.topk_ties import topk_earliest
 
 TILE_ELEMENTS = 1 << 24  # 64 MiB of float32 per intermediate
@@ -60,6 +61,7 @@ def select_topk(
     metadata: PagedAttentionMetadata,
     topk: int,
     scale: float,
+    kv: RowFormat | None = None,
 ) -> TokenSelection:
     """Every query token's top `topk` causal positions by index score: q [T, Hi, D] (rotated),
     weights [T, Hi], cache [blocks, block_size, D] the indexer keys (this step's stored). A row
@@ -80,7 +82,7 @@ def select_topk(
             continue
         table = metadata.block_tables[row, : -(-seq_len // block_size)]
         slots = table.unsqueeze(1) * block_size + torch.arange(block_size, device=device)
-        keys = flat.index_select(0, slots.view(-1)[:seq_len])  # [S, D]
+        keys = read_rows(flat.index_select(0, slots.view(-1)[:seq_len]), kv, q.dtype)  # [S, D]
         first = seq_len - (end - begin)
         context = torch.arange(seq_len, device=device)
         step = _tile(q.shape[1] * seq_len)
@@ -113,10 +115,11 @@ def sparse_mla_attention(
     kv_b: torch.Tensor,
     selection: TokenSelection,
     scale: float,
+    kv: RowFormat | None = None,
 ) -> torch.Tensor:
     """Each query's attention over its selected latents only, absorbed in latent space:
-    q_nope [T, H, N], q_pe [T, H, R], cache [blocks, block_size, L + R], kv_b [H, N + V, L];
-    returns [T, H, V]. Softmax in float32."""
+    q_nope [T, H, N], q_pe [T, H, R], cache [blocks, block_size, L + R] (with `kv`, quantized
+    rows), kv_b [H, N + V, L]; returns [T, H, V]. Softmax in float32."""
     num_tokens, num_heads, nope = q_nope.shape
     rank = kv_b.shape[-1]
     w_uk, w_uv = kv_b[:, :nope], kv_b[:, nope:]  # [H, N, L], [H, V, L]
@@ -134,7 +137,7 @@ def sparse_mla_attention(
         slots = selection.slots[at:upto].reshape(-1)
         buffer = gathered[: slots.shape[0]]
         torch.index_select(flat, 0, slots, out=buffer)
-        latents = buffer.view(upto - at, topk, -1)  # [t, K, L + R]
+        latents = read_rows(buffer, kv, q_nope.dtype).view(upto - at, topk, -1)  # [t, K, L + R]
         scores = torch.einsum("thc,tkc->thk", query, latents)
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale
         scores.masked_fill_(~selection.valid[at:upto].unsqueeze(1), float("-inf"))

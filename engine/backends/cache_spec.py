@@ -16,6 +16,7 @@ import torch
 from dgpp.engine.backends.base import AttentionBackend
 from dgpp.engine.errors import ConfigError
 from dgpp.kernels.kv_quant import KvFormat, kv_format
+from dgpp.kernels.latent_quant import RowFormat, row_format
 
 
 class CacheSpec(Protocol):
@@ -79,16 +80,24 @@ class PagedKVSpec:
 
 class _TokenRowSpec:
     """A cache of one vector of `width` per token, shared by every head (so every rank of a
-    tensor-parallel world holds all of it): per layer [blocks, block_size, width]."""
+    tensor-parallel world holds all of it): per layer [blocks, block_size, width] in the model
+    dtype, or with a quantized `kv_dtype` uint8 [blocks, block_size, bytes] in its
+    `row_format` (`kernels.latent_quant`)."""
 
     block_axis = 1  # of the pool `allocate` returns
+    kv_dtype: str
 
     @property
     def width(self) -> int:
         raise NotImplementedError
 
+    @property
+    def row_format(self) -> RowFormat | None:
+        raise NotImplementedError
+
     def bytes_per_token(self, dtype: torch.dtype) -> int:
-        return self.width * dtype.itemsize
+        fmt = self.row_format
+        return self.width * dtype.itemsize if fmt is None else fmt.width(dtype)
 
     def allocate(
         self,
@@ -98,6 +107,10 @@ class _TokenRowSpec:
         dtype: torch.dtype,
         device: torch.device,
     ) -> torch.Tensor:
+        fmt = self.row_format
+        if fmt is not None:
+            shape = (num_layers, num_blocks, block_size, fmt.width(dtype))
+            return torch.zeros(shape, dtype=torch.uint8, device=device)
         shape = (num_layers, num_blocks, block_size, self.width)
         return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -105,27 +118,40 @@ class _TokenRowSpec:
 @dataclass(frozen=True)
 class MLALatentSpec(_TokenRowSpec):
     """Multi-head latent attention's cache: per token the normalised compressed key/value
-    latent (`kv_lora_rank`) and the rotated shared rope key (`rope_dim`)."""
+    latent (`kv_lora_rank`) and the rotated shared rope key (`rope_dim`). Quantized, the latent
+    takes the `kv_dtype`'s blocks and the rope key stays in the model dtype."""
 
     kv_lora_rank: int
     rope_dim: int
+    kv_dtype: str = "auto"
 
     @property
     def width(self) -> int:
         return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def row_format(self) -> RowFormat | None:
+        return row_format(self.kv_dtype, self.kv_lora_rank, self.rope_dim)
 
 
 @dataclass(frozen=True)
 class IndexerKeySpec(_TokenRowSpec):
     """A sparse-attention indexer's keys (`dgpp.engine.layers.indexer_keys`): one key of
     `head_dim` per token, paged by the same block ids as the layer's attention cache (a
-    prefix-cache hit reuses both)."""
+    prefix-cache hit reuses both). Quantized, 8 bits (DeepSeek-V3.2's own indexer cache is
+    FP8): int8 and fp8_e4m3 as they are, int4 KV keeps int8 indexer keys (a 4-bit score would
+    reorder the budget's cut)."""
 
     head_dim: int
+    kv_dtype: str = "auto"
 
     @property
     def width(self) -> int:
         return self.head_dim
+
+    @property
+    def row_format(self) -> RowFormat | None:
+        return row_format("int8" if self.kv_dtype == "int4" else self.kv_dtype, self.head_dim)
 
 
 @runtime_checkable
@@ -143,25 +169,35 @@ class CacheLayer(Protocol):
 
 
 def with_kv_dtype(specs: Iterable[CacheSpec], kv_dtype: str, family: str) -> list[CacheSpec]:
-    """`specs` with paged keys and values stored at `kv_dtype`; `ConfigError` for a cache kind
-    that is stored at the model dtype only (latents, indexer keys, compressed keys)."""
+    """`specs` with paged keys and values, MLA latents and their indexer's keys stored at
+    `kv_dtype`; `ConfigError` for a family with a cache kind stored at the model dtype only
+    (DeepSeek-V4's compressed keys, Qwen4-Exp's block indexer)."""
     specs = list(specs)
     if kv_dtype == "auto":
         return specs
+    kinds = {type(spec) for spec in specs}
+    refused = kinds - {PagedKVSpec, MLALatentSpec, IndexerKeySpec}
+    if IndexerKeySpec in kinds and MLALatentSpec not in kinds:
+        refused.add(IndexerKeySpec)  # a block indexer over paged K/V (Qwen4-Exp's QSA)
+    if refused:
+        names = ", ".join(sorted(kind.__name__ for kind in refused))
+        raise ConfigError(
+            f"kv_cache_dtype={kv_dtype}: {family}'s {names} cache is stored at the model dtype "
+            "only so far; the value that works for it: auto"
+        )
     found: list[CacheSpec] = []
     for spec in specs:
-        if type(spec) is not PagedKVSpec:
-            raise ConfigError(
-                f"kv_cache_dtype={kv_dtype}: {family}'s {type(spec).__name__} cache is stored at "
-                "the model dtype only so far; the value that works for it: auto"
-            )
+        quantized = replace(spec, kv_dtype=kv_dtype)  # type: ignore[type-var]
         try:
-            kv_format(kv_dtype, spec.head_dim)
+            if isinstance(quantized, PagedKVSpec):
+                quantized.kv_format  # noqa: B018 (raises for a width the format cannot take)
+            else:
+                quantized.row_format  # noqa: B018
         except ValueError as err:
             raise ConfigError(
                 f"kv_cache_dtype={kv_dtype}: {err}; values that work: auto, int8, fp8_e4m3"
             ) from None
-        found.append(replace(spec, kv_dtype=kv_dtype))
+        found.append(quantized)
     return found
 
 

@@ -33,15 +33,18 @@ def select_attention_backend(
     return TorchPagedAttention(device, kv_dtype)
 
 
-def select_mla_backend(device: torch.device, dtype: torch.dtype) -> MLABackend:
+def select_mla_backend(
+    device: torch.device, dtype: torch.dtype, kv_dtype: str = "auto"
+) -> MLABackend:
     """The multi-head latent attention backend: the Triton decode kernel on CUDA (where Triton
-    is installed and the self-check kept it), the PyTorch one elsewhere."""
+    is installed and the self-check kept it), the PyTorch one elsewhere; latents at
+    `kv_dtype`."""
     del dtype
     if device.type == "cuda" and has_triton() and kernel_on(MLA_DECODE):
         from dgpp.engine.backends.triton_mla import TritonMLAAttention  # imports triton
 
-        return TritonMLAAttention(device)
-    return TorchMLAAttention(device)
+        return TritonMLAAttention(device, kv_dtype)
+    return TorchMLAAttention(device, kv_dtype)
 
 
 def select_backend_for(
@@ -50,12 +53,13 @@ def select_backend_for(
     """The backend of the model's attention kind: MLA for checkpoints whose attention keeps a
     compressed key/value latent (DeepSeek-V3), sparse MLA over it where an indexer picks each
     query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise, sparse where an indexer
-    picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` (`kernels.kv_quant`) is for
-    paged keys and values only (the memory plan refuses the others)."""
+    picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` is for paged keys and
+    values (`kernels.kv_quant`), latents and their indexer's keys (`kernels.latent_quant`); the
+    memory plan refuses it for the others."""
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
-        return SparseMLAAttention(select_mla_backend(device, dtype))
+        return SparseMLAAttention(select_mla_backend(device, dtype, kv_dtype))
     if model.is_latent_attention:
-        return select_mla_backend(device, dtype)
+        return select_mla_backend(device, dtype, kv_dtype)
     if model.raw.get("indexer_budget") is not None:
         return SparsePagedAttention(select_attention_backend(device, dtype))
     return select_attention_backend(device, dtype, kv_dtype)

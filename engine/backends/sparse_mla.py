@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 from dgpp.engine.backends.base import BatchLayout
+from dgpp.engine.backends.cache_spec import IndexerKeySpec
 from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.latent_quant import row_format
 from dgpp.kernels.mla_attention_torch import store_latent
 from dgpp.kernels.sparse_mla_torch import TokenSelection, select_topk, sparse_mla_attention
 
@@ -24,6 +26,7 @@ class SparseMLAAttention:
     def __init__(self, dense: MLABackend) -> None:
         self.dense = dense
         self.name = f"sparse-{dense.name}"
+        self.kv_dtype: str = getattr(dense, "kv_dtype", "auto")  # latents' and indexer keys'
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
         return self.dense.prepare(layout)
@@ -41,10 +44,11 @@ class SparseMLAAttention:
         """Store the step's indexer keys [T, D] in `cache`, then each query token's top `topk`
         positions by the scores of q [T, Hi, D] weighted by weights [T, Hi]; None when every
         row's context fits in `topk` (attention is dense)."""
-        store_latent(keys, cache, metadata.slot_mapping)
+        kv = IndexerKeySpec(keys.shape[-1], self.kv_dtype).row_format
+        store_latent(keys, cache, metadata.slot_mapping, kv)
         if metadata.max_seq_len <= topk:
             return None
-        return select_topk(q, weights, cache, metadata, topk, scale)
+        return select_topk(q, weights, cache, metadata, topk, scale, kv)
 
     def forward(
         self,
@@ -61,5 +65,6 @@ class SparseMLAAttention:
         latents only."""
         if selection is None:
             return self.dense.forward(q_nope, q_pe, latent, cache, kv_b, metadata, scale)
-        store_latent(latent, cache, metadata.slot_mapping)
-        return sparse_mla_attention(q_nope, q_pe, cache, kv_b, selection, scale)
+        kv = row_format(self.kv_dtype, kv_b.shape[-1], q_pe.shape[-1])
+        store_latent(latent, cache, metadata.slot_mapping, kv)
+        return sparse_mla_attention(q_nope, q_pe, cache, kv_b, selection, scale, kv)

@@ -4,6 +4,7 @@ attention cache, so a prefix-cache hit reuses both."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ class IndexerKeys(nn.Module):
 
     @property
     def cache_spec(self) -> IndexerKeySpec:
-        return self.spec
+        return replace(self.spec, kv_dtype=getattr(self._backend, "kv_dtype", "auto"))
 
     @property
     def backend(self) -> Any:

@@ -10,7 +10,7 @@ replicated, since every head reads the same latent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -122,7 +122,8 @@ class LatentAttention(nn.Module):
 
     @property
     def cache_spec(self) -> MLALatentSpec:
-        return self.dims.cache_spec
+        kv_dtype = getattr(self._backend, "kv_dtype", "auto")
+        return replace(self.dims.cache_spec, kv_dtype=kv_dtype)
 
     @property
     def backend(self) -> MLABackend:

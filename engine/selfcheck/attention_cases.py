@@ -41,7 +41,7 @@ def attention_cases(
 ) -> list[Case]:  # fmt: skip
     """The cases of the attention kernels this rank's model dispatches, over caches of
     `kv_dtype` (quantized rows: the rotary store is the twin's then, not a kernel)."""
-    specs = list(dict.fromkeys(layer_cache_specs(model, parallel)))
+    specs = list(dict.fromkeys(layer_cache_specs(model, parallel, kv_dtype)))
     heads = max(1, model.num_heads // parallel.tp_size)
     raw = model.raw
     window = raw.get("sliding_window") or raw.get("sliding_window_size")
@@ -166,11 +166,15 @@ def mla_case(
     layout = BatchLayout(tuple(rows), 3, block, prefill_softmax_fp32=True)
     metadata = _metadata(layout, device)
     gen = torch.Generator(device=device).manual_seed(3)
-    cache = torch.randn(3 * pages, block, rank + rope, generator=gen, device=device)
+    cache = torch.randn(3 * pages, block, rank + rope, generator=gen, device=device).to(dtype)
     q_latent = torch.randn(3, heads, rank, generator=gen, device=device)
     q_pe = torch.randn(3, heads, rope, generator=gen, device=device)
-    wide = (q_latent.double(), q_pe.double(), cache.double(), metadata, scale)
-    inputs = (q_latent.to(dtype), q_pe.to(dtype), cache.to(dtype), metadata, scale)
+    fmt = spec.row_format  # quantized latents: the twin reads their dequantized values
+    stored = cache if fmt is None else fmt.encode(cache.flatten(0, 1)).view(3 * pages, block, -1)
+    values = cache if fmt is None else fmt.decode(stored, dtype)
+    wide = (q_latent.double(), q_pe.double(), values.double(), metadata, scale)
+    inputs = (q_latent.to(dtype), q_pe.to(dtype), stored, metadata, scale, fmt)
     label = f"decode, 3 rows, {heads} heads, latent {rank} + rope {rope}, page {block}"
+    label += "" if fmt is None else f", {spec.kv_dtype} latents"
     run, twin = partial(mla_decode_triton, *inputs), partial(mla_decode_torch, *wide)
     return Case(MLA_DECODE, label, dtype, ("dgpp.kernels.mla_decode_triton",), run, twin)

@@ -22,6 +22,7 @@ import dgpp.kernels.mla_decode_triton as mdt
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_mla import TorchMLAAttention
 from dgpp.engine.backends.triton_mla import TritonMLAAttention
+from dgpp.kernels.latent_quant import row_format
 from dgpp.kernels.mla_attention_torch import absorbed_attention, store_latent
 from dgpp.kernels.mla_decode_triton import mla_decode_torch
 
@@ -74,6 +75,30 @@ def test_kernel_equals_its_twin(heads: int, dtype: torch.dtype) -> None:
     assert relative_error(mla_decode_torch(*args), reference) < TOLERANCE[dtype]
 
 
+@needs_interpreter
+@pytest.mark.parametrize(
+    ("kv_dtype", "dtype"),
+    [("int8", torch.float32), ("int8", torch.bfloat16), ("fp8_e4m3", torch.bfloat16),
+     ("int4", torch.bfloat16)],
+    ids=str,
+)  # fmt: skip
+def test_the_kernel_reads_quantized_latents_as_its_twin(kv_dtype: str, dtype: torch.dtype) -> None:
+    """Latents in `kv_dtype`'s blocks, the rope key in the model dtype after them: the kernel
+    against the twin over the same rows' dequantized values, in float64."""
+    layout, cache, q_latent, q_pe, _ = _step(DECODE_ROWS, 3, 20, seed=5)
+    metadata = TritonMLAAttention(CPU).prepare(layout)
+    fmt = row_format(kv_dtype, RANK, ROPE)
+    stored = fmt.encode(cache.to(dtype).flatten(0, 1)).view(cache.shape[0], BLOCK, -1)
+    values = fmt.decode(stored, dtype).double()
+    scale = (NOPE + ROPE) ** -0.5
+    reference = mla_decode_torch(q_latent.double(), q_pe.double(), values, metadata, scale)
+    args = (q_latent.to(dtype), q_pe.to(dtype), stored, metadata, scale, fmt)
+    got = mdt.mla_decode_triton(*args)
+    assert got.dtype == dtype and not got.isnan().any()
+    assert relative_error(got, reference) < TOLERANCE[dtype]
+    assert relative_error(mla_decode_torch(*args), reference) < TOLERANCE[dtype]
+
+
 def test_the_twin_is_the_torch_backends_absorbed_decode() -> None:
     """Single-query decode rows: the twin, projected by W_uv, equals `absorbed_attention` over
     the PyTorch backend's gathered latents and padding mask."""
@@ -106,6 +131,14 @@ def test_the_triton_backend_equals_the_torch_backend() -> None:
     for backend in (TorchMLAAttention(CPU), TritonMLAAttention(CPU)):
         metadata = backend.prepare(layout)
         results.append(backend.forward(q_nope, q_pe, latent, cache.clone(), kv_b, metadata, 0.2))
+    assert relative_error(results[1], results[0].double()) < 1e-5
+    fmt = row_format("int8", RANK, ROPE)  # int8 latents: every row kind through both
+    quantized = fmt.encode(cache.flatten(0, 1)).view(cache.shape[0], BLOCK, -1)
+    results = []
+    for backend in (TorchMLAAttention(CPU, "int8"), TritonMLAAttention(CPU, "int8")):
+        metadata = backend.prepare(layout)
+        step = (q_nope, q_pe, latent, quantized.clone(), kv_b, metadata, 0.2)
+        results.append(backend.forward(*step))
     assert relative_error(results[1], results[0].double()) < 1e-5
     stored = cache.clone()
     store_latent(latent, stored, TorchMLAAttention(CPU).prepare(layout).slot_mapping)

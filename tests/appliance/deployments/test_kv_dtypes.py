@@ -1,7 +1,8 @@
 """What each KV-cache dtype gives a deployment, from real checkpoints' facts on Spark memory
 (`dgpp deploy plan`): tokens per GiB at int8 and fp8 about twice a bfloat16 cache's, at int4
-3.5 times; more sessions of the configured context; and for a cache the family cannot quantize
-(DeepSeek-V4's), the reason instead of numbers."""
+3.5 times; MLA latents less (their rope key stays 16-bit); more sessions of the configured
+context; and for a cache the family cannot quantize (DeepSeek-V4's), the reason instead of
+numbers."""
 
 from __future__ import annotations
 
@@ -38,6 +39,22 @@ def test_quantized_dtypes_hold_about_twice_the_tokens_per_gib() -> None:
     assert rows["fp8_e4m3"].tokens_per_gib >= 1.9 * auto  # one scale per head: 130 per 128
     assert rows["int4"].tokens_per_gib >= 3.5 * auto  # Q4_0: 18 per 32
     assert rows["int8"].sessions > 1.8 * rows["auto"].sessions
+
+
+def test_latent_caches_keep_the_rope_key_and_still_gain() -> None:
+    """Kimi-Linear on two Sparks (MLA beside KDA states): a latent row is 512 values in blocks
+    and the 64-value rope key in bfloat16, so int8 gives 1152 / 672 = 1.71x the tokens, fp8
+    1152 / 656 = 1.76x (FlashMLA's layout), int4 1152 / 416 = 2.77x; the states are as they
+    are."""
+    rows = _rows("kimi-linear-48b-a3b-instruct_bfloat16_w2")
+    auto = rows["auto"]
+    assert not any(row.refused for row in rows.values())
+    layers = auto.bytes_per_token // 1152
+    assert auto.bytes_per_token == layers * 1152
+    for kv, width in (("int8", 672), ("fp8_e4m3", 656), ("int4", 416)):
+        assert rows[kv].bytes_per_token == layers * width
+        assert rows[kv].tokens_per_gib >= 1152 / width * 0.99 * auto.tokens_per_gib
+        assert rows[kv].sessions >= auto.sessions
 
 
 def test_refusals_say_why() -> None:

@@ -38,7 +38,7 @@ FAMILIES = {
         "GptOssForCausalLM", GPT_OSS,
         {"paged_attention", "rope_store", "rms_norm", "silu_and_mul", "fused_moe"},
     ),
-    "deepseek-v3": (  # latent attention
+    "deepseek-v3-int8": (  # latent attention, the latents' int8 rows read by the kernel
         "DeepseekV3ForCausalLM", {**MOE_DEEPSEEK, "num_hidden_layers": 2},
         {"mla_decode", "rms_norm", "silu_and_mul", "fused_moe"},
     ),
@@ -71,6 +71,8 @@ def test_each_familys_kernels_pass_at_its_own_shapes(
     labels = " / ".join(check["label"] for check in stats.kernel_checks)
     if family == "gpt-oss":
         assert "window" in labels and "sinks" in labels
+    if family == "deepseek-v3-int8":
+        assert "int8 latents" in labels
     if family in ("qwen3-moe", "gpt-oss"):  # both rows of the tile table
         assert "3 tokens" in labels and "80 tokens" in labels
     seconds = sum(check["seconds"] for check in stats.kernel_checks)
