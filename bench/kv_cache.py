@@ -13,6 +13,7 @@
 (`auto/layers`).
 
     python bench/kv_cache.py [--contexts 1024,8192,32768] [--dtypes int8,fp8_e4m3,int4]
+                             [--layers-upto 8192] [--skip a|b]
 """
 
 from __future__ import annotations
@@ -90,12 +91,13 @@ def kv_bytes_per_token(llm: LLM) -> int:
     return sum(p.numel() * p.element_size() // (p.shape[2] * p.shape[3]) for p in pools)
 
 
-def speed(default: Path, contexts: list[int], dtypes: list[str]) -> list[dict]:
+def speed(default: Path, contexts: list[int], dtypes: list[str], layers_upto: int) -> list[dict]:
     rows = []
     for context in contexts:
         model = default if context + 128 <= 8192 else long_positions(default, 32768 + 1024)
         found = {}
-        for kv, native in [("auto", True), ("auto/layers", False), *[(d, True) for d in dtypes]]:
+        layers = [("auto/layers", False)] if context <= layers_upto else []
+        for kv, native in [("auto", True), *layers, *[(d, True) for d in dtypes]]:
             llm = engine(model, kv.split("/")[0], context, native)
             found[kv] = (decode_ms(llm, context), kv_bytes_per_token(llm))
             del llm
@@ -132,13 +134,18 @@ def main() -> None:
     parser.add_argument("--contexts", default="1024,8192,32768")
     parser.add_argument("--dtypes", default="int8,fp8_e4m3,int4")
     parser.add_argument("--skip", default="", help="a or b")
+    parser.add_argument(
+        "--layers-upto", type=int, default=8192,
+        help="run auto/layers at contexts up to this (a 32K prefill takes minutes an engine)",
+    )  # fmt: skip
     args = parser.parse_args()
     default = install_default()
     dtypes = args.dtypes.split(",")
     if "a" not in args.skip:
         print("| context | KV dtype | ms/token | speed vs auto | KV MB read per step |")
         print("|---|---|---|---|---|")
-        for row in speed(default, [int(c) for c in args.contexts.split(",")], dtypes):
+        contexts = [int(c) for c in args.contexts.split(",")]
+        for row in speed(default, contexts, dtypes, args.layers_upto):
             print(
                 f"| {row['context']:,} | {row['kv']} | {row['ms_per_token']:.1f} | "
                 f"{row['speed_vs_auto']:.2f}x | {row['kv_bytes_read_per_step'] / 1e6:.1f} |"

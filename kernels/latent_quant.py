@@ -85,6 +85,8 @@ def store_rows(
     cache.view(-1, cache.shape[-1]).index_copy_(0, slot_mapping, rows)
 
 
-def read_rows(rows: torch.Tensor, fmt: RowFormat | None, dtype: torch.dtype) -> torch.Tensor:
+def read_rows(
+    rows: torch.Tensor, fmt: RowFormat | KvFormat | None, dtype: torch.dtype
+) -> torch.Tensor:
     """Gathered cache rows [..., width] as values [..., C] in `dtype` (as they are at `auto`)."""
     return rows if fmt is None else fmt.decode(rows, dtype)

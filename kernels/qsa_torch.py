@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.kv_quant import KvFormat
+from dgpp.kernels.latent_quant import RowFormat, read_rows
 from dgpp.kernels.sparse_mla_torch import TILE_ELEMENTS, TokenSelection, token_selection
 from dgpp.kernels.topk_ties import topk_earliest
 
@@ -42,16 +44,18 @@ def select_blocks(
     budget: int,
     ratio: int,
     block_keys: BlockKeys,
+    kv: RowFormat | None = None,
 ) -> TokenSelection:
     """Each query token's selected positions: q [T, Hi, D] (normalised, roped), cache
-    [blocks, block_size, D] the raw indexer keys (this step's stored)."""
+    [blocks, block_size, D] the raw indexer keys (this step's stored; with `kv`, quantized
+    rows)."""
     num_tokens, _, dim = q.shape
     device = q.device
     width, keep = selection_width(budget, ratio), budget // ratio
     block_size = cache.shape[1]
     positions = torch.empty(num_tokens, width, dtype=torch.int64, device=device)
     starts = metadata.query_start_loc_host
-    flat = cache.view(-1, dim)
+    flat = cache.view(-1, cache.shape[-1])
     within = torch.arange(ratio, device=device)
     for row, seq_len in enumerate(metadata.seq_lens_host):
         begin, end = starts[row], starts[row + 1]
@@ -63,7 +67,8 @@ def select_blocks(
         blocks = seq_len // ratio
         table = metadata.block_tables[row, : -(-seq_len // block_size)]
         slots = table.unsqueeze(1) * block_size + torch.arange(block_size, device=device)
-        raw = flat.index_select(0, slots.view(-1)[: blocks * ratio]).view(blocks, ratio, dim)
+        raw = read_rows(flat.index_select(0, slots.view(-1)[: blocks * ratio]), kv, q.dtype)
+        raw = raw.view(blocks, ratio, dim)
         first_positions = torch.arange(blocks, device=device) * ratio
         keys = block_keys(raw.float().mean(dim=1).to(raw.dtype), first_positions).float()
         first = seq_len - (end - begin)
@@ -89,28 +94,29 @@ def sparse_paged_attention(
     value_cache: torch.Tensor,
     selection: TokenSelection,
     scale: float,
+    kv: KvFormat | None = None,
 ) -> torch.Tensor:
     """Each query's attention over its selected tokens only: query [T, H, D], caches
-    [blocks, block_size, H_kv, D] (grouped-query heads); returns [T, H, D]. Softmax in float32
-    (or wider)."""
+    [blocks, block_size, H_kv, D] (grouped-query heads; with `kv`, quantized rows of its width);
+    returns [T, H, D]. Softmax in float32 (or wider)."""
     num_tokens, num_heads, dim = query.shape
-    kv_heads = key_cache.shape[2]
+    kv_heads, stored = key_cache.shape[2], key_cache.shape[3]
     group = num_heads // kv_heads
-    keys_flat = key_cache.view(-1, kv_heads, dim)
-    values_flat = value_cache.view(-1, kv_heads, dim)
+    keys_flat = key_cache.view(-1, kv_heads, stored)
+    values_flat = value_cache.view(-1, kv_heads, stored)
     out = torch.empty_like(query)
     width = selection.slots.shape[1]
     step = min(num_tokens, max(1, TILE_ELEMENTS // max(1, width * max(kv_heads * dim, num_heads))))
     # Gather buffers reused by every tile (a fresh one costs its page faults: sparse_mla_torch).
-    key_buffer = keys_flat.new_empty(step * width, kv_heads, dim)
-    value_buffer = values_flat.new_empty(step * width, kv_heads, dim)
+    key_buffer = keys_flat.new_empty(step * width, kv_heads, stored)
+    value_buffer = values_flat.new_empty(step * width, kv_heads, stored)
     for at in range(0, num_tokens, step):
         upto = min(num_tokens, at + step)
         slots = selection.slots[at:upto].reshape(-1)
         keys = torch.index_select(keys_flat, 0, slots, out=key_buffer[: slots.shape[0]])
         values = torch.index_select(values_flat, 0, slots, out=value_buffer[: slots.shape[0]])
-        keys = keys.view(upto - at, width, kv_heads, dim)
-        values = values.view(upto - at, width, kv_heads, dim)
+        keys = read_rows(keys, kv, query.dtype).view(upto - at, width, kv_heads, dim)
+        values = read_rows(values, kv, query.dtype).view(upto - at, width, kv_heads, dim)
         q = query[at:upto].view(upto - at, kv_heads, group, dim)
         scores = torch.einsum("tkgd,tskd->tkgs", q, keys)
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale

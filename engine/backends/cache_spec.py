@@ -169,16 +169,13 @@ class CacheLayer(Protocol):
 
 
 def with_kv_dtype(specs: Iterable[CacheSpec], kv_dtype: str, family: str) -> list[CacheSpec]:
-    """`specs` with paged keys and values, MLA latents and their indexer's keys stored at
-    `kv_dtype`; `ConfigError` for a family with a cache kind stored at the model dtype only
-    (DeepSeek-V4's compressed keys, Qwen4-Exp's block indexer)."""
+    """`specs` with paged keys and values, MLA latents, indexer keys and DeepSeek-V4's
+    compressed keys (`layers.compressed_keys`) stored at `kv_dtype`; `ConfigError` for a family
+    with another cache kind (a cache declaring no `kv_dtype`)."""
     specs = list(specs)
     if kv_dtype == "auto":
         return specs
-    kinds = {type(spec) for spec in specs}
-    refused = kinds - {PagedKVSpec, MLALatentSpec, IndexerKeySpec}
-    if IndexerKeySpec in kinds and MLALatentSpec not in kinds:
-        refused.add(IndexerKeySpec)  # a block indexer over paged K/V (Qwen4-Exp's QSA)
+    refused = {type(spec) for spec in specs if not hasattr(spec, "kv_dtype")}
     if refused:
         names = ", ".join(sorted(kind.__name__ for kind in refused))
         raise ConfigError(

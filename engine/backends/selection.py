@@ -54,12 +54,12 @@ def select_backend_for(
     compressed key/value latent (DeepSeek-V3), sparse MLA over it where an indexer picks each
     query's keys (DeepSeek-V3.2, GLM-5), paged attention otherwise, sparse where an indexer
     picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` is for paged keys and
-    values (`kernels.kv_quant`), latents and their indexer's keys (`kernels.latent_quant`); the
-    memory plan refuses it for the others."""
+    values (`kernels.kv_quant`), latents and indexer keys (`kernels.latent_quant`); the memory
+    plan refuses it for the others."""
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
         return SparseMLAAttention(select_mla_backend(device, dtype, kv_dtype))
     if model.is_latent_attention:
         return select_mla_backend(device, dtype, kv_dtype)
     if model.raw.get("indexer_budget") is not None:
-        return SparsePagedAttention(select_attention_backend(device, dtype))
+        return SparsePagedAttention(select_attention_backend(device, dtype, kv_dtype))
     return select_attention_backend(device, dtype, kv_dtype)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 
 from dgpp.engine.backends.base import BatchLayout, PagedAttentionBackend
+from dgpp.engine.backends.cache_spec import IndexerKeySpec
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
+from dgpp.kernels.kv_quant import kv_format
 from dgpp.kernels.mla_attention_torch import store_latent
 from dgpp.kernels.paged_attention_torch import store_kv
 from dgpp.kernels.qsa_torch import BlockKeys, needs_selection, select_blocks, sparse_paged_attention
@@ -27,6 +29,7 @@ class SparsePagedAttention:
         self.dense = dense
         self.name = f"sparse-{dense.name}"
         self.device = getattr(dense, "device", torch.device("cpu"))
+        self.kv_dtype: str = getattr(dense, "kv_dtype", "auto")  # keys, values, indexer keys
 
     def prepare(self, layout: BatchLayout) -> PagedAttentionMetadata:
         return self.dense.prepare(layout)
@@ -43,10 +46,11 @@ class SparsePagedAttention:
     ) -> TokenSelection | None:
         """Store the step's raw indexer keys [T, D] in `cache`, then each query token's
         selection by the scores of q [T, Hi, D]; None when every row keeps all its blocks."""
-        store_latent(keys, cache, metadata.slot_mapping)
+        kv = IndexerKeySpec(keys.shape[-1], self.kv_dtype).row_format
+        store_latent(keys, cache, metadata.slot_mapping, kv)
         if not needs_selection(metadata.max_seq_len, budget, ratio):
             return None
-        return select_blocks(q, cache, metadata, budget, ratio, block_keys)
+        return select_blocks(q, cache, metadata, budget, ratio, block_keys, kv)
 
     def forward(
         self,
@@ -68,5 +72,6 @@ class SparsePagedAttention:
                 query, key, value, cache, metadata, scale, sinks, sliding_window, angles
             )
         assert sinks is None and sliding_window is None and angles is None
-        store_kv(key, value, cache[0], cache[1], metadata.slot_mapping)
-        return sparse_paged_attention(query, cache[0], cache[1], selection, scale)
+        kv = kv_format(self.kv_dtype, query.shape[-1])
+        store_kv(key, value, cache[0], cache[1], metadata.slot_mapping, kv)
+        return sparse_paged_attention(query, cache[0], cache[1], selection, scale, kv)

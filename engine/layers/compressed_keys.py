@@ -22,19 +22,33 @@ from torch import nn
 
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.engine.errors import ConfigError
+from dgpp.kernels.latent_quant import RowFormat, read_rows, row_format
 
 
 @dataclass(frozen=True)
 class CompressedKeySpec:
     """Keys of `width` for windows of `rate` tokens: per layer [blocks, block_size // rate,
-    width]."""
+    width]; with a quantized `kv_dtype` uint8 rows (`kernels.latent_quant`), the trailing
+    `rope` dims kept in the model dtype, an indexer's keys (`index`) in 8 bits as DSA's."""
 
     width: int
     rate: int
+    rope: int = 0
+    index: bool = False
+    kv_dtype: str = "auto"
     block_axis = 1  # of the pool `allocate` returns
 
+    @property
+    def row_format(self) -> RowFormat | None:
+        kv = "int8" if self.index and self.kv_dtype == "int4" else self.kv_dtype
+        return row_format(kv, self.width - self.rope, self.rope)
+
+    def row_bytes(self, dtype: torch.dtype) -> int:
+        fmt = self.row_format
+        return self.width * dtype.itemsize if fmt is None else fmt.width(dtype)
+
     def bytes_per_token(self, dtype: torch.dtype) -> int:
-        return -(-self.width * dtype.itemsize // self.rate)
+        return -(-self.row_bytes(dtype) // self.rate)
 
     def allocate(
         self,
@@ -50,8 +64,10 @@ class CompressedKeySpec:
                 f"rate {self.rate} (a compressed key's window must lie in one block): use "
                 f"{self.rate * max(1, -(-block_size // self.rate))} or another multiple"
             )
-        shape = (num_layers, num_blocks, block_size // self.rate, self.width)
-        return torch.zeros(shape, dtype=dtype, device=device)
+        fmt = self.row_format
+        width = self.width if fmt is None else fmt.width(dtype)
+        shape = (num_layers, num_blocks, block_size // self.rate, width)
+        return torch.zeros(shape, dtype=dtype if fmt is None else torch.uint8, device=device)
 
 
 class LayoutBackend:
@@ -60,8 +76,9 @@ class LayoutBackend:
     name = "batch-layout"
     graph_safe = False  # its layers read the rows on the host
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, kv_dtype: str = "auto") -> None:
         self.device = device
+        self.kv_dtype = kv_dtype  # the compressed keys' (`CompressedKeySpec.row_format`)
 
     def prepare(self, layout: BatchLayout) -> BatchLayout:
         return layout
@@ -70,9 +87,11 @@ class LayoutBackend:
 class CompressedKeys(nn.Module):
     """A cache layer (`cache_spec.CacheLayer`) of one compressor's keys."""
 
-    def __init__(self, width: int, rate: int, backend: LayoutBackend) -> None:
+    def __init__(
+        self, width: int, rate: int, backend: LayoutBackend, rope: int = 0, index: bool = False
+    ) -> None:
         super().__init__()
-        self.spec = CompressedKeySpec(width, rate)
+        self.spec = CompressedKeySpec(width, rate, rope, index, backend.kv_dtype)
         self._backend = backend
         self.cache: torch.Tensor | None = None
 
@@ -102,10 +121,13 @@ class CompressedKeys(nn.Module):
         if keys.shape[0]:
             assert self.cache is not None
             blocks, rows = self._places(table, first, keys.shape[0])
-            self.cache[blocks, rows] = keys.to(self.cache.dtype)
+            fmt = self.spec.row_format
+            self.cache[blocks, rows] = (
+                keys.to(self.cache.dtype) if fmt is None else fmt.encode(keys)
+            )
 
-    def read(self, table: Sequence[int], count: int) -> torch.Tensor:
-        """The request's first `count` keys [count, width]."""
+    def read(self, table: Sequence[int], count: int, dtype: torch.dtype) -> torch.Tensor:
+        """The request's first `count` keys [count, width] in `dtype` (the model's)."""
         assert self.cache is not None
         blocks, rows = self._places(table, 0, count)
-        return self.cache[blocks, rows]
+        return read_rows(self.cache[blocks, rows], self.spec.row_format, dtype)

@@ -191,7 +191,7 @@ class V4Attention(V4Projections, StateSlotLayer):
         if self.rate:
             sparse = dims.layer_types[index] == CSA
             self.compressor = WindowCompressor(hidden, dim, self.rate, sparse, eps)
-            self.keys = CompressedKeys(dim, self.rate, layout_backend)
+            self.keys = CompressedKeys(dim, self.rate, layout_backend, dims.rope_dim)
             if sparse:
                 indexer = LightningIndexer(
                     hidden,
@@ -203,7 +203,9 @@ class V4Attention(V4Projections, StateSlotLayer):
                     eps,
                 )
                 self.compressor.add_module("indexer", indexer)  # transformers' place for it
-                self.index_keys = CompressedKeys(dims.index_dim, self.rate, layout_backend)
+                self.index_keys = CompressedKeys(
+                    dims.index_dim, self.rate, layout_backend, index=True
+                )
         self.init_state(v4_state_spec(dims, index), state_backend)
         self._layout, self._rotary = layout_backend, rotary
 
@@ -294,7 +296,7 @@ class V4Attention(V4Projections, StateSlotLayer):
             new, after = compressor.compress(hidden, carry, self._rotary.table)
             paged.store(new, table, carry.windows)
             self.spec.write_carry(self.state, index, writes, after)
-            found.append(paged.read(table, after.windows))
+            found.append(paged.read(table, after.windows, hidden.dtype))
         return found[0], found[1] if len(found) > 1 else None
 
     def _attend(

@@ -226,7 +226,7 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         self.fp4_experts = expert_dtype(config.raw) == "fp4"
         device = getattr(attention, "device", torch.device("cpu"))
         self._state_backend = LinearStateBackend(device)
-        self._layout_backend = LayoutBackend(device)
+        self._layout_backend = LayoutBackend(device, getattr(attention, "kv_dtype", "auto"))
         _, compress = v4_ropes(config.raw)
         self._rotary = Rotary(RotaryEmbedding(self.dims.rope_dim, max_position, compress))
         super().__init__(config, parallel, max_position, attention)
@@ -281,9 +281,9 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         for index, kind in enumerate(dims.layer_types):
             rate = dims.rate(index)
             if rate:
-                specs.append(CompressedKeySpec(dims.head_dim, rate))
+                specs.append(CompressedKeySpec(dims.head_dim, rate, dims.rope_dim))
             if kind == CSA:
-                specs.append(CompressedKeySpec(dims.index_dim, rate))
+                specs.append(CompressedKeySpec(dims.index_dim, rate, index=True))
         return specs
 
     @classmethod

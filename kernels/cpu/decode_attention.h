@@ -41,38 +41,26 @@ inline float half_at(const uint8_t* p) {
   return c10::detail::fp16_ieee_to_fp32_value(bits);
 }
 
-// q . k for a Q8_0 row k of D values.
-inline float dot_q8(const float* q, const uint8_t* k, int64_t D) {
-  float s = 0.0f;
-  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
-    const uint8_t* block = k + b * Q8_BYTES;
-    const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
-    const float* qb = q + b * Q8_BLOCK;
-    float acc = 0.0f;
-    for (int64_t i = 0; i < Q8_BLOCK; ++i) acc += qb[i] * static_cast<float>(code[i]);
-    s += half_at(block) * acc;
-  }
-  return s;
+typedef int8_t cvec __attribute__((vector_size(VW)));  // VW int8 codes
+
+// VW codes as floats (one vector load, one widening conversion).
+inline vec codes_at(const int8_t* p) {
+  cvec c;
+  std::memcpy(&c, p, sizeof c);
+  return __builtin_convertvector(c, vec);
 }
 
-// o += w * v for a Q8_0 row v of D values.
-inline void add_q8(float* o, float w, const uint8_t* v, int64_t D) {
-  for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
-    const uint8_t* block = v + b * Q8_BYTES;
-    const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
-    const float wd = w * half_at(block);
-    float* ob = o + b * Q8_BLOCK;
-    for (int64_t i = 0; i < Q8_BLOCK; ++i) ob[i] += wd * static_cast<float>(code[i]);
-  }
-}
-
-// A Q8_0 row of D values into out [D] (float32).
+// A Q8_0 row of D values into out [D] (float32), a vector at a time: a decode span converts
+// each cached row once for every query head of its group, then runs the float loops.
 inline void decode_q8(const uint8_t* row, int64_t D, float* out) {
   for (int64_t b = 0; b < D / Q8_BLOCK; ++b) {
     const uint8_t* block = row + b * Q8_BYTES;
     const int8_t* code = reinterpret_cast<const int8_t*>(block + 2);
-    const float d = half_at(block);
-    for (int64_t i = 0; i < Q8_BLOCK; ++i) out[b * Q8_BLOCK + i] = d * static_cast<float>(code[i]);
+    const vec d = dgpp_tile::splat(half_at(block));
+    for (int64_t i = 0; i < Q8_BLOCK; i += VW) {
+      const vec x = d * codes_at(code + i);
+      std::memcpy(out + b * Q8_BLOCK + i, &x, sizeof x);
+    }
   }
 }
 
@@ -115,7 +103,8 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
   const int64_t padded = (n + VW - 1) / VW * VW;
   const int64_t* table = a.table + b * a.width;
   const float* qg = a.q + (b * a.heads + g * group) * D;
-  scores.resize(group * padded);
+  scores.resize(group * padded + D);
+  float* const row_scratch = scores.data() + group * padded;  // one decoded int8 row
   // each key's row in the caches, walked block by block (no division per key)
   std::vector<int64_t>& rows = where;
   rows.resize(n);
@@ -133,8 +122,9 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
           __builtin_prefetch(a.kq + rows[i + AHEAD] + d);
           __builtin_prefetch(a.vq + rows[i + AHEAD] + d);
         }
-      const uint8_t* k = a.kq + rows[i];
-      for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot_q8(qg + h * D, k, D) * a.scale;
+      decode_q8(a.kq + rows[i], D, row_scratch);
+      const float* k = row_scratch;
+      for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot(qg + h * D, k, D) * a.scale;
       continue;
     }
     if (i + AHEAD < n) {  // the keys a few positions on, and their values for the second pass
@@ -162,13 +152,9 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
     l[h] = dgpp_tile::hsum(total) + rest;
     std::fill(acc + h * D, acc + (h + 1) * D, 0.0f);
   }
-  if (q8) {
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < group; ++h) add_q8(acc + h * D, scores[h * padded + i], a.vq + rows[i], D);
-    return;
-  }
   for (int64_t i = 0; i < n; ++i) {
-    const float* v = a.vc + rows[i];
+    if (q8) decode_q8(a.vq + rows[i], D, row_scratch);
+    const float* v = q8 ? row_scratch : a.vc + rows[i];
     for (int64_t h = 0; h < group; ++h) {
       float* o = acc + h * D;
       const float w = scores[h * padded + i];

@@ -39,6 +39,8 @@ FAMILIES = {
     "mimo-v2-flash": ("MiMoV2FlashForCausalLM", MIMO),  # keys padded to the values' width
     "deepseek-v3": ("DeepseekV3ForCausalLM", {**MOE_DEEPSEEK, "num_hidden_layers": 3}),  # MLA
     "kimi-linear": ("KimiLinearForCausalLM", KIMI),  # MLA beside KDA states
+    "qwen4-exp": ("Qwen4ExpForCausalLM", {}),  # QSA: a block indexer's keys over paged K/V
+    "deepseek-v4": ("DeepseekV4ForCausalLM", DEEPSEEK_V4),  # compressed keys (+ an indexer's)
 }
 
 
@@ -102,11 +104,14 @@ def test_dsa_at_int8_is_the_model_dtype_engine_with_each_stored_row_rounded(
     assert float((got - want).abs().max()) < 1e-5
 
 
-def test_caches_that_cannot_take_it_are_refused_with_what_works(
+def test_a_dtype_a_cache_cannot_take_is_refused_with_what_works(
     tmp_path: Path, tokenizer_dir: Path
 ) -> None:
+    """int4 packs two codes a byte: a latent of odd width (33) cannot take it; the plan says so
+    with the values that work, and never falls back to `auto`."""
     checkpoint = build_tiny_checkpoint(
-        tmp_path, tokenizer_dir, "DeepseekV4ForCausalLM", **DEEPSEEK_V4
-    )
-    with pytest.raises(ConfigError, match=r"kv_cache_dtype=int8: .*CompressedKeySpec.*: auto"):
-        _engine(checkpoint, "int8")
+        tmp_path, tokenizer_dir, "DeepseekV3ForCausalLM",
+        **{**MOE_DEEPSEEK, "num_hidden_layers": 2, "kv_lora_rank": 33},
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype=int4: .*even.*auto, int8, fp8_e4m3"):
+        _engine(checkpoint, "int4")

@@ -1,8 +1,8 @@
 """What each KV-cache dtype gives a deployment, from real checkpoints' facts on Spark memory
 (`dgpp deploy plan`): tokens per GiB at int8 and fp8 about twice a bfloat16 cache's, at int4
 3.5 times; MLA latents less (their rope key stays 16-bit); more sessions of the configured
-context; and for a cache the family cannot quantize (DeepSeek-V4's), the reason instead of
-numbers."""
+context; and for a cache that cannot take a dtype (int4 of an odd width), the reason
+instead of numbers."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ from dgpp.appliance.deployments.plan import (
 )
 
 
-def _rows(name: str, **engine: object) -> dict:
+def _rows(name: str, facts: dict | None = None, **engine: object) -> dict:
     raw = find_template(name).load()
     raw["engine"].update(engine)
     deployment = parse_deployment(raw, name)
     model, _ = model_config_of(deployment)
+    model.raw.update(facts or {})
     memory = spark_memory()
     resolved = resolve_deployment(deployment, model, memory)
     return {row.kv_dtype: row for row in kv_dtype_rows(resolved, memory, lambda config: 0)}
@@ -60,8 +61,13 @@ def test_latent_caches_keep_the_rope_key_and_still_gain() -> None:
 def test_refusals_say_why() -> None:
     rows = _rows("llama-3.1-8b-instruct_bfloat16_w1")  # cuda: the Triton kernels read them
     assert not any(row.refused for row in rows.values())
-    rows = _rows("deepseek-v4-flash_bfloat16_w2", device="cpu")
-    assert all("stored at the model dtype only" in rows[kv].refused for kv in ("int8", "int4"))
+    rows = _rows("deepseek-v4-flash_bfloat16_w2", device="cpu")  # compressed keys
+    assert not any(row.refused for row in rows.values())
+    assert rows["int8"].tokens_per_gib > 1.5 * rows["auto"].tokens_per_gib
+    rows = _rows("kimi-linear-48b-a3b-instruct_bfloat16_w2", {"kv_lora_rank": 511})
+    assert "int4 KV needs an even head dimension" in rows["int4"].refused
+    assert "values that work: auto, int8, fp8_e4m3" in rows["int4"].refused
+    assert not rows["int8"].refused
 
 
 def test_deploy_plan_prints_every_dtype() -> None:

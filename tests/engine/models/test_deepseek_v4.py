@@ -124,7 +124,7 @@ def test_the_paged_keys_equal_transformers_cache(
                 if module is None:
                     continue
                 want = cache.layers[index].compressed_kv[name][0]
-                got = module.read(tables[id(module)], want.shape[0])
+                got = module.read(tables[id(module)], want.shape[0], want.dtype)
                 assert want.shape[0] == (len(prompt) + new - 1) // attn.rate
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -167,11 +167,11 @@ def test_cache_and_state_specs_by_layer_kind(checkpoint: Path) -> None:
     for tp_size in (1, 2):
         parallel = ParallelContext(tp_rank=tp_size - 1, tp_size=tp_size)
         assert DeepseekV4ForCausalLM.cache_specs(config, parallel) == [
-            CompressedKeySpec(32, 2),
-            CompressedKeySpec(16, 2),
-            CompressedKeySpec(32, 4),
-            CompressedKeySpec(32, 2),
-            CompressedKeySpec(16, 2),
+            CompressedKeySpec(32, 2, 16),  # the trailing rope dims
+            CompressedKeySpec(16, 2, index=True),
+            CompressedKeySpec(32, 4, 16),
+            CompressedKeySpec(32, 2, 16),
+            CompressedKeySpec(16, 2, index=True),
         ]
         sparse = (CarrySpec(2, 64, 32), CarrySpec(2, 32, 16))
         assert DeepseekV4ForCausalLM.state_specs(config, parallel) == [
@@ -182,6 +182,10 @@ def test_cache_and_state_specs_by_layer_kind(checkpoint: Path) -> None:
         ]
     assert CompressedKeySpec(512, 4).bytes_per_token(torch.bfloat16) == 256
     assert CompressedKeySpec(512, 128).bytes_per_token(torch.bfloat16) == 8
+    fp8 = CompressedKeySpec(512, 4, 64, kv_dtype="fp8_e4m3")  # 448 codes, 64 rope dims kept
+    assert fp8.bytes_per_token(torch.bfloat16) == (464 + 128) // 4
+    index = CompressedKeySpec(128, 4, index=True, kv_dtype="int4")  # indexer keys: 8-bit
+    assert index.row_format == CompressedKeySpec(128, 4, index=True, kv_dtype="int8").row_format
 
 
 def _release_spelling(source: Path, out: Path) -> Path:

@@ -125,6 +125,14 @@ def test_world_of_two_drafts_with_its_sharded_mtp_layer(checkpoint: Path) -> Non
     _check_world_of_two(checkpoint, {**TP_KNOBS, "speculative": "mtp"})
 
 
+def test_int8_kv_drafts_in_a_world_of_two_as_plain_decoding_in_one(checkpoint: Path) -> None:
+    """int8 KV (DeepSeek-V3's latents, GLM-4.5's paged keys and values; the MTP layer's cache
+    too): verify rows read the quantized rows, and a world of two drafting gives world one's
+    plain int8 tokens."""
+    int8 = {**TP_KNOBS, "kv_cache_dtype": "int8"}
+    _check_world_of_two(checkpoint, {**int8, "speculative": "mtp"}, reference_knobs=int8)
+
+
 def test_the_memory_plan_counts_the_mtp_layer(checkpoint: Path) -> None:
     """Its KV pool (one more layer's) and its weights are in the plan, byte for byte."""
     check_mtp_memory_plan(checkpoint, **KNOBS)
