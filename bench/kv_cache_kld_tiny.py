@@ -41,7 +41,7 @@ MODELS = {
     "deepseek-v3 (MLA)": (
         "DeepseekV3ForCausalLM",
         {**MOE_DEEPSEEK, "num_hidden_layers": 4, "kv_lora_rank": 64, "qk_rope_head_dim": 16},
-    ),  # fmt: skip
+    ),
     "qwen3-next (hybrid)": ("Qwen3NextForCausalLM", {"mlp_only_layers": [1]}),
 }
 
