@@ -2,6 +2,7 @@
 llama.cpp on the same files, the same text and the same windows (issue 44).
 
     .venv/bin/python bench/perplexity.py [--text FILE] [--tokens 8192] [--context 512]
+                                         [--kv-cache-dtype auto|int8|fp8_e4m3|int4]
 
 dgpp scores through `dgpp eval`'s own path (`dgpp.engine.evaluation.eval_scoring`: the engine's
 chunked prefill with a score sink); llama.cpp through llama-cpp-python with every position's logits
@@ -10,8 +11,10 @@ outside the repository). Each engine's F32 run is its own reference: the KL of Q
 measured against the same engine's F32, over the reference's top K tokens and one bucket for
 the rest (`coarse_kl`); the last row is dgpp's F32 against llama.cpp's F32. The default text is
 the GPL-3 from Debian's common licenses (on every Debian machine, about 8,000 tokens).
-Prints a markdown table with the ratios; docs/quality.md records it. bench/kv_cache_kld.py
-measures the KV-cache dtypes the same way.
+Prints a markdown table with the ratios; docs/quality.md records it. The KV column is each
+side's KV cache (`--kv-cache-dtype`: every dgpp run at it, llama.cpp's at its counterpart, int8
+q8_0 and int4 q4_0 with flash attention on, fp8 none: f16); bench/kv_cache_kld.py measures
+the KV-cache dtypes themselves the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from gguf_decode import peer_python
 from gguf_variants import variant
 
 FORMATS = ("F32", "Q8_0", "Q4_1")
+PEER_KV = {"auto": "f16", "int8": "q8_0", "fp8_e4m3": "f16", "int4": "q4_0"}
 
 
 def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Reference | None,
@@ -119,7 +123,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--top-k", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(PEER_KV))
     args = parser.parse_args()
+    kv = {"kv_cache_dtype": args.kv_cache_dtype}
+    peer_kv = PEER_KV[args.kv_cache_dtype]
+    peer_kv_options = {} if peer_kv == "f16" else {"kv_type": peer_kv, "flash_attn": True}
     shipped = install_default() / "model.gguf"
     files = {fmt: shipped if fmt == "Q4_1" else variant(shipped, fmt) for fmt in FORMATS}
     tokens = text_tokens(shipped, args.text, args.tokens)
@@ -128,8 +136,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ours = dgpp_side(files["F32"], tokens, spans, args.top_k, None)
-        theirs = peer_side(files["F32"], tokens, spans, args.top_k, None, args.threads, work)
+        ours = dgpp_side(files["F32"], tokens, spans, args.top_k, None, **kv)
+        theirs = peer_side(files["F32"], tokens, spans, args.top_k, None, args.threads, work,
+                           **peer_kv_options)  # fmt: skip
         np.savez(work / "theirs_ref.npz", top_ids=theirs["top_ids"])
         rows += [
             row("F32 dgpp", ours, None, computed),
@@ -138,13 +147,13 @@ def main() -> None:
         own_ref = reference_of(ours)
         for fmt in FORMATS[1:]:
             print(f"{fmt} ...", file=sys.stderr)
-            side = dgpp_side(files[fmt], tokens, spans, args.top_k, own_ref)
+            side = dgpp_side(files[fmt], tokens, spans, args.top_k, own_ref, **kv)
             peer = peer_side(files[fmt], tokens, spans, args.top_k, work / "theirs_ref.npz",
-                             args.threads, work)  # fmt: skip
+                             args.threads, work, **peer_kv_options)  # fmt: skip
             peer["kl"] = kl_of(theirs, peer["at_reference"])
             rows += [row(f"{fmt} dgpp", side, ours, computed)]
             rows += [row(f"{fmt} llama.cpp", peer, theirs, computed)]
-        cross = dgpp_side(files["F32"], tokens, spans, args.top_k, reference_of(theirs))
+        cross = dgpp_side(files["F32"], tokens, spans, args.top_k, reference_of(theirs), **kv)
         rows.append(row("F32 dgpp vs F32 llama.cpp", cross, theirs, computed))
     report(rows, args, len(tokens))
 
@@ -155,10 +164,11 @@ def report(rows: list[dict], args: argparse.Namespace, tokens: int) -> None:
         f"{args.context // 2}, {args.threads} threads; KL against the same engine's F32 over "
         f"its top {args.top_k} + the rest"
     )
-    print("| file, engine | perplexity (95% interval) | ppl / llama.cpp's | KL mean | KL p99 | "
-          "same top | tokens/s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    peers = {r["name"].split()[0]: r["ppl"] for r in rows if r["name"].endswith("llama.cpp")}
+    print("| file, engine | KV | perplexity (95% interval) | ppl / llama.cpp's | KL mean | KL p99 "
+          "| same top | tokens/s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    cache = {"dgpp": args.kv_cache_dtype, "llama.cpp": PEER_KV[args.kv_cache_dtype]}
+    peers = {r["name"].split()[0]: r["ppl"] for r in rows if _is_peer(r["name"])}
     for r in rows:
         ratio = r["ppl"] / peers[r["name"].split()[0]]
         kl = (
@@ -166,10 +176,16 @@ def report(rows: list[dict], args: argparse.Namespace, tokens: int) -> None:
             if "kl" in r
             else " |  | "
         )
+        side = "llama.cpp" if _is_peer(r["name"]) else "dgpp"
         print(
-            f"| {r['name']} | {r['ppl']:.4f} ({r['ppl_low']:.3f} to {r['ppl_high']:.3f}) | "
-            f"{ratio:.5f} | {kl} | {r['tokens_per_s']:,.0f} |"
+            f"| {r['name']} | {cache[side]} | {r['ppl']:.4f} ({r['ppl_low']:.3f} to "
+            f"{r['ppl_high']:.3f}) | {ratio:.5f} | {kl} | {r['tokens_per_s']:,.0f} |"
         )
+
+
+def _is_peer(name: str) -> bool:
+    """llama.cpp's own rows ("Q8_0 llama.cpp"), not dgpp's against its reference ("... vs ...")."""
+    return name.endswith(" llama.cpp") and " vs " not in name
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """The twin's attention; the whole step in one call of the compiled kernel where it applies
     (no sinks, no window that excludes a key of any row, float32, `out` contiguous, a float32
-    cache or int8 rows of 32-value blocks: other quantized rows go to the twin)."""
+    cache, int8 rows of 32-value blocks or fp8 rows: int4 rows go to the twin)."""
     excludes = sliding_window is not None and metadata.max_seq_len > sliding_window
-    if kv is not None and (kv.name != "int8" or kv.group != 32):  # the kernel reads int8 rows
+    if cpu_kv_kind(kv) is None:  # the kernel reads float32, int8 and fp8 rows
         return paged_attention(
             query, key_cache, value_cache, metadata, scale, sinks, sliding_window, out, kv
         )
@@ -103,5 +103,16 @@ def paged_attention_cpu(
         metadata.seq_lens,
         scale,
         out,
+        cpu_kv_kind(kv),
     )
     return out
+
+
+def cpu_kv_kind(kv: KvFormat | None) -> int | None:
+    """The compiled kernels' `KvKind` of a cache (kernels/cpu/decode_attention.h): 0 float32,
+    1 int8 rows of 32-value Q8_0 blocks, 2 fp8_e4m3 rows; None for rows they do not read."""
+    if kv is None:
+        return 0
+    if kv.name == "int8" and kv.group == 32:
+        return 1
+    return 2 if kv.name == "fp8_e4m3" else None

@@ -28,7 +28,13 @@ from dgpp.engine.layers.linear import PackableLinear
 from dgpp.engine.layers.norm import RMSNorm
 from dgpp.engine.models.llama import DecoderAttention, DecoderLayer, DecoderMLP, DecoderModel
 from dgpp.kernels import decoder_step_cpu
-from dgpp.kernels.paged_attention_cpu import HEAD_DIM_MULTIPLE, MAX_BLOCK_SIZE, MAX_GROUP
+from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.paged_attention_cpu import (
+    HEAD_DIM_MULTIPLE,
+    MAX_BLOCK_SIZE,
+    MAX_GROUP,
+    cpu_kv_kind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,8 @@ def _layer_why_not(layer: nn.Module, block_size: int) -> str | None:
     if type(paged.backend) not in (CpuPagedAttention, TorchPagedAttention):
         return f"attention backend {paged.backend.name}"
     kv_dtype = getattr(paged.backend, "kv_dtype", "auto")
-    if kv_dtype not in ("auto", "int8") or (kv_dtype == "int8" and attn.head_dim % 32):
-        return f"a {kv_dtype} KV cache (the native step reads float32 and int8 caches of 32s)"
+    if cpu_kv_kind(kv_format(kv_dtype, attn.head_dim)) is None:
+        return f"a {kv_dtype} KV cache (the native step reads float32, int8 of 32s and fp8)"
     if paged.sinks is not None or paged.sliding_window is not None:
         return "attention sinks or a sliding window"
     if attn.rotary_dim != attn.head_dim:
@@ -146,7 +152,9 @@ class NativeDecode:
                 *_weight(gate_up),
                 *_weight(down),
                 attn.attn.cache,
-                getattr(attn.attn.backend, "kv_dtype", "auto") == "int8",
+                cpu_kv_kind(
+                    kv_format(getattr(attn.attn.backend, "kv_dtype", "auto"), attn.head_dim)
+                ),
             )
 
     @staticmethod

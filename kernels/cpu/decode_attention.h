@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 
 #include "tile_gemm.h"
@@ -80,6 +81,51 @@ inline void store_q8(const float* x, int64_t D, uint8_t* out) {
   }
 }
 
+// An fp8_e4m3 cache's rows (`kernels/kv_quant.py`, `fp8_e4m3`): each head of D values is one
+// float16 scale d = max|x| / 448 and D e4m3 codes: value = d * code.
+inline const float* fp8_values() {  // every e4m3 byte's value, built once
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int c = 0; c < 256; ++c)
+      t[c] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+    return t;
+  }();
+  return table.data();
+}
+
+inline void decode_fp8(const uint8_t* row, int64_t D, float* out) {
+  const float d = half_at(row), *values = fp8_values();
+  for (int64_t i = 0; i < D; ++i) out[i] = d * values[row[2 + i]];
+}
+
+// x [D] as a float16 scale and e4m3 codes of x / d, d = max|x| / 448 in float32, the codes by
+// c10's float-to-e4m3 conversion (round to nearest even): the twin's `KvFormat.encode`.
+inline void store_fp8(const float* x, int64_t D, uint8_t* out) {
+  float top = 0.0f;
+  for (int64_t i = 0; i < D; ++i) top = std::max(top, std::fabs(x[i]));
+  const float d = top / 448.0f, inverse = d == 0.0f ? 0.0f : 1.0f / d;
+  const uint16_t bits = c10::detail::fp16_ieee_from_fp32_value(d);
+  std::memcpy(out, &bits, sizeof bits);
+  for (int64_t i = 0; i < D; ++i) out[2 + i] = c10::Float8_e4m3fn(x[i] * inverse).x;
+}
+
+// What a cache stores (`kernels/kv_quant.py`): float32 rows, int8 (Q8_0) rows, fp8_e4m3 rows.
+enum KvKind : int64_t { KV_F32 = 0, KV_Q8 = 1, KV_FP8 = 2 };
+
+inline int64_t kv_row_bytes(int64_t kind, int64_t D) {
+  return kind == KV_Q8 ? D / Q8_BLOCK * Q8_BYTES : kind == KV_FP8 ? D + 2 : D * 4;
+}
+
+inline void decode_row(int64_t kind, const uint8_t* row, int64_t D, float* out) {
+  if (kind == KV_Q8) decode_q8(row, D, out);
+  else decode_fp8(row, D, out);
+}
+
+inline void store_row(int64_t kind, const float* x, int64_t D, uint8_t* out) {
+  if (kind == KV_Q8) store_q8(x, D, out);
+  else store_fp8(x, D, out);
+}
+
 // How many positions ahead of the one being scored its keys and values are prefetched: a decode
 // row's positions sit in scattered blocks that the weights streamed since the last step have
 // pushed out of L2.
@@ -90,21 +136,22 @@ struct Attention {
   const int64_t *table, *lens;
   int64_t width, block_size, heads, kv_heads, D;
   float scale;
-  const uint8_t *kq = nullptr, *vq = nullptr;  // int8 caches instead: [.., H_kv, D / 32 * 34]
+  const uint8_t *kq = nullptr, *vq = nullptr;  // quantized caches instead: [.., H_kv, row bytes]
+  int64_t kind = KV_F32;                         // what kq and vq hold (KvKind)
 };
 
 // One span of a decode row's keys, p0 .. p1, for the query heads of KV head g: the unnormalized
 // sum of e^(s - top) v into acc [group, D], top and the sum of e^(s - top) into m and l [group].
 void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p1, float* acc,
                  float* m, float* l, std::vector<float>& scores, std::vector<int64_t>& where) {
-  const bool q8 = a.kq != nullptr;
-  const int64_t row = q8 ? a.D / Q8_BLOCK * Q8_BYTES : a.D;  // one head's elements (or bytes)
+  const bool q8 = a.kq != nullptr;  // quantized rows (int8 or fp8)
+  const int64_t row = q8 ? kv_row_bytes(a.kind, a.D) : a.D;  // one head's elements (or bytes)
   const int64_t group = a.heads / a.kv_heads, ld = a.kv_heads * row, D = a.D, n = p1 - p0;
   const int64_t padded = (n + VW - 1) / VW * VW;
   const int64_t* table = a.table + b * a.width;
   const float* qg = a.q + (b * a.heads + g * group) * D;
   scores.resize(group * padded + D);
-  float* const row_scratch = scores.data() + group * padded;  // one decoded int8 row
+  float* const row_scratch = scores.data() + group * padded;  // one decoded quantized row
   // each key's row in the caches, walked block by block (no division per key)
   std::vector<int64_t>& rows = where;
   rows.resize(n);
@@ -122,7 +169,7 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
           __builtin_prefetch(a.kq + rows[i + AHEAD] + d);
           __builtin_prefetch(a.vq + rows[i + AHEAD] + d);
         }
-      decode_q8(a.kq + rows[i], D, row_scratch);
+      decode_row(a.kind, a.kq + rows[i], D, row_scratch);
       const float* k = row_scratch;
       for (int64_t h = 0; h < group; ++h) scores[h * padded + i] = dot(qg + h * D, k, D) * a.scale;
       continue;
@@ -153,7 +200,7 @@ void attend_span(const Attention& a, int64_t b, int64_t g, int64_t p0, int64_t p
     std::fill(acc + h * D, acc + (h + 1) * D, 0.0f);
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (q8) decode_q8(a.vq + rows[i], D, row_scratch);
+    if (q8) decode_row(a.kind, a.vq + rows[i], D, row_scratch);
     const float* v = q8 ? row_scratch : a.vc + rows[i];
     for (int64_t h = 0; h < group; ++h) {
       float* o = acc + h * D;

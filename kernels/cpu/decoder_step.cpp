@@ -118,8 +118,8 @@ struct Linear {
 struct Layer {
   torch::Tensor input_norm, post_norm, q_norm, k_norm;  // q/k norms: empty unless Qwen3
   Linear qkv, o, gate_up, down;
-  torch::Tensor key_cache, value_cache;  // [blocks, block_size, H_kv, D], or its int8 rows
-  bool q8 = false;  // an int8 cache: each head's row D / 32 Q8_0 blocks (decode_attention.h)
+  torch::Tensor key_cache, value_cache;  // [blocks, block_size, H_kv, D], or quantized rows
+  int64_t kind = dgpp_decode::KV_F32;  // int8: D / 32 Q8_0 blocks a head; fp8: a scale, D codes
 };
 
 using dgpp_norm::rms_norm_row;
@@ -148,7 +148,7 @@ class DecoderStep {
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, torch::Tensor q_norm,
                  torch::Tensor k_norm, torch::Tensor qkv, int64_t qkv_kind, torch::Tensor qkv_bias,
                  torch::Tensor o, int64_t o_kind, torch::Tensor gate_up, int64_t gate_up_kind,
-                 torch::Tensor down, int64_t down_kind, torch::Tensor cache, bool q8_cache) {
+                 torch::Tensor down, int64_t down_kind, torch::Tensor cache, int64_t kv_kind) {
     Layer l;
     l.input_norm = input_norm.contiguous();
     l.post_norm = post_norm.contiguous();
@@ -161,17 +161,18 @@ class DecoderStep {
     l.down = Linear(down, down_kind, I_, torch::empty({0}));
     TORCH_CHECK(l.qkv.N == (heads_ + 2 * kv_heads_) * D_ && l.o.N == H_ && l.gate_up.N == 2 * I_ &&
                     l.down.N == H_, "layer shapes");
-    if (q8_cache) {
-      TORCH_CHECK(D_ % dgpp_decode::Q8_BLOCK == 0 && cache.dim() == 5 && cache.size(0) == 2 &&
-                      cache.size(3) == kv_heads_ && cache.size(4) == D_ / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES &&
+    if (kv_kind != dgpp_decode::KV_F32) {
+      TORCH_CHECK((kv_kind == dgpp_decode::KV_FP8 || D_ % dgpp_decode::Q8_BLOCK == 0) &&
+                      cache.dim() == 5 && cache.size(0) == 2 && cache.size(3) == kv_heads_ &&
+                      cache.size(4) == dgpp_decode::kv_row_bytes(kv_kind, D_) &&
                       cache.scalar_type() == torch::kUInt8 && cache.is_contiguous(),
-                  "int8 cache [2, blocks, block_size, H_kv, D / 32 * 34] uint8");
+                  "quantized cache [2, blocks, block_size, H_kv, row bytes] uint8");
     } else {
       TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.size(3) == kv_heads_ &&
                       cache.size(4) == D_ && cache.scalar_type() == torch::kFloat32 && cache.is_contiguous(),
                   "cache [2, blocks, block_size, H_kv, D] float32");
     }
-    l.q8 = q8_cache;
+    l.kind = kv_kind;
     l.key_cache = cache.select(0, 0);
     l.value_cache = cache.select(0, 1);
     layers_.push_back(std::move(l));
@@ -232,11 +233,12 @@ class DecoderStep {
       });
       double t1 = now();
       seconds_[PHASE_QKV] += t1 - t0;
-      float* kc = l.q8 ? nullptr : l.key_cache.data_ptr<float>();
-      float* vc = l.q8 ? nullptr : l.value_cache.data_ptr<float>();
-      uint8_t* kq = l.q8 ? l.key_cache.data_ptr<uint8_t>() : nullptr;
-      uint8_t* vq = l.q8 ? l.value_cache.data_ptr<uint8_t>() : nullptr;
-      const int64_t q8_row = D_ / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES;
+      const bool quantized = l.kind != dgpp_decode::KV_F32;
+      float* kc = quantized ? nullptr : l.key_cache.data_ptr<float>();
+      float* vc = quantized ? nullptr : l.value_cache.data_ptr<float>();
+      uint8_t* kq = quantized ? l.key_cache.data_ptr<uint8_t>() : nullptr;
+      uint8_t* vq = quantized ? l.value_cache.data_ptr<uint8_t>() : nullptr;
+      const int64_t q_row = dgpp_decode::kv_row_bytes(l.kind, D_);
       for (int64_t b = 0; b < B; ++b) {
         float* row = qkvp + b * QKV;
         const float* c = cp + b * D_;
@@ -248,11 +250,11 @@ class DecoderStep {
           rotate(head, c, s, D_);
         }
         std::memcpy(qp + b * heads_ * D_, row, heads_ * D_ * sizeof(float));
-        if (l.q8) {  // each head's key and value as Q8_0 blocks
+        if (quantized) {  // each head's key and value as its quantized row
           for (int64_t g = 0; g < kv_heads_; ++g) {
-            const int64_t at = (slot[b] * kv_heads_ + g) * q8_row;
-            dgpp_decode::store_q8(row + (heads_ + g) * D_, D_, kq + at);
-            dgpp_decode::store_q8(row + (heads_ + kv_heads_ + g) * D_, D_, vq + at);
+            const int64_t at = (slot[b] * kv_heads_ + g) * q_row;
+            dgpp_decode::store_row(l.kind, row + (heads_ + g) * D_, D_, kq + at);
+            dgpp_decode::store_row(l.kind, row + (heads_ + kv_heads_ + g) * D_, D_, vq + at);
           }
           continue;
         }
@@ -263,7 +265,7 @@ class DecoderStep {
       double t2 = now();
       seconds_[PHASE_ROTARY_STORE] += t2 - t1;
       dgpp_decode::decode_attention({qp, kc, vc, table, lens, width, block_size, heads_, kv_heads_, D_,
-                        static_cast<float>(scale_), kq, vq}, B, attn.data_ptr<float>());
+                        static_cast<float>(scale_), kq, vq, l.kind}, B, attn.data_ptr<float>());
       double t3 = now();
       seconds_[PHASE_ATTENTION] += t3 - t2;
       product(l.o, attn.data_ptr<float>(), B, xsum.data(), yp, [&](int64_t n0, int64_t n1) {

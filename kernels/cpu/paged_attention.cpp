@@ -52,7 +52,8 @@ struct Shape {
   const float* v;
   int64_t H, D, BS, Hkv, G, QT;
   float scale;
-  const uint8_t *kq = nullptr, *vq = nullptr;  // an int8 cache instead: [.., Hkv, D / 32 * 34]
+  const uint8_t *kq = nullptr, *vq = nullptr;  // a quantized cache instead: [.., Hkv, row bytes]
+  int64_t kind = dgpp_decode::KV_F32;            // what kq and vq hold (int8 or fp8 rows)
 };
 
 // One row of the step (a decode row, a verify row's queries, a prefill chunk): its Q queries are
@@ -110,10 +111,10 @@ inline void weighted_values(const vec (*P)[RV_MAX], int64_t nt, const float* v, 
 template <int RV>
 void item(const Shape& p, const Row& row, int64_t h, int64_t tile, int64_t split, float* qt,
           float* acc, float* m_out, float* l_out, float* scratch) {
-  // An int8 cache's block is decoded into `scratch` ([2][MAX_BLOCK][D]: this head's keys and
-  // values of one block) and read from there, `D` apart.
+  // A quantized cache's block is decoded into `scratch` ([2][MAX_BLOCK][D]: this head's keys
+  // and values of one block) and read from there, `D` apart.
   const int64_t D = p.D, G = p.G, ldk = p.kq != nullptr ? D : p.Hkv * D;
-  const int64_t q8_row = D / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES;
+  const int64_t q_row = dgpp_decode::kv_row_bytes(p.kind, D);
   const int64_t q0 = tile * p.QT, nq = std::min(p.QT, row.Q - q0), rows = nq * G;
   const int64_t first_pos = row.seq_len - row.Q + q0;
   alignas(64) float pos[ROWS];
@@ -142,9 +143,9 @@ void item(const Shape& p, const Row& row, int64_t h, int64_t tile, int64_t split
     const float* vb;
     if (p.kq != nullptr) {
       for (int64_t t = 0; t < nt; ++t) {
-        const int64_t at = ((block * p.BS + t) * p.Hkv + h) * q8_row;
-        dgpp_decode::decode_q8(p.kq + at, D, scratch + t * D);
-        dgpp_decode::decode_q8(p.vq + at, D, scratch + (MAX_BLOCK + t) * D);
+        const int64_t at = ((block * p.BS + t) * p.Hkv + h) * q_row;
+        dgpp_decode::decode_row(p.kind, p.kq + at, D, scratch + t * D);
+        dgpp_decode::decode_row(p.kind, p.vq + at, D, scratch + (MAX_BLOCK + t) * D);
       }
       kb = scratch, vb = scratch + MAX_BLOCK * D;
     } else {
@@ -218,12 +219,12 @@ void merge(const Shape& p, const Row& row, int64_t h, int64_t tile, const float*
 // seq_lens[b] positions, whose blocks are block_tables[b] (int64).
 void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor value_cache,
                      torch::Tensor block_tables, torch::Tensor query_start, torch::Tensor seq_lens,
-                     double scale, torch::Tensor out) {
-  const bool q8 = key_cache.scalar_type() == torch::kUInt8;  // int8 rows (kernels/kv_quant.py)
+                     double scale, torch::Tensor out, int64_t kv_kind) {
+  const bool q8 = kv_kind != dgpp_decode::KV_F32;  // quantized rows (kernels/kv_quant.py)
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32 &&
                   key_cache.scalar_type() == value_cache.scalar_type() &&
-                  (q8 || key_cache.scalar_type() == torch::kFloat32),
-              "paged_attention takes float32 queries and float32 or int8 (uint8 rows) caches");
+                  key_cache.scalar_type() == (q8 ? torch::kUInt8 : torch::kFloat32),
+              "paged_attention takes float32 queries and float32 or int8/fp8 (uint8 rows) caches");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4 && block_tables.dim() == 2,
               "query [T, H, D], caches [blocks, block_size, H_kv, D], tables [B, W]");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && query_start.scalar_type() == torch::kInt64 &&
@@ -235,9 +236,10 @@ void paged_attention(torch::Tensor query, torch::Tensor key_cache, torch::Tensor
   seq_lens = seq_lens.contiguous();
   Shape p{};
   p.H = query.size(1), p.D = query.size(2), p.BS = key_cache.size(1), p.Hkv = key_cache.size(2);
-  const int64_t width = q8 ? p.D / dgpp_decode::Q8_BLOCK * dgpp_decode::Q8_BYTES : p.D;
+  const int64_t width = q8 ? dgpp_decode::kv_row_bytes(kv_kind, p.D) : p.D;
   TORCH_CHECK(key_cache.size(3) == width && p.H % p.Hkv == 0 && p.D % DB == 0 &&
-                  (!q8 || p.D % dgpp_decode::Q8_BLOCK == 0), "head shapes");
+                  (kv_kind != dgpp_decode::KV_Q8 || p.D % dgpp_decode::Q8_BLOCK == 0), "head shapes");
+  p.kind = kv_kind;
   p.G = p.H / p.Hkv;
   TORCH_CHECK(p.G <= ROWS && p.BS <= MAX_BLOCK, "sizes out of the kernel's range");
   if (q8) {

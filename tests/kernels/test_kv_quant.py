@@ -116,13 +116,14 @@ def test_the_twin_reads_quantized_rows_as_their_decoded_values(
     assert torch.equal(got, want)
 
 
-def test_the_compiled_cpu_kernel_reads_int8_rows_as_the_twin() -> None:
-    """Prefill chunks, verify and decode rows through the compiled kernel over int8 rows (each
-    block of keys and values decoded beside it), against the twin over the same rows."""
+@pytest.mark.parametrize("name", ["int8", "fp8_e4m3"])
+def test_the_compiled_cpu_kernel_reads_quantized_rows_as_the_twin(name: str) -> None:
+    """Prefill chunks, verify and decode rows through the compiled kernel over int8 or fp8 rows
+    (each block of keys and values decoded beside it), against the twin over the same rows."""
     if cpu_extension() is None:
         pytest.skip("the CPU attention kernel cannot be built here")
     heads, kv_heads, dim = 4, 2, 64
-    fmt = kv_format("int8", dim)
+    fmt = kv_format(name, dim)
     layout, blocks = paged_step([(23, 1), (30, 3), (300, 40)], decodes=2)  # long enough to split
     metadata = TorchPagedAttention(torch.device("cpu")).prepare(layout)
     gen = torch.Generator().manual_seed(4)

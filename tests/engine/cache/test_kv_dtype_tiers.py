@@ -1,5 +1,5 @@
 """A quantized KV cache through the prefix cache's tiers, a world of two and preemption: the
-host and disk tiers keep the quantized rows as they are (a restart's turn hits from disk with
+host and disk tiers keep the quantized rows (paged keys and values, MLA latents) as they are (a restart's turn hits from disk with
 the same greedy tokens as a run without tiers, at int8), a disk tier written at another KV dtype
 is never read (its layout digest differs even where the rows' shapes agree: int8 and fp8 of a
 head of 32), a world of two equals a world of one at int8, and preempted requests come back on
@@ -9,16 +9,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.configuration.engine_config import EngineConfig
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.cache.test_disk_tier import _stop, _tiers
 from tests.engine.cache.test_host_tier import _run, _turns
 from tests.engine.distributed import test_tensor_parallel as tp
+from tests.engine.family_cases import MOE_DEEPSEEK
 
 
-def test_a_restarts_turn_hits_from_disk_at_int8(tmp_path: Path, tokenizer_dir: Path) -> None:
-    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "LlamaForCausalLM")
+@pytest.mark.parametrize(
+    ("architecture", "overrides"),
+    [("LlamaForCausalLM", {}), ("DeepseekV3ForCausalLM", {**MOE_DEEPSEEK, "num_hidden_layers": 2})],
+    ids=["paged", "mla-latents"],
+)
+def test_a_restarts_turn_hits_from_disk_at_int8(
+    tmp_path: Path, tokenizer_dir: Path, architecture: str, overrides: dict
+) -> None:
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
     expected, _ = _run(checkpoint, _turns(), kv_cache_dtype="int8")
     folder = tmp_path / "prefix"
     got, first = _run(checkpoint, _turns(), kv_cache_dtype="int8", **_tiers(folder))
@@ -30,7 +40,7 @@ def test_a_restarts_turn_hits_from_disk_at_int8(tmp_path: Path, tokenizer_dir: P
     cache = second.engine.stats().counters.prefix_cache
     assert cache.hit_tokens == cache.disk_hit_tokens == 48 and cache.disk_failed_blocks == 0
     _stop(second)
-    # fp8 rows of this model's heads (32) have int8's width (34 bytes): only the digest tells.
+    # fp8 rows of Llama's heads (32) have int8's width (34 bytes): only the digest tells.
     got, third = _run(checkpoint, _turns()[2:], kv_cache_dtype="fp8_e4m3", **_tiers(folder))
     assert third.engine.stats().counters.prefix_cache.disk_hit_tokens == 0
     assert len({path.parent.parent for path in folder.rglob("*.kv")}) == 2

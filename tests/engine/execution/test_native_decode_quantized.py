@@ -1,12 +1,13 @@
-"""The fused native CPU decode step over an int8 KV cache (`kv_cache_dtype=int8`): it stores
-each head as the twin's Q8_0 blocks (`kernels.kv_quant`) and reads them in place, so its decode
-steps give the PyTorch layer path's log-probabilities over the same int8 cache, to float32
-summation order, and its stored rows decode to the keys the layer path stores."""
+"""The fused native CPU decode step over an int8 or fp8 KV cache (`kv_cache_dtype`): it stores
+each head as the twin's rows (`kernels.kv_quant`: Q8_0 blocks, or a scale and e4m3 codes) and
+reads them in place, so its decode steps give the PyTorch layer path's log-probabilities over
+the same quantized cache, to float32 summation order; int4 caches are left to the layer path."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dgpp.engine import LLM
@@ -15,20 +16,22 @@ from tests.conftest import build_tiny_checkpoint
 from tests.engine.family_parity import forced_logprobs
 
 
-def _engine(checkpoint: Path, native: bool) -> LLM:
+def _engine(checkpoint: Path, native: bool, kv: str) -> LLM:
     return LLM(
         str(checkpoint), dtype="float32", kv_capacity=512, block_size=16, native_decode=native,
-        kv_cache_dtype="int8", prefix_cache=False,
+        kv_cache_dtype=kv, prefix_cache=False,
     )  # fmt: skip
 
 
-def test_the_native_step_reads_and_writes_int8_as_the_layer_path(
-    tmp_path: Path, tokenizer_dir: Path
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+def test_the_native_step_reads_and_writes_quantized_rows_as_the_layer_path(
+    tmp_path: Path, tokenizer_dir: Path, kv: str
 ) -> None:
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, "Qwen3ForCausalLM", head_dim=32)
-    native = _engine(checkpoint, True)
-    assert native.engine.runner.native is not None, "the native step serves int8 caches"
-    layers = _engine(checkpoint, False)
+    native = _engine(checkpoint, True, kv)
+    assert native.engine.runner.native is not None, f"the native step serves {kv} caches"
+    assert _engine(checkpoint, True, "int4").engine.runner.native is None
+    layers = _engine(checkpoint, False, kv)
     assert layers.engine.runner.native is None
     gen = torch.Generator().manual_seed(8)
     prompt = PromptIds(torch.randint(3, 49000, (40,), generator=gen).tolist())
