@@ -1,9 +1,9 @@
 """A quantized KV cache through the prefix cache's tiers, a world of two and preemption: the
-host and disk tiers keep the quantized rows (paged keys and values, MLA latents) as they are (a restart's turn hits from disk with
-the same greedy tokens as a run without tiers, at int8), a disk tier written at another KV dtype
-is never read (its layout digest differs even where the rows' shapes agree: int8 and fp8 of a
-head of 32), a world of two equals a world of one at int8, and preempted requests come back on
-other blocks with the tokens of an unpressed run."""
+host and disk tiers keep the quantized rows (paged keys and values, MLA latents) as they are (a
+restart's turn hits from disk with the same greedy tokens as a run without tiers, at int8), a
+disk tier written at another KV dtype is never read (its layout digest differs even where the
+rows' shapes agree: int8 and fp8 of a head of 32), a world of two equals a world of one at
+int8, and preempted requests come back on other blocks with the tokens of an unpressed run."""
 
 from __future__ import annotations
 
