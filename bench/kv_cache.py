@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -80,8 +81,10 @@ def decode_ms(llm: LLM, context: int) -> float:
     ):
         engine.step()  # the prefill, to the first token
     started = time.perf_counter()
+    print(f"decode from {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
     while engine.has_unfinished():
         engine.step()
+    print(f"decode to {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
     return (time.perf_counter() - started) / (NEW_TOKENS - 1) * 1e3
 
 
