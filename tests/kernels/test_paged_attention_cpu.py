@@ -117,6 +117,7 @@ def test_kernel_equals_the_twin(extension: object, shape: str, step: str) -> Non
         metadata.seq_lens,
         scale,
         direct,
+        0,  # a float32 cache (KvKind: decode_attention.h)
     )
     torch.testing.assert_close(direct, expected, rtol=1e-5, atol=2e-6)
 
