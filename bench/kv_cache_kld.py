@@ -27,7 +27,16 @@ from dgpp.engine.evaluation.eval_scoring import windows
 from dgpp.kernels.kv_quant import kv_format
 
 sys.path.insert(0, str(Path(__file__).parent))
-from perplexity import dgpp_side, kl_of, peer_side, reference_of, row, text_tokens
+from perplexity import (
+    dgpp_side,
+    kl_cells,
+    kl_of,
+    peer_side,
+    reference_of,
+    row,
+    text_arguments,
+    text_tokens,
+)
 
 DGPP_DTYPES = ("int8", "fp8_e4m3", "int4")
 PEER_TYPES = ("q8_0", "q4_0")
@@ -41,11 +50,7 @@ def bits_per_value(kv_dtype: str, side: dict) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--text", type=Path, default=Path("/usr/share/common-licenses/GPL-3"))
-    parser.add_argument("--tokens", type=int, default=8192)
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--top-k", type=int, default=128)
+    parser = text_arguments(__doc__, 8192, 256, 128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     shipped = install_default() / "model.gguf"
@@ -88,11 +93,7 @@ def report(rows: list[dict], args: argparse.Namespace, tokens: int) -> None:
           "same top | tokens/s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        kl = (
-            f"{r['kl']:.6f} | {r['kl_p99']:.6f} | {100 * r['same_top']:.2f}%"
-            if "kl" in r
-            else "(reference) | | "
-        )
+        kl = kl_cells(r, "(reference)")
         print(
             f"| {r['name']} | {r['bits']:g} | {r['ppl']:.4f} ({r['ppl_low']:.3f} to "
             f"{r['ppl_high']:.3f}) | {kl} | {r['tokens_per_s']:,.0f} |"

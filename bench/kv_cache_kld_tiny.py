@@ -18,7 +18,6 @@ agreement is the figure that compares dtypes and the two rope choices.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from dgpp.kernels import latent_quant
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from perplexity import dgpp_side, reference_of, row, text_tokens
+from perplexity import dgpp_side, kl_cells, reference_of, row, text_arguments, text_tokens
 
 from tests.conftest import build_tiny_checkpoint, smollm2_gguf_dir
 from tests.engine.family_cases import MOE_DEEPSEEK
@@ -74,12 +73,7 @@ def tokenizer(folder: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--text", type=Path, default=Path("/usr/share/common-licenses/GPL-3"))
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--top-k", type=int, default=64)
-    args = parser.parse_args()
+    args = text_arguments(__doc__, 4096, 256, 64).parse_args()
     knobs = {"dtype": "float32", "prefix_cache": False}
     print("| model | KV cache | perplexity | KL mean | KL p99 | same top |")
     print("|---|---|---|---|---|---|")
@@ -104,11 +98,7 @@ def main() -> None:
 
 
 def report(model: str, r: dict) -> None:
-    kl = (
-        f"{r['kl']:.6f} | {r['kl_p99']:.6f} | {100 * r['same_top']:.2f}%"
-        if "kl" in r
-        else "(reference) | | "
-    )
+    kl = kl_cells(r, "(reference)")
     print(f"| {model} | {r['name']} | {r['ppl']:.2f} | {kl} |", flush=True)
 
 

@@ -116,12 +116,26 @@ def row(name: str, side: dict, ref: dict | None, computed: int) -> dict:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def text_arguments(doc: str, tokens: int, context: int, top_k: int) -> argparse.ArgumentParser:
+    """The scoring benches' common flags: the text, how many of its tokens, the window, the
+    reference's top K."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--text", type=Path, default=Path("/usr/share/common-licenses/GPL-3"))
-    parser.add_argument("--tokens", type=int, default=8192)
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--top-k", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=tokens)
+    parser.add_argument("--context", type=int, default=context)
+    parser.add_argument("--top-k", type=int, default=top_k)
+    return parser
+
+
+def kl_cells(r: dict, reference: str) -> str:
+    """A row's KL mean, p99 and same-top cells; `reference` and blanks for a reference row."""
+    if "kl" not in r:
+        return f"{reference} | | "
+    return f"{r['kl']:.6f} | {r['kl_p99']:.6f} | {100 * r['same_top']:.2f}%"
+
+
+def main() -> None:
+    parser = text_arguments(__doc__, 8192, 512, 128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--kv-cache-dtype", default="auto", choices=sorted(PEER_KV))
     args = parser.parse_args()
@@ -171,11 +185,7 @@ def report(rows: list[dict], args: argparse.Namespace, tokens: int) -> None:
     peers = {r["name"].split()[0]: r["ppl"] for r in rows if _is_peer(r["name"])}
     for r in rows:
         ratio = r["ppl"] / peers[r["name"].split()[0]]
-        kl = (
-            f"{r['kl']:.6f} | {r['kl_p99']:.6f} | {100 * r['same_top']:.2f}%"
-            if "kl" in r
-            else " |  | "
-        )
+        kl = kl_cells(r, "")
         side = "llama.cpp" if _is_peer(r["name"]) else "dgpp"
         print(
             f"| {r['name']} | {cache[side]} | {r['ppl']:.4f} ({r['ppl_low']:.3f} to "

@@ -75,6 +75,13 @@ def row_format(kv_dtype: str, quantized: int, kept: int = 0) -> RowFormat | None
     return None if codes is None else RowFormat(codes, kept)
 
 
+def index_key_format(kv_dtype: str, width: int) -> RowFormat | None:
+    """A sparse indexer's keys at `kv_dtype`: 8 bits (DeepSeek-V3.2's own indexer cache is
+    FP8), int8 and fp8_e4m3 as they are, int4 KV keeps int8 keys (a 4-bit score would move the
+    budget's cut)."""
+    return row_format("int8" if kv_dtype == "int4" else kv_dtype, width)
+
+
 def store_rows(
     rows: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, fmt: RowFormat | None
 ) -> None:

@@ -16,7 +16,7 @@ import torch
 from dgpp.engine.backends.base import AttentionBackend
 from dgpp.engine.errors import ConfigError
 from dgpp.kernels.kv_quant import KvFormat, kv_format
-from dgpp.kernels.latent_quant import RowFormat, row_format
+from dgpp.kernels.latent_quant import RowFormat, index_key_format, row_format
 
 
 class CacheSpec(Protocol):
@@ -138,9 +138,7 @@ class MLALatentSpec(_TokenRowSpec):
 class IndexerKeySpec(_TokenRowSpec):
     """A sparse-attention indexer's keys (`dgpp.engine.layers.indexer_keys`): one key of
     `head_dim` per token, paged by the same block ids as the layer's attention cache (a
-    prefix-cache hit reuses both). Quantized, 8 bits (DeepSeek-V3.2's own indexer cache is
-    FP8): int8 and fp8_e4m3 as they are, int4 KV keeps int8 indexer keys (a 4-bit score would
-    reorder the budget's cut)."""
+    prefix-cache hit reuses both). Quantized, in 8 bits (`latent_quant.index_key_format`)."""
 
     head_dim: int
     kv_dtype: str = "auto"
@@ -151,7 +149,7 @@ class IndexerKeySpec(_TokenRowSpec):
 
     @property
     def row_format(self) -> RowFormat | None:
-        return row_format("int8" if self.kv_dtype == "int4" else self.kv_dtype, self.head_dim)
+        return index_key_format(self.kv_dtype, self.head_dim)
 
 
 @runtime_checkable

@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 
 from dgpp.engine.backends.base import BatchLayout
-from dgpp.engine.backends.cache_spec import IndexerKeySpec
 from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
-from dgpp.kernels.latent_quant import row_format
+from dgpp.kernels.latent_quant import index_key_format, row_format
 from dgpp.kernels.mla_attention_torch import store_latent
 from dgpp.kernels.sparse_mla_torch import TokenSelection, select_topk, sparse_mla_attention
 
@@ -44,7 +43,7 @@ class SparseMLAAttention:
         """Store the step's indexer keys [T, D] in `cache`, then each query token's top `topk`
         positions by the scores of q [T, Hi, D] weighted by weights [T, Hi]; None when every
         row's context fits in `topk` (attention is dense)."""
-        kv = IndexerKeySpec(keys.shape[-1], self.kv_dtype).row_format
+        kv = index_key_format(self.kv_dtype, keys.shape[-1])
         store_latent(keys, cache, metadata.slot_mapping, kv)
         if metadata.max_seq_len <= topk:
             return None

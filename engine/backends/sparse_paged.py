@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from dgpp.engine.backends.base import BatchLayout, PagedAttentionBackend
-from dgpp.engine.backends.cache_spec import IndexerKeySpec
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.latent_quant import index_key_format
 from dgpp.kernels.mla_attention_torch import store_latent
 from dgpp.kernels.paged_attention_torch import store_kv
 from dgpp.kernels.qsa_torch import BlockKeys, needs_selection, select_blocks, sparse_paged_attention
@@ -46,7 +46,7 @@ class SparsePagedAttention:
     ) -> TokenSelection | None:
         """Store the step's raw indexer keys [T, D] in `cache`, then each query token's
         selection by the scores of q [T, Hi, D]; None when every row keeps all its blocks."""
-        kv = IndexerKeySpec(keys.shape[-1], self.kv_dtype).row_format
+        kv = index_key_format(self.kv_dtype, keys.shape[-1])
         store_latent(keys, cache, metadata.slot_mapping, kv)
         if not needs_selection(metadata.max_seq_len, budget, ratio):
             return None

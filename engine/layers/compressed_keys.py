@@ -22,7 +22,7 @@ from torch import nn
 
 from dgpp.engine.backends.base import BatchLayout
 from dgpp.engine.errors import ConfigError
-from dgpp.kernels.latent_quant import RowFormat, read_rows, row_format
+from dgpp.kernels.latent_quant import RowFormat, index_key_format, read_rows, row_format
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,9 @@ class CompressedKeySpec:
 
     @property
     def row_format(self) -> RowFormat | None:
-        kv = "int8" if self.index and self.kv_dtype == "int4" else self.kv_dtype
-        return row_format(kv, self.width - self.rope, self.rope)
+        if self.index:
+            return index_key_format(self.kv_dtype, self.width)
+        return row_format(self.kv_dtype, self.width - self.rope, self.rope)
 
     def row_bytes(self, dtype: torch.dtype) -> int:
         fmt = self.row_format
