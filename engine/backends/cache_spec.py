@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -180,20 +180,25 @@ def with_kv_dtype(specs: Iterable[CacheSpec], kv_dtype: str, family: str) -> lis
             f"kv_cache_dtype={kv_dtype}: {family}'s {names} cache is stored at the model dtype "
             "only so far; the value that works for it: auto"
         )
-    found: list[CacheSpec] = []
-    for spec in specs:
-        quantized = replace(spec, kv_dtype=kv_dtype)  # type: ignore[type-var]
-        try:
-            if isinstance(quantized, PagedKVSpec):
-                quantized.kv_format  # noqa: B018 (raises for a width the format cannot take)
-            else:
-                quantized.row_format  # noqa: B018
-        except ValueError as err:
-            raise ConfigError(
-                f"kv_cache_dtype={kv_dtype}: {err}; values that work: auto, int8, fp8_e4m3"
-            ) from None
-        found.append(quantized)
-    return found
+    return [at_kv_dtype(spec, kv_dtype) for spec in specs]
+
+
+def at_kv_dtype(spec: Any, kv_dtype: str) -> Any:
+    """`spec` (a dataclass with a `kv_dtype` field) at `kv_dtype`, its format built now so that
+    a width the format cannot take is a `ConfigError` with the values that work."""
+    quantized = replace(spec, kv_dtype=kv_dtype)
+    try:
+        if isinstance(quantized, PagedKVSpec):
+            quantized.kv_format  # noqa: B018 (raises for a width the format cannot take)
+        elif hasattr(quantized, "row_format"):
+            quantized.row_format  # noqa: B018
+        else:
+            quantized.slot_numel  # noqa: B018 (a state's rows)
+    except ValueError as err:
+        raise ConfigError(
+            f"kv_cache_dtype={kv_dtype}: {err}; values that work: auto, int8, fp8_e4m3"
+        ) from None
+    return quantized
 
 
 def cache_layers(model: torch.nn.Module) -> list[CacheLayer]:

@@ -106,8 +106,10 @@ class LinearStateBackend:
     # a decode-only step reads its slots tensor only (`dgpp.engine.execution.decode_graphs`)
     graph_safe = True
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, kv_dtype: str = "auto") -> None:
+        """`kv_dtype`: what a sliding window's keys and values in a state are stored at
+        (recurrent states keep their precision)."""
+        self.device, self.kv_dtype = device, kv_dtype
         self.layout: StateLayout | None = None  # the runner's, for the draft slots
 
     def prepare(self, layout: BatchLayout) -> StateRows:

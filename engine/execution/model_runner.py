@@ -163,7 +163,7 @@ class ModelRunner:
         )
         # Recurrent layers (hybrid models): a state slot per running request and per snapshot.
         assert [layer.state_spec for layer in recurrent] == layer_state_specs(
-            model_config, parallel
+            model_config, parallel, config.kv_cache_dtype
         ), "state specs disagree"
         self.state_layout = engine_state_layout(config, model_config, parallel.tp_size)
         # Decode graphs pad their buckets onto one more state slot, past every request's.

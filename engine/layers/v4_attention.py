@@ -31,6 +31,7 @@ from dgpp.engine.backends.base import BatchLayout, StepMetadata
 from dgpp.engine.backends.state_cache import LinearStateBackend, StateSlotLayer
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.parallel import ParallelContext
+from dgpp.engine.layers import state_rows
 from dgpp.engine.layers.attention import PagedAttention
 from dgpp.engine.layers.compressed_keys import CompressedKeys, LayoutBackend
 from dgpp.engine.layers.deepseek_v4_parts import GroupedOutputProjection, rotate_trailing_pairs
@@ -53,8 +54,9 @@ class Rotary:
     table: RotaryEmbedding
 
 
-def v4_state_spec(dims: V4Dims, index: int) -> V4StateSpec:
-    """Layer `index`'s state slot on any rank (everything in it is replicated)."""
+def v4_state_spec(dims: V4Dims, index: int, kv_dtype: str = "auto") -> V4StateSpec:
+    """Layer `index`'s state slot on any rank (everything in it is replicated), its window's
+    keys at `kv_dtype`."""
     rate, dim = dims.rate(index), dims.head_dim
     carries: tuple[CarrySpec, ...] = ()
     if rate and dims.layer_types[index] == CSA:
@@ -64,7 +66,7 @@ def v4_state_spec(dims: V4Dims, index: int) -> V4StateSpec:
         )
     elif rate:
         carries = (CarrySpec(rate, dim),)
-    return V4StateSpec(dim, dims.window - 1, carries)
+    return V4StateSpec(dim, dims.window - 1, carries, dims.rope_dim, kv_dtype)
 
 
 class V4Projections(nn.Module):
@@ -206,7 +208,7 @@ class V4Attention(V4Projections, StateSlotLayer):
                 self.index_keys = CompressedKeys(
                     dims.index_dim, self.rate, layout_backend, index=True
                 )
-        self.init_state(v4_state_spec(dims, index), state_backend)
+        self.init_state(v4_state_spec(dims, index, state_backend.kv_dtype), state_backend)
         self._layout, self._rotary = layout_backend, rotary
 
     @property
@@ -255,8 +257,9 @@ class V4Attention(V4Projections, StateSlotLayer):
         spec, n = self.spec, q.shape[0]
         history = spec.history
         held = min(start, history)
-        window = spec.window(self.state)
-        keys = torch.cat((window[reads, history - held :].to(kv.dtype), kv))  # [held + n, D]
+        window, fmt = spec.window(self.state), spec.key_format
+        stored = torch.cat((window[reads, history - held :], state_rows.encode(kv, fmt)))
+        keys = state_rows.decode(stored, fmt).to(kv.dtype)  # [held + n, D], as stored
         positions = torch.arange(start, start + n, device=q.device)
         compressed, index_keys = self._compress(hidden, start, table, reads, writes)
         out = q.new_empty(q.shape)
@@ -271,7 +274,7 @@ class V4Attention(V4Projections, StateSlotLayer):
                 chosen = self.indexer.select(score, positions[span])
             out[span] = self._attend(q[span], keys, held, low, positions[span], compressed, chosen)
         kept = min(history, held + n)
-        window[writes, history - kept :] = keys[held + n - kept :]
+        window[writes, history - kept :] = stored[held + n - kept :]
         return out
 
     def _compress(

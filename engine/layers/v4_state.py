@@ -8,7 +8,9 @@ snapshots, preemption and speculative verify rows (one state per position, rolle
 copies) come from the same machinery. How much of it is real follows from the request's position
 alone (positions run from 0): `min(start, window - 1)` keys, `start % rate` pending tokens, a first
 half once `start >= rate`. Float32 whatever the model's dtype (the projections it holds are
-exact in it).
+exact in it); at a quantized `engine.kv_cache_dtype` the window's keys are stored as the
+compressed keys are (`kernels.latent_quant` rows, the trailing rope dims kept, here at float32:
+`layers.state_rows`), and the carries, projections not yet keys, stay float32.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from dgpp.engine.backends.state_cache import STATE_DTYPE
+from dgpp.engine.layers import state_rows
 from dgpp.engine.layers.window_compressor import CompressorCarry
+from dgpp.kernels.latent_quant import RowFormat, row_format
 
 
 @dataclass(frozen=True)
@@ -37,16 +41,27 @@ class CarrySpec:
 
 @dataclass(frozen=True)
 class V4StateSpec:
-    """The window's keys [history, dim], then each carry (the layer's compressor, then its
-    indexer's)."""
+    """The window's keys [history, dim] (their last `rope` dims rotated), then each carry (the
+    layer's compressor, then its indexer's)."""
 
     dim: int
     history: int
     carries: tuple[CarrySpec, ...] = ()
+    rope: int = 0
+    kv_dtype: str = "auto"
+
+    @property
+    def key_format(self) -> RowFormat | None:
+        return row_format(self.kv_dtype, self.dim - self.rope, self.rope)
+
+    @property
+    def window_numel(self) -> int:
+        size = state_rows.row_bytes(self.key_format, self.dim)
+        return state_rows.region_numel(self.history * size)
 
     @property
     def slot_numel(self) -> int:
-        return self.history * self.dim + sum(carry.numel for carry in self.carries)
+        return self.window_numel + sum(carry.numel for carry in self.carries)
 
     def bytes_per_slot(self) -> int:
         return self.slot_numel * STATE_DTYPE.itemsize
@@ -55,13 +70,14 @@ class V4StateSpec:
         return torch.zeros(num_layers, num_slots, self.slot_numel, dtype=STATE_DTYPE, device=device)
 
     def window(self, pool: torch.Tensor) -> torch.Tensor:
-        """The keys [slots, history, dim] of one layer's pool [slots, slot_numel] (a view)."""
-        return pool[:, : self.history * self.dim].view(pool.shape[0], self.history, self.dim)
+        """The keys [slots, history, dim] of one layer's pool [slots, slot_numel] as stored
+        (float32, or `key_format`'s rows; a view)."""
+        return state_rows.region(pool, 0, (self.history,), self.key_format, self.dim)
 
     def _carry_views(self, pool: torch.Tensor, index: int) -> list[torch.Tensor]:
         """Carry `index`'s pending kv, pending gate, prior kv and prior gate (views)."""
         spec, slots = self.carries[index], pool.shape[0]
-        at = self.history * self.dim + sum(carry.numel for carry in self.carries[:index])
+        at = self.window_numel + sum(carry.numel for carry in self.carries[:index])
         views = []
         for rows, width in ((spec.rate - 1, spec.width),) * 2 + ((spec.rate, spec.prior),) * 2:
             views.append(pool[:, at : at + rows * width].view(slots, rows, width))

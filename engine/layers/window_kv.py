@@ -7,8 +7,9 @@ has a state slot (`dgpp.engine.backends.state_cache`, as a recurrent layer's) ho
 keys and values, newest last, and how many of them are real (fewer at a sequence's start). A step
 attends over the slot's keys and its own, then keeps the last `window - 1` of them. The slot is what
 a prefix-cache snapshot saves and a hit restores, and speculative verify rows keep one state per
-position in the draft slots, all as for Gated DeltaNet. What it costs: `window - 1` float32 keys
-and values per request and snapshot, instead of the layer's share of every cached token.
+position in the draft slots, all as for Gated DeltaNet. What it costs: `window - 1` keys and
+values per request and snapshot (float32, or each head in `engine.kv_cache_dtype`'s bytes, as a
+paged layer's: `state_rows`), instead of the layer's share of every cached token.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dgpp.engine.backends.state_cache import (
     StateRows,
     StateSlotLayer,
 )
+from dgpp.engine.layers import state_rows
 from dgpp.engine.layers.attention import PagedAttention
+from dgpp.kernels.kv_quant import kv_format
 
 QUERY_BLOCK = 256  # prefill queries attended at a time (bounds the scores' memory)
 
@@ -33,20 +36,31 @@ QUERY_BLOCK = 256  # prefill queries attended at a time (bounds the scores' memo
 @dataclass(frozen=True)
 class WindowStateSpec:
     """One windowed layer's state on one rank: a count, then `history` tokens' keys
-    [num_kv_heads, head_dim] and values [num_kv_heads, v_head_dim]."""
+    [num_kv_heads, head_dim] and values [num_kv_heads, v_head_dim], float32 or per head at
+    `kv_dtype` (`state_rows`)."""
 
     num_kv_heads: int
     head_dim: int
     v_head_dim: int
     history: int
+    kv_dtype: str = "auto"
+
+    @property
+    def formats(self) -> tuple[state_rows.RowCodec, state_rows.RowCodec]:
+        """The keys' and the values' per-head formats (None: float32)."""
+        return kv_format(self.kv_dtype, self.head_dim), kv_format(self.kv_dtype, self.v_head_dim)
+
+    def _numel(self, fmt: state_rows.RowCodec, width: int) -> int:
+        size = state_rows.row_bytes(fmt, width)
+        return state_rows.region_numel(self.history * self.num_kv_heads * size)
 
     @property
     def key_numel(self) -> int:
-        return self.history * self.num_kv_heads * self.head_dim
+        return self._numel(self.formats[0], self.head_dim)
 
     @property
     def slot_numel(self) -> int:
-        return 1 + self.key_numel + self.history * self.num_kv_heads * self.v_head_dim
+        return 1 + self.key_numel + self._numel(self.formats[1], self.v_head_dim)
 
     def bytes_per_slot(self) -> int:
         return self.slot_numel * STATE_DTYPE.itemsize
@@ -56,11 +70,12 @@ class WindowStateSpec:
 
     def views(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer's pool [slots, slot_numel] as counts [slots], keys [slots, history, H_kv,
-        D] and values [slots, history, H_kv, Dv] (views: writes land in the pool)."""
-        slots, keys_end = pool.shape[0], 1 + self.key_numel
-        shape = (slots, self.history, self.num_kv_heads)
-        keys = pool[:, 1:keys_end].view(*shape, self.head_dim)
-        return pool[:, 0], keys, pool[:, keys_end:].view(*shape, self.v_head_dim)
+        D] and values [slots, history, H_kv, Dv] as stored (float32, or each head's bytes at a
+        quantized `kv_dtype`; views: writes land in the pool)."""
+        shape, (keys, values) = (self.history, self.num_kv_heads), self.formats
+        key_rows = state_rows.region(pool, 1, shape, keys, self.head_dim)
+        at = 1 + self.key_numel
+        return pool[:, 0], key_rows, state_rows.region(pool, at, shape, values, self.v_head_dim)
 
 
 def window_attend(
@@ -113,7 +128,8 @@ class WindowAttention(StateSlotLayer):
         if window < 2:
             raise ValueError(f"a window of {window} keys keeps no history; use at least 2")
         self.num_heads, self.scale, self.first_head = num_heads, scale, first_head
-        self.init_state(WindowStateSpec(num_kv_heads, head_dim, v_head_dim, window - 1), backend)
+        spec = WindowStateSpec(num_kv_heads, head_dim, v_head_dim, window - 1, backend.kv_dtype)
+        self.init_state(spec, backend)
         sinks = nn.Parameter(torch.empty(num_heads), requires_grad=False) if has_sinks else None
         self.register_parameter("sinks", sinks)
         if sinks is not None:
@@ -151,13 +167,21 @@ class WindowAttention(StateSlotLayer):
         written to `writes[i]`; no host synchronisation (decode graphs capture it)."""
         assert self.state is not None, "the model runner binds every state before a forward"
         counts, key_pool, value_pool = self.spec.views(self.state)
-        history = self.spec.history
-        keys = torch.cat((key_pool[reads], key[:, None].float()), dim=1)  # [n, W, H_kv, D]
-        values = torch.cat((value_pool[reads], value[:, None].float()), dim=1)
+        history, (key_format, value_format) = self.spec.history, self.spec.formats
+        # As stored: [n, W, H_kv, D] float32, or each head's bytes
+        keys = torch.cat((key_pool[reads], state_rows.encode(key[:, None], key_format)), dim=1)
+        values = torch.cat((value_pool[reads], state_rows.encode(value[:, None], value_format)), 1)
         held = counts[reads]
         index = torch.arange(history + 1, device=query.device)
         visible = (index[None] >= history - held[:, None]).view(-1, 1, history + 1)
-        out = window_attend(query[:, None], keys, values, visible, self.scale, self.sinks)
+        out = window_attend(
+            query[:, None],
+            state_rows.decode(keys, key_format),
+            state_rows.decode(values, value_format),
+            visible,
+            self.scale,
+            self.sinks,
+        )
         key_pool[writes] = keys[:, 1:]
         value_pool[writes] = values[:, 1:]
         counts[writes] = torch.clamp(held + 1, max=history)
@@ -171,9 +195,19 @@ class WindowAttention(StateSlotLayer):
         block + window] however long the chunk."""
         assert self.state is not None, "the model runner binds every state before a forward"
         counts, key_pool, value_pool = self.spec.views(self.state)
-        history, n = self.spec.history, query.shape[0]
-        keys = torch.cat((key_pool[slot, history - held :], key.float()))  # [held + n, ...]
-        values = torch.cat((value_pool[slot, history - held :], value.float()))
+        history, n, (key_format, value_format) = (
+            self.spec.history,
+            query.shape[0],
+            self.spec.formats,
+        )
+        stored_keys = torch.cat(
+            (key_pool[slot, history - held :], state_rows.encode(key, key_format))
+        )
+        stored_values = torch.cat(
+            (value_pool[slot, history - held :], state_rows.encode(value, value_format))
+        )
+        keys = state_rows.decode(stored_keys, key_format)  # [held + n, H_kv, D] float32
+        values = state_rows.decode(stored_values, value_format)
         out = query.new_empty(n, self.num_heads, value.shape[-1])
         for low in range(0, n, QUERY_BLOCK):
             high = min(n, low + QUERY_BLOCK)
@@ -192,7 +226,7 @@ class WindowAttention(StateSlotLayer):
             )
             out[low:high] = attended[0].to(query.dtype)
         kept = min(history, held + n)
-        key_pool[slot, history - kept :] = keys[held + n - kept :]
-        value_pool[slot, history - kept :] = values[held + n - kept :]
+        key_pool[slot, history - kept :] = stored_keys[held + n - kept :]
+        value_pool[slot, history - kept :] = stored_values[held + n - kept :]
         counts[slot] = kept
         return out

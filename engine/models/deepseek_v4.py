@@ -225,7 +225,7 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
         self.dims = V4Dims.of(config)
         self.fp4_experts = expert_dtype(config.raw) == "fp4"
         device = getattr(attention, "device", torch.device("cpu"))
-        self._state_backend = LinearStateBackend(device)
+        self._state_backend = LinearStateBackend(device, getattr(attention, "kv_dtype", "auto"))
         self._layout_backend = LayoutBackend(device, getattr(attention, "kv_dtype", "auto"))
         _, compress = v4_ropes(config.raw)
         self._rotary = Rotary(RotaryEmbedding(self.dims.rope_dim, max_position, compress))

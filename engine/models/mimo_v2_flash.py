@@ -252,7 +252,8 @@ class MiMoV2FlashForCausalLM(LlamaForCausalLM):
         attention: PagedAttentionBackend,
     ) -> None:
         self.layout = MimoLayout.of(config)
-        self._state_backend = LinearStateBackend(getattr(attention, "device", torch.device("cpu")))
+        device = getattr(attention, "device", torch.device("cpu"))
+        self._state_backend = LinearStateBackend(device, getattr(attention, "kv_dtype", "auto"))
         super().__init__(config, parallel, max_position, attention)
         model = self.model
         assert isinstance(model, MimoDecoderModel)

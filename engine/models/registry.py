@@ -7,7 +7,7 @@ from typing import Protocol
 from torch import nn
 
 from dgpp.engine.backends.base import PagedAttentionBackend
-from dgpp.engine.backends.cache_spec import CacheSpec, with_kv_dtype
+from dgpp.engine.backends.cache_spec import CacheSpec, at_kv_dtype, with_kv_dtype
 from dgpp.engine.backends.state_cache import LinearStateSpec
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.parallel import ParallelContext
@@ -134,7 +134,13 @@ def layer_mtp_cache_specs(
     return with_kv_dtype(specs, kv_dtype, config.architecture)
 
 
-def layer_state_specs(config: ModelConfig, parallel: ParallelContext) -> list[LinearStateSpec]:
+def layer_state_specs(
+    config: ModelConfig, parallel: ParallelContext, kv_dtype: str = "auto"
+) -> list[LinearStateSpec]:
     """The state spec of every recurrent layer of this rank's model, in layer order (none for
-    attention-only models)."""
-    return list(model_class(config).state_specs(config, parallel))
+    attention-only models); a state holding a sliding window's keys (a `kv_dtype` field) stores
+    them at `kv_dtype`, recurrent states at their own precision."""
+    specs = model_class(config).state_specs(config, parallel)
+    if kv_dtype == "auto":
+        return list(specs)
+    return [at_kv_dtype(spec, kv_dtype) if hasattr(spec, "kv_dtype") else spec for spec in specs]

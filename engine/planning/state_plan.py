@@ -27,7 +27,8 @@ def engine_state_layout(
     max_snapshots: int | None = None,
 ) -> StateLayout:
     """Rank `tp_rank`'s slots; `max_snapshots` defaults to the KV pool's block count."""
-    specs = layer_state_specs(model, ParallelContext(tp_rank=tp_rank, tp_size=tp_size))
+    parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)
+    specs = layer_state_specs(model, parallel, config.kv_cache_dtype)
     cap = config.num_kv_blocks if max_snapshots is None else max_snapshots
     depth = config.spec_depth if config.speculative != "off" else 0
     return state_layout(specs, config.max_concurrency, snapshot_budget_bytes(config), cap, depth)

@@ -120,19 +120,27 @@ def check_batch_matches_transformers(
     assert worst < 1e-3, worst
 
 
-def check_snapshot_hits(checkpoint: object, hf_model: torch.nn.Module) -> None:
+def check_snapshot_hits(
+    checkpoint: object, hf_model: torch.nn.Module | None, **knobs: object
+) -> None:
     """A hybrid model's prefix hits (its states restored from snapshots) give transformers'
-    tokens: where prompts branch (the third prompt restores what the second saved: 28 tokens)
-    and on a conversation's next turn (restored after the first prompt's 24 tokens)."""
+    tokens (`hf_model`; None: an engine of the same `knobs` without the prefix cache): where
+    prompts branch (the third prompt restores what the second saved: 28 tokens) and on a
+    conversation's next turn (restored after the first prompt's 24 tokens)."""
     from dgpp.engine import SamplingParams
 
-    cached = LLM(str(checkpoint), block_size=4, prefill_chunk_tokens=16, prefix_min_tokens=8)
+    shape = {"block_size": 4, "prefill_chunk_tokens": 16, **knobs}
+    cached = LLM(str(checkpoint), prefix_min_tokens=8, **shape)
+    cold = None if hf_model is not None else LLM(str(checkpoint), prefix_cache=False, **shape)
     counters = cached.engine.counters.prefix_cache
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
     def run(prompt: list[int]) -> list[int]:
         got = list(cached.generate([prompt], greedy)[0].outputs[0].token_ids)
-        assert got == hf_greedy(hf_model, prompt, 8)
+        if cold is not None:
+            assert got == list(cold.generate([prompt], greedy)[0].outputs[0].token_ids)
+        else:
+            assert got == hf_greedy(hf_model, prompt, 8)
         return got
 
     shared = list(range(500, 530))

@@ -16,12 +16,14 @@ import torch
 from dgpp.engine import LLM
 from dgpp.engine.backends import sparse_mla, torch_mla
 from dgpp.engine.backends.cache_spec import IndexerKeySpec, MLALatentSpec
+from dgpp.engine.backends.state_cache import StateSlotLayer
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.scheduling.request import PromptIds
 from dgpp.kernels import mla_attention_torch
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.family_cases import DEEPSEEK_V4, DSA, GPT_OSS, KIMI, MIMO, MOE_DEEPSEEK
 from tests.engine.family_parity import forced_logprobs
+from tests.engine.parity import check_snapshot_hits
 
 # Against the model-dtype cache, over every position (float32, random tiny models: a MoE's
 # routing flips under any perturbation, so the worst position says little): the mean over
@@ -42,6 +44,14 @@ FAMILIES = {
     "qwen4-exp": ("Qwen4ExpForCausalLM", {}),  # QSA: a block indexer's keys over paged K/V
     "deepseek-v4": ("DeepseekV4ForCausalLM", DEEPSEEK_V4),  # compressed keys (+ an indexer's)
 }
+
+
+WINDOWED = ("mimo-v2-flash", "deepseek-v4")  # a sliding window's keys in a state slot
+
+
+def _window_layers(llm: LLM) -> list[StateSlotLayer]:
+    layers = llm.engine.runner.model.modules()
+    return [m for m in layers if isinstance(m, StateSlotLayer) and hasattr(m.spec, "kv_dtype")]
 
 
 def _engine(checkpoint: Path, kv: str, **knobs: object) -> LLM:
@@ -65,6 +75,8 @@ def test_each_quantized_dtype_stays_near_the_model_dtype_cache(
         llm = _engine(checkpoint, kv)
         pools = [pool for pool in llm.engine.runner.kv_caches if pool.dtype == torch.uint8]
         assert pools, f"{kv}: no quantized pool"
+        windows = {layer.spec.kv_dtype for layer in _window_layers(llm)}  # MiMo's, V4's
+        assert windows == ({kv} if family in WINDOWED else set()), windows
         got = forced_logprobs(llm, prompt, forced, chunk=24)
         per_position = (got - want).abs().amax(dim=-1)  # the worst token at each position
         error = float(per_position.mean())
@@ -115,3 +127,18 @@ def test_a_dtype_a_cache_cannot_take_is_refused_with_what_works(
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"kv_cache_dtype=int4: .*even.*auto, int8, fp8_e4m3"):
         _engine(checkpoint, "int4")
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_prefix_hits_restore_quantized_windows(
+    family: str, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Snapshots hold a window's quantized rows as they are: at int8, prefix hits where prompts
+    branch and on a conversation's next turn give a cold int8 engine's tokens (V4's rates
+    within the 4-token blocks the hits are counted in)."""
+    architecture, overrides = FAMILIES[family]
+    if family == "deepseek-v4":
+        rates = {"compressed_sparse_attention": 2, "heavily_compressed_attention": 4}
+        overrides = {**overrides, "compress_rates": rates}
+    checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
+    check_snapshot_hits(checkpoint, None, kv_cache_dtype="int8", dtype="float32")

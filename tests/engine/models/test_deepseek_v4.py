@@ -175,15 +175,20 @@ def test_cache_and_state_specs_by_layer_kind(checkpoint: Path) -> None:
         ]
         sparse = (CarrySpec(2, 64, 32), CarrySpec(2, 32, 16))
         assert DeepseekV4ForCausalLM.state_specs(config, parallel) == [
-            V4StateSpec(32, 5),
-            V4StateSpec(32, 5, sparse),
-            V4StateSpec(32, 5, (CarrySpec(4, 32),)),
-            V4StateSpec(32, 5, sparse),
+            V4StateSpec(32, 5, (), 16),
+            V4StateSpec(32, 5, sparse, 16),
+            V4StateSpec(32, 5, (CarrySpec(4, 32),), 16),
+            V4StateSpec(32, 5, sparse, 16),
         ]
     assert CompressedKeySpec(512, 4).bytes_per_token(torch.bfloat16) == 256
     assert CompressedKeySpec(512, 128).bytes_per_token(torch.bfloat16) == 8
     fp8 = CompressedKeySpec(512, 4, 64, kv_dtype="fp8_e4m3")  # 448 codes, 64 rope dims kept
     assert fp8.bytes_per_token(torch.bfloat16) == (464 + 128) // 4
+    # The window's keys in a state slot: 448 codes in 14 Q8_0 blocks (476 bytes, 480 aligned),
+    # the 64 rope dims kept at the state's float32 (256 bytes); 2048 bytes a key at auto.
+    window = V4StateSpec(512, 127, (), 64, "int8")
+    assert window.window_numel * 4 == 127 * (480 + 256)
+    assert V4StateSpec(512, 127, (), 64).window_numel * 4 == 127 * 2048
     index = CompressedKeySpec(128, 4, index=True, kv_dtype="int4")  # indexer keys: 8-bit
     assert index.row_format == CompressedKeySpec(128, 4, index=True, kv_dtype="int8").row_format
 
