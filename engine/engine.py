@@ -27,6 +27,7 @@ from dgpp.engine.sampling.sampler import Sampler
 from dgpp.engine.sampling.sampling_defaults import load_sampling_defaults
 from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.scheduling.output_processor import OutputProcessor
+from dgpp.engine.scheduling.priority import queues_by_priority
 from dgpp.engine.scheduling.request import FinishReason, PromptIds, Request, RequestOutput
 from dgpp.engine.scheduling.scheduler import Scheduler, StepPlan
 from dgpp.engine.scheduling.stats import EngineCounters, EngineStats
@@ -116,6 +117,7 @@ class LLMEngine:
             self.counters,
             proposer,
             _step_policy(config, self.runner),
+            config.priority_aging_s,
         )
         if self.drafter is not None:  # a batch-aware depth prices draft tokens by step times
             self.drafter.times = self.scheduler.times
@@ -145,6 +147,7 @@ class LLMEngine:
         for the requests already in flight. Call it from the thread that steps."""
         self.config = config
         self.scheduler.policy = _step_policy(config, self.runner)
+        self.scheduler.aging_s = config.priority_aging_s
 
     def heartbeat(self) -> None:
         """Tell idle workers rank 0 is alive (their wait for the next command has a deadline)."""
@@ -347,6 +350,7 @@ class LLMEngine:
             kernels=dict(self.runner.selfcheck.states),
             kernel_checks=[result.to_json() for result in self.runner.selfcheck.results],
             allreduce=list(self.runner.selfcheck.allreduce),
+            queues_by_priority=queues_by_priority(scheduler.running, scheduler.waiting),
         )
 
     def _spec_depth(self) -> int:

@@ -178,7 +178,7 @@ def test_the_console_shows_every_labelled_knob() -> None:
 
 
 def test_the_schema_sections_hold_only_knobs() -> None:
-    hand_written = {"api_key_file", "admin_key_file", "allow_unauthenticated"}  # http: keys
+    hand_written = {"api_key_file", "admin_key_file", "allow_unauthenticated", "api_keys"}
     for section in ("engine", "speculative", "resident_cache", "timeouts", "http"):
         model = Deployment.model_fields[section].annotation
         declared = {key_of(each) for each in ALL if (each.deployment or "").startswith(section)}

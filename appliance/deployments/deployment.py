@@ -23,7 +23,9 @@ from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.knobs import knobs_of
 from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
 from dgpp.engine.errors import ConfigError
+from dgpp.engine.sampling.sampling_params import PRIORITY_RANGE
 from dgpp.engine.server.core.config import ServerConfig, is_pattern
+from dgpp.engine.server.core.priority import KeyPolicy
 
 _Section = Section
 
@@ -48,18 +50,42 @@ TimeoutsSection = section_model(
 )
 
 
+class ApiKeyEntry(_Section):
+    """An API key beside `api_key_file`, for one kind of client (a CI agent's, a batch job's):
+    its requests' default `priority` (lower runs first) and `priority_limit`, the most urgent
+    priority they may ask for (a request asking for more runs at the limit, logged)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    key_file: str = Field(min_length=1)
+    priority: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    priority_limit: int | None = Field(None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+
+    @model_validator(mode="after")
+    def _default_within_limit(self) -> ApiKeyEntry:
+        if self.priority_limit is not None and self.priority < self.priority_limit:
+            raise ValueError(
+                f"api key {self.name!r}: priority {self.priority} is more urgent than its own "
+                f"priority_limit {self.priority_limit} (lower runs first)"
+            )
+        return self
+
+
 class _HttpSettings(_Section):
     """The `http:` section's settings that are no `ServerConfig` knob: where the keys are."""
 
     api_key_file: str | None = None  # the key stays out of the deployment (and of bundles)
     admin_key_file: str | None = None  # /admin/*; without one they answer on loopback only
+    api_keys: list[ApiKeyEntry] = Field(default_factory=list)  # more keys, each its priority
     # A host other machines can reach needs api_key_file, unless this says serving them
     # without a key is meant (logged as a warning, shown on the console).
     allow_unauthenticated: bool = False
 
     @model_validator(mode="after")
     def _reachable_needs_a_key(self, info: ValidationInfo) -> _HttpSettings:
-        key_given = bool(info.context and info.context.get("api_key_given"))
+        key_given = bool(info.context and info.context.get("api_key_given")) or bool(self.api_keys)
+        names = [entry.name for entry in self.api_keys]
+        if len(set(names)) < len(names):
+            raise ValueError(f"api_keys: each key needs its own name, got {names}")
         host = getattr(self, "host", "127.0.0.1")
         if is_loopback(host) or self.api_key_file or key_given or self.allow_unauthenticated:
             return self
@@ -172,7 +198,16 @@ def server_config(deployment: Deployment, api_key: str | None = None) -> ServerC
     if http.admin_key_file:
         admin_key = read_key_file(http.admin_key_file, "http.admin_key_file")
     knobs = knob_values(deployment, ServerConfig) | {"served_model_names": names}
-    return ServerConfig(api_key=api_key, admin_key=admin_key, **knobs)
+    policies = tuple(
+        KeyPolicy(
+            entry.name,
+            read_key_file(entry.key_file, f"http.api_keys[{entry.name}].key_file"),
+            entry.priority,
+            entry.priority_limit,
+        )
+        for entry in http.api_keys
+    )
+    return ServerConfig(api_key=api_key, admin_key=admin_key, api_keys=policies, **knobs)
 
 
 def default_served_name(model: str) -> str:

@@ -124,6 +124,18 @@ class EngineConfig(DeviceKnobs):
         le=1.0,
         live=True,
     )
+    priority_aging_s: float = knob(
+        10.0,
+        "a request kept from progressing this long ranks one priority level better, so lower "
+        "priorities still advance (a request d levels down waits at most about d times this); "
+        "0: priorities never age",
+        label="Priority aging",
+        group="scheduling",
+        advanced=True,
+        unit="s",
+        ge=0.0,
+        live=True,
+    )
     step_target_ms: float = knob(
         0.0,
         "while streams decode, steps with prompt work stay near this time (0: from the "

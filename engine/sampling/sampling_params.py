@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from dgpp.engine.errors import InvalidRequestError
 
 MAX_TOP_LOGPROBS = 20
+PRIORITY_RANGE = (-1000, 1000)  # a request's priority: lower runs first (vLLM's order)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class SamplingParams:
     # `reasoning_end` closes): dgpp.engine.sampling.reasoning_budget.
     reasoning_budget: int | None = None
     reasoning_end: tuple[int, ...] = ()
+    # Scheduling order: lower runs first (admission, the prefill budget, who is preempted last);
+    # dgpp.engine.scheduling.priority.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         # Accept the list / str forms callers naturally write, store immutable tuples.
@@ -122,6 +126,15 @@ class SamplingParams:
             fail(
                 "reasoning_budget",
                 "reasoning_budget must be a non-negative integer, with the reasoning_end ids",
+            )
+        low, high = PRIORITY_RANGE
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not low <= self.priority <= high
+        ):
+            fail(
+                "priority", f"priority must be an integer in [{low}, {high}], got {self.priority!r}"
             )
         for token_id, bias in (self.logit_bias or {}).items():
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:

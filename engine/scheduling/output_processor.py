@@ -18,7 +18,7 @@ from dgpp.engine.scheduling.request import (
     RequestTimings,
 )
 from dgpp.engine.scheduling.scheduler import Scheduler, StepPlan
-from dgpp.engine.scheduling.stats import EngineCounters
+from dgpp.engine.scheduling.stats import EngineCounters, priority_class
 from dgpp.engine.scheduling.step_sampling import SampledRow, sample_step
 
 
@@ -82,6 +82,11 @@ class OutputProcessor:
         request.finish_reason = reason
         request.stop_reason = stop_reason
         self.scheduler.finish(request)
+        gaps = request.num_output_tokens - 1
+        if request.first_token_time is not None and gaps > 0:
+            latency = priority_class(self.counters.priority_classes, request.params.priority)
+            latency.itl_sum_s += (request.finished_time - request.first_token_time) / gaps
+            latency.itl_count += 1
 
     def output(self, request: Request, num_new_tokens: int) -> RequestOutput:
         """The request as its caller sees it now: the text produced since the last output, and
@@ -117,6 +122,7 @@ class OutputProcessor:
             ),
             prompt_class=request.prompt_class,
             prompt_logprobs=_prompt_logprobs(request),
+            priority=request.params.priority,
         )
 
     def _take(self, row: SampledRow) -> int:
@@ -170,11 +176,12 @@ class OutputProcessor:
         else:
             cache.ttft_miss_sum_s += ttft
             cache.ttft_miss_count += 1
-        latency = self.counters.prompt_classes.get(request.prompt_class or "")
-        if latency is not None and request.first_scheduled_time is not None:
-            latency.queue_sum_s += request.first_scheduled_time - request.arrival_time
-            latency.ttft_sum_s += ttft
-            latency.count += 1
+        by_priority = priority_class(self.counters.priority_classes, request.params.priority)
+        for latency in (self.counters.prompt_classes.get(request.prompt_class or ""), by_priority):
+            if latency is not None and request.first_scheduled_time is not None:
+                latency.queue_sum_s += request.first_scheduled_time - request.arrival_time
+                latency.ttft_sum_s += ttft
+                latency.count += 1
 
 
 def _prompt_logprobs(request: Request) -> tuple[TokenLogprobs | None, ...] | None:

@@ -99,6 +99,10 @@ class Request:
     num_disk_tokens: int = 0  # of those, tokens the host tier had fetched from the disk tier
     disk_pending: int = 0  # fetches from the disk tier it waits for (out of the step till 0)
     prompt_class: str | None = None  # "short" or "long", by the prefill it needed (admission)
+    # Scheduling order (`dgpp.engine.scheduling.priority`): the priority less what it aged,
+    # set by the scheduler each step; when it last got tokens to compute (or was queued).
+    rank: int = 0
+    progressed_at: float | None = None
     images: tuple[PromptImage, ...] = ()  # the prompt's images, in order (vision-language)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
@@ -121,6 +125,9 @@ class Request:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        self.rank = self.params.priority
+        if self.progressed_at is None:
+            self.progressed_at = self.arrival_time
 
     def take_slice(self, tokens: int, stop: int, total: int) -> bool:
         """A layer slice of a `tokens`-token chunk ran through layer `stop` of `total`: True
@@ -203,3 +210,4 @@ class RequestOutput:
     prompt_class: str | None = None  # "short" / "long": see `Request.prompt_class`
     # With `prompt_logprobs`: each prompt token's (the first's None), once the prompt is read
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    priority: int = 0  # the request's `SamplingParams.priority`

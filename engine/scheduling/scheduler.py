@@ -6,11 +6,14 @@ then shares a prompt-token budget among prompts as `step_policy` says: short pro
 oldest long prompt always advancing, new requests admitted every step. When the pool runs out of
 blocks, the newest running request not yet in the plan is preempted (its blocks freed, to be
 recomputed later), never an older one for a newer one: the oldest request can always progress,
-because admission refused any request that could not fit the pool alone.
+because admission refused any request that could not fit the pool alone. With priorities
+(`priority`) "oldest" reads "best ranked, then oldest": the running rows are kept in rank order,
+and a waiting request that outranks a running one may take its place.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dgpp.engine.cache.block_manager import BlockManager
 from dgpp.engine.cache.host_tier import Copy
+from dgpp.engine.scheduling.priority import rerank
 from dgpp.engine.scheduling.request import Request, RequestStatus
 from dgpp.engine.scheduling.stats import EngineCounters
 from dgpp.engine.scheduling.step_policy import LongCredit, StepPolicy
@@ -116,7 +120,10 @@ class Scheduler:
         counters: EngineCounters | None = None,
         proposer: Proposer | None = None,
         policy: StepPolicy | None = None,
+        aging_s: float = 0.0,
     ) -> None:
+        """`aging_s`: a request that has not progressed for this long ranks one priority level
+        better, and so on (`priority`); 0: priorities never age."""
         self.block_manager = block_manager
         self.policy = policy or StepPolicy(prefill_chunk_tokens=prefill_chunk_tokens)
         self.times = StepTimes()
@@ -130,6 +137,8 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_seq_ids: list[int] = []
         self.last_arrival: float | None = None  # the newest request's arrival (monotonic)
+        self.aging_s = aging_s
+        self._held: set[int] = set()  # ids of the requests displaced this step
 
     @property
     def num_preemptions(self) -> int:
@@ -164,6 +173,11 @@ class Scheduler:
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []
         slices: dict[int, int] = {}  # layers this step of a chunk computed in layer slices
+        now = time.monotonic()
+        rerank([*self.running, *self.waiting], now, self.aging_s)
+        self.running.sort(key=lambda request: request.rank)  # stable: oldest first within a rank
+        displaced = self._displace()
+        self._held = {id(request) for request in displaced}  # back next step at the earliest
         amounts = self._prompt_amounts(slices)
         index = 0
         # Oldest first; preemption takes from the tail, so it never touches a planned request.
@@ -204,6 +218,9 @@ class Scheduler:
             (decodes if request.num_pending_tokens == 1 else prefills).append(chunk)
         prefills.sort(key=lambda chunk: chunk.layers is not None)  # a slice runs last
         chunks = tuple(decodes + prefills)
+        for chunk in chunks:
+            chunk.request.progressed_at = now
+        preempted = displaced + preempted
         finished: tuple[int, ...] = ()
         copies: tuple[Copy, ...] = ()
         # Snapshot slots reserved first: a snapshot dropped for the slot is copied out (to the
@@ -255,7 +272,7 @@ class Scheduler:
         """The waiting requests that may start this step (free concurrency slots), in the
         policy's order; one whose blocks are still coming back from disk waits aside."""
         slots = max(self.max_concurrency - len(self.running), 0)
-        ready = [request for request in self.waiting if not request.disk_pending]
+        ready = [r for r in self.waiting if not r.disk_pending and id(r) not in self._held]
         return self.policy.order([], ready)[:slots]
 
     def _prompt_amounts(self, slices: dict[int, int]) -> dict[int, int]:
@@ -293,7 +310,7 @@ class Scheduler:
         if request.first_scheduled_time is None:
             self._count_admission(request, hit_tokens)
         request.status = RequestStatus.RUNNING
-        self.running.append(request)
+        bisect.insort(self.running, request, key=lambda r: r.rank)  # after its equals: oldest first
         if request.num_pending_tokens == 1:
             layers = None  # a decode row
         return ScheduledChunk(request, request.num_computed_tokens, num_tokens, (), layers)
@@ -326,6 +343,33 @@ class Scheduler:
                 return False
         return True
 
+    def _displace(self) -> list[Request]:
+        """Preempt the worst-ranked running requests for ready waiting ones that outrank them
+        and would not fit otherwise: no free concurrency slot, or fewer free blocks than their
+        first chunk needs beside the running decode rows' (counted without prefix hits: a hit
+        only needs fewer)."""
+        displaced: list[Request] = []
+        ready = sorted(
+            (r for r in self.waiting if not r.disk_pending), key=lambda request: request.rank
+        )
+        slots = blocks = 0  # what the better-ranked waiting requests before this one need
+        manager = self.block_manager
+
+        def fits() -> bool:
+            rows = (r for r in self.running if r.num_pending_tokens == 1)
+            decodes = sum(manager.blocks_needed(r, 1) for r in rows)
+            room = len(self.running) + slots <= self.max_concurrency
+            return room and blocks + decodes <= manager.num_free_blocks
+
+        for request in ready:
+            first = min(request.num_pending_tokens, self.prefill_chunk_tokens)
+            slots, blocks = slots + 1, blocks + manager.blocks_needed(request, first)
+            while self.running and self.running[-1].rank > request.rank and not fits():
+                victim = self.running[-1]
+                self._preempt(victim)
+                displaced.append(victim)
+        return displaced
+
     def _count_admission(self, request: Request, hit_tokens: int) -> None:
         request.first_scheduled_time = time.monotonic()
         request.num_cached_tokens = hit_tokens
@@ -351,5 +395,6 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.drop_slice()  # a chunk in flight is recomputed too
         request.num_preemptions += 1
+        request.progressed_at = time.monotonic()  # it ages from here (`priority`)
         self.counters.num_preemptions += 1
         self.waiting.appendleft(request)

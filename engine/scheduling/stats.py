@@ -79,9 +79,21 @@ class ClassLatency:
     queue_sum_s: float = 0.0
     ttft_sum_s: float = 0.0
     count: int = 0
+    # Finished requests with two tokens or more: the sum of their mean inter-token gaps
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
 
 
 PROMPT_CLASSES = ("short", "long")
+MAX_PRIORITY_CLASSES = 32  # distinct priorities counted apart; the rest count as "other"
+
+
+def priority_class(table: dict[str, ClassLatency], priority: int) -> ClassLatency:
+    """The latency record of `priority` in `table` (made on first use)."""
+    label = str(priority)
+    if label not in table and len(table) >= MAX_PRIORITY_CLASSES:
+        label = "other"
+    return table.setdefault(label, ClassLatency())
 
 
 def _class_latencies() -> dict[str, ClassLatency]:
@@ -104,6 +116,8 @@ class EngineCounters:
     vision: VisionCounters = field(default_factory=VisionCounters)
     # By prompt class ("short" / "long", `Request.prompt_class`): the scheduler's own rule.
     prompt_classes: dict[str, ClassLatency] = field(default_factory=_class_latencies)
+    # By request priority (`SamplingParams.priority`, as a string), made on first use.
+    priority_classes: dict[str, ClassLatency] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,8 @@ class EngineStats:
     kernels: dict[str, str] = field(default_factory=dict)
     kernel_checks: list[dict[str, object]] = field(default_factory=list)
     allreduce: list[dict[str, float]] = field(default_factory=list)  # at warm-up, worlds > 1
+    # Requests in the queues now by priority: {"0": {"waiting": 1, "running": 3}}
+    queues_by_priority: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:

@@ -1,7 +1,8 @@
 """How one step's prompt-token budget is shared: the interactive policy.
 
 Every running stream gets its decode row first (scheduler). The prompt budget
-(`prefill_chunk_tokens`) then goes to prompts in this order:
+(`prefill_chunk_tokens`) then goes to prompts by rank (`priority`: all alike unless requests
+carry priorities), and within a rank in this order:
 
 1. short prompts (at most `short_prompt_tokens` left to compute), running ones before waiting
    ones, each in arrival order: a one-line request arriving during a long prefill is computed
@@ -244,12 +245,13 @@ class StepPolicy:
         return request.num_pending_tokens <= self.short_prompt_tokens
 
     def order(self, running: list[Request], waiting: list[Request]) -> list[Request]:
-        """Prompts in the order they get the budget (see the module docstring)."""
+        """Prompts in the order they get the budget (see the module docstring), by rank first
+        (`dgpp.engine.scheduling.priority`: all equal unless requests carry priorities)."""
         shorts = [r for r in running if self.is_short(r)] + [r for r in waiting if self.is_short(r)]
         longs = [r for r in running if not self.is_short(r)] + [
             r for r in waiting if not self.is_short(r)
         ]
-        return shorts + longs
+        return sorted(shorts + longs, key=lambda request: request.rank)
 
     def share(self, budget: int, running: list[Request], waiting: list[Request]) -> dict[int, int]:
         """Prompt tokens per request id: shorts first, then longs, the oldest long keeping

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -14,6 +13,7 @@ from dgpp.engine.scheduling.stats import EngineStats
 from dgpp.engine.server.core.body_limit import BodyLimitMiddleware
 from dgpp.engine.server.core.config import ServerConfig, concrete_names
 from dgpp.engine.server.core.errors import APIError, install_error_handlers, respond
+from dgpp.engine.server.core.priority import key_matches, presented_key
 from dgpp.engine.server.metrics.prometheus import build_registry
 from dgpp.engine.server.metrics.service import ServiceMetrics
 from dgpp.engine.server.metrics.stats_log import periodic_stats_log
@@ -96,17 +96,6 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     return app
 
 
-def _presented_key(request: Request) -> str:
-    bearer = request.headers.get("authorization", "")
-    if bearer.lower().startswith("bearer "):
-        return bearer[7:].strip()
-    return request.headers.get("x-api-key") or ""
-
-
-def _matches(presented: str, key: str) -> bool:
-    return hmac.compare_digest(presented.encode(), key.encode())
-
-
 def _refusal(config: ServerConfig, request: Request) -> APIError | None:
     """Why this request may not pass, or None. `/admin/*` takes the admin key only (the API
     key does not drain a server); without an admin key those routes answer loopback clients
@@ -124,7 +113,7 @@ def _refusal(config: ServerConfig, request: Request) -> APIError | None:
                 type_="permission_error",
                 code="admin_forbidden",
             )
-        if _matches(_presented_key(request), config.admin_key):
+        if key_matches(presented_key(request), config.admin_key):
             return None
         return APIError(
             401,
@@ -132,11 +121,15 @@ def _refusal(config: ServerConfig, request: Request) -> APIError | None:
             type_="authentication_error",
             code="invalid_api_key",
         )
-    if config.api_key is None:
+    keys = [policy.key for policy in config.api_keys]
+    if config.api_key is not None:
+        keys.append(config.api_key)
+    if not keys:
         return None
     if path in OPEN_PATHS and not (path == "/metrics" and config.metrics_require_key):
         return None
-    if _matches(_presented_key(request), config.api_key):
+    presented = presented_key(request)
+    if any([key_matches(presented, key) for key in keys]):  # each compared: no timing hint
         return None
     return APIError(
         401, "invalid or missing API key", type_="authentication_error", code="invalid_api_key"

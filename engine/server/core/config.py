@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from dgpp.engine.configuration.knobs import check_knobs, knob
+from dgpp.engine.server.core.priority import KeyPolicy
 
 ToolCallParser = Literal[
     "auto",
@@ -30,6 +31,8 @@ class ServerConfig:
     port: int = knob(18080, "HTTP port", ge=1, le=65535)
     api_key: str | None = None  # every route but OPEN_PATHS needs it
     admin_key: str | None = None  # /admin/* need it; without one they answer on loopback only
+    # Further API keys, each with its requests' default priority and limit (`core.priority`)
+    api_keys: tuple[KeyPolicy, ...] = ()
     metrics_require_key: bool = knob(False, "/metrics needs the API key too (it is open otherwise)")
     served_model_names: tuple[str, ...] = knob(
         (),

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from dgpp.engine.scheduling.stats import EngineStats, PrefixCacheCounters
+from dgpp.engine.server.metrics import priority_families
 from dgpp.engine.server.metrics.histogram import Histogram
 from dgpp.engine.server.metrics.process_memory import MemoryReading, read_memory
 from dgpp.engine.server.metrics.service import ServiceMetrics
@@ -57,8 +58,10 @@ class DgppCollector(Collector):
             stats = None
         if stats is not None:
             yield from _engine_families(model, stats)
+            yield priority_families.queue_family(model, stats)
         yield from _service_families(model, self.metrics)
         yield from _latency_families(model, self.metrics)
+        yield from priority_families.latency_families(model, self.metrics.latencies())
         yield from _memory_families(model, self.memory())
 
 

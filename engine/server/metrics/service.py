@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.types import Scope
 
 from dgpp.engine.scheduling.request import RequestOutput
-from dgpp.engine.scheduling.stats import PROMPT_CLASSES
+from dgpp.engine.scheduling.stats import MAX_PRIORITY_CLASSES, PROMPT_CLASSES
 from dgpp.engine.server.metrics.histogram import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
@@ -73,6 +73,10 @@ class Latencies:
     # By prompt class ("short" / "long", the scheduler's rule on the prefill a request needed).
     ttft_by_class: dict[str, Histogram]
     queue_by_class: dict[str, Histogram]
+    # By request priority: {"ttft" | "queue" | "itl": {priority label: histogram}}
+    by_priority: dict[str, dict[str, Histogram]] = field(
+        default_factory=lambda: {"ttft": {}, "queue": {}, "itl": {}}
+    )
 
     def copy(self) -> Latencies:
         return Latencies(
@@ -83,7 +87,20 @@ class Latencies:
             self.queue.copy(),
             {name: h.copy() for name, h in self.ttft_by_class.items()},
             {name: h.copy() for name, h in self.queue_by_class.items()},
+            {
+                kind: {label: h.copy() for label, h in table.items()}
+                for kind, table in self.by_priority.items()
+            },
         )
+
+    def priority(self, kind: str, priority: int) -> Histogram:
+        """The `kind` histogram of a priority (made on first use; "other" past the bound)."""
+        table, label = self.by_priority[kind], str(priority)
+        if label not in table and len(table) >= MAX_PRIORITY_CLASSES:
+            label = "other"
+        if label not in table:
+            table[label] = Histogram(ITL_BUCKETS_S if kind == "itl" else TTFT_BUCKETS_S)
+        return table[label]
 
 
 class ServiceMetrics:
@@ -132,11 +149,13 @@ class ServiceMetrics:
             if timings.first_scheduled is not None:
                 queue = max(0.0, timings.first_scheduled - timings.arrival)
                 lat.queue.observe(queue)
+                lat.priority("queue", output.priority).observe(queue)
                 if prompt_class in lat.queue_by_class:
                     lat.queue_by_class[prompt_class].observe(queue)
             if timings.first_token is not None:
                 ttft = max(0.0, timings.first_token - timings.arrival)
                 (lat.ttft_hit if output.num_cached_tokens > 0 else lat.ttft_miss).observe(ttft)
+                lat.priority("ttft", output.priority).observe(ttft)
                 if prompt_class in lat.ttft_by_class:
                     lat.ttft_by_class[prompt_class].observe(ttft)
             if timings.finished is not None:
@@ -145,6 +164,8 @@ class ServiceMetrics:
                     # The mean gap, once per gap: the count is the number of inter-token gaps.
                     decode = max(0.0, timings.finished - timings.first_token)
                     lat.inter_token.observe(decode / (num_tokens - 1), num_tokens - 1)
+                    gap = decode / (num_tokens - 1)
+                    lat.priority("itl", output.priority).observe(gap, num_tokens - 1)
 
 
 class RequestTracker:

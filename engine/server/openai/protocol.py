@@ -19,6 +19,7 @@ from pydantic import (
     StrictStr,
 )
 
+from dgpp.engine.sampling.sampling_params import PRIORITY_RANGE
 from dgpp.engine.server.openai.tolerant import TolerantModel
 from dgpp.engine.server.openai.tool_schema import schema_problem
 
@@ -86,6 +87,8 @@ class SamplingFields(TolerantModel):
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     prefix_cache: StrictBool = True
+    # Scheduling order, lower first (vLLM's field; `server.core.priority`)
+    priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
 
 
 class ContentPart(BaseModel):

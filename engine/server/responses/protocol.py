@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
+from dgpp.engine.sampling.sampling_params import PRIORITY_RANGE
 from dgpp.engine.server.openai.protocol import ImageOptions
 from dgpp.engine.server.openai.tolerant import TolerantModel
 
@@ -47,3 +48,4 @@ class ResponsesRequest(ImageOptions):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: StrictInt | None = None
     prefix_cache: StrictBool = True
+    priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])

@@ -16,6 +16,7 @@ from dgpp.engine.server.anthropic.convert import to_chat_messages, to_openai_too
 from dgpp.engine.server.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
 from dgpp.engine.server.core.errors import anthropic_body, from_dgpp_error
+from dgpp.engine.server.core.priority import request_priority
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.pipeline.api_sampling import ApiSampling, resolve_max_tokens
 from dgpp.engine.server.pipeline.chat_prompt import render_chat
@@ -127,6 +128,7 @@ async def messages(
             state, prompt, tools, forced, image_coordinates=request.image_coordinates
         ),
         budget=lambda parser: _reasoning_budget(state, request, parser, grammar),
+        priority=request_priority(state.config.api_keys, client),
     )
     if request.stream:
         return stream_response(state, tracker, job, _MessageStream(tracker, job, model))

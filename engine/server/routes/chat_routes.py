@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
+from dgpp.engine.server.core.priority import request_priority
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.openai import bodies as openai_bodies
 from dgpp.engine.server.openai.protocol import ChatCompletionRequest
@@ -86,6 +87,7 @@ async def chat_completions(
         logprobs=chat_logprobs(request),
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
+        priority=request_priority(state.config.api_keys, client, request.priority),
         parser=lambda: ResponseParser(
             state,
             prompt,

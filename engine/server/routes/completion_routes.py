@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.scheduling.request import RequestOutput
+from dgpp.engine.server.core.priority import request_priority
 from dgpp.engine.server.openai import bodies as openai_bodies
 from dgpp.engine.server.openai import prompt_scores
 from dgpp.engine.server.openai.protocol import CompletionRequest
@@ -69,6 +70,7 @@ async def completions(
     created = int(time.time())
     base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
     sampling = ApiSampling.of(request)
+    priority = request_priority(state.config.api_keys, client, request.priority)
     jobs = [
         prepare(
             state,
@@ -80,6 +82,7 @@ async def completions(
             logprobs=request.logprobs,
             use_prefix_cache=request.prefix_cache,
             prompt_logprobs=scored,
+            priority=priority,
         )
         for number, prompt in enumerate(prompts)
     ]

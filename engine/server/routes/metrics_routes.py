@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from dgpp.engine.scheduling.stats import EngineStats
+from dgpp.engine.scheduling.stats import ClassLatency, EngineStats
 from dgpp.engine.server.metrics import prometheus
 from dgpp.engine.server.metrics.process_memory import MemoryReading, read_memory
 from dgpp.engine.server.metrics.service import ServiceCounters, ServiceMetrics
@@ -53,6 +53,25 @@ def _snapshots(stats: EngineStats) -> dict[str, Any] | None:
             for depth, count in sorted(snap.hits_by_depth.items())
         },
     }
+
+
+def _priorities(stats: EngineStats) -> dict[str, Any]:
+    queues, classes = stats.queues_by_priority, stats.counters.priority_classes
+    body = {}
+    for label in sorted({*queues, *classes}, key=lambda name: (name == "other", _number(name))):
+        latency = classes.get(label) or ClassLatency()
+        body[label] = {
+            **queues.get(label, {"waiting": 0, "running": 0}),
+            "requests": latency.count,
+            "queue_avg_s": _average(latency.queue_sum_s, latency.count),
+            "ttft_avg_s": _average(latency.ttft_sum_s, latency.count),
+            "itl_avg_s": _average(latency.itl_sum_s, latency.itl_count),
+        }
+    return body
+
+
+def _number(label: str) -> int:
+    return int(label) if label.lstrip("-").isdigit() else 0
 
 
 def metrics_body(
@@ -126,6 +145,9 @@ def metrics_body(
             }
             for name, latency in counters.prompt_classes.items()
         },
+        # By request priority (lower runs first): the queues now, and what finished requests
+        # waited (arrival to first scheduled), their first token and their inter-token gap.
+        "priorities": _priorities(stats),
         "vision": {
             "requests": counters.vision.requests,
             "images": counters.vision.images,

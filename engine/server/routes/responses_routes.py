@@ -12,6 +12,7 @@ from dgpp.engine.errors import DgppError, InvalidRequestError
 from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
 from dgpp.engine.server.core.errors import from_dgpp_error
+from dgpp.engine.server.core.priority import request_priority
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.openai.protocol import ChatMessage
 from dgpp.engine.server.pipeline.api_sampling import ApiSampling, resolve_max_tokens
@@ -135,6 +136,7 @@ async def create_response(
         max_tokens,
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
+        priority=request_priority(state.config.api_keys, client, request.priority),
         parser=lambda: ResponseParser(
             state, prompt, tools, forced, image_coordinates=request.image_coordinates
         ),

@@ -1,0 +1,111 @@
+"""Request priority over real HTTP (`server.core.priority`), on the default model: the body's
+`priority` on Chat Completions, Completions and Responses, the `x-dgpp-priority` header on
+Anthropic's /v1/messages, a key's default and its limit (clamped and logged, not refused), every
+one seen by the engine (its per-priority counts in /v1/metrics and /metrics); bad values get a
+400 naming the field, an unknown key a 401."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dgpp.engine.server.core.priority import KeyPolicy
+from tests.engine.server.conftest import DEFAULT_ENGINE, MODEL
+from tests.engine.server.harness import RunningServer, error_of, running_server
+
+MAIN, CI = "main-key", "ci-key"
+KEYS = (KeyPolicy("ci", CI, priority=10, priority_limit=5),)
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+TEXT = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+RESPONSE = {"model": MODEL, "input": "Hi", "max_output_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server(default_checkpoint: Path) -> Iterator[RunningServer]:
+    options = {"api_key": MAIN, "api_keys": KEYS}
+    with running_server(default_checkpoint, (MODEL,), DEFAULT_ENGINE, options) as running:
+        yield running
+
+
+def _client(server: RunningServer, key: str) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.Client(base_url=server.url, timeout=60.0, headers=headers)
+
+
+def _requests_by_priority(server: RunningServer) -> dict[str, int]:
+    with _client(server, MAIN) as http:
+        body = http.get("/v1/metrics").json()["priorities"]
+    return {label: entry["requests"] for label, entry in body.items()}
+
+
+def test_each_api_and_key_sets_the_priority_the_engine_runs(
+    server: RunningServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = _requests_by_priority(server)
+    sent: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
+        (MAIN, "/v1/chat/completions", {**CHAT, "priority": 3}, {}),
+        (MAIN, "/v1/completions", TEXT, {"x-dgpp-priority": "4"}),
+        (MAIN, "/v1/responses", {**RESPONSE, "priority": 2}, {}),
+        (MAIN, "/v1/messages", {**CHAT, "max_tokens": 2}, {"x-dgpp-priority": "-1"}),
+        (CI, "/v1/chat/completions", CHAT, {}),  # the key's default
+        (CI, "/v1/messages", CHAT, {"x-dgpp-priority": "0"}),  # above its limit: clamped to 5
+        (MAIN, "/v1/chat/completions", CHAT, {}),  # 0
+    ]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="dgpp.engine.server.core.priority"):
+        for key, path, body, headers in sent:
+            with _client(server, key) as http:
+                response = http.post(path, json=body, headers=headers)
+                assert response.status_code == 200, (path, response.text)
+    got = _requests_by_priority(server)
+    delta = {label: got[label] - before.get(label, 0) for label in got}
+    assert {label: n for label, n in delta.items() if n} == {
+        "3": 1, "4": 1, "2": 1, "-1": 1, "10": 1, "5": 1, "0": 1,
+    }  # fmt: skip
+    assert "key ci asked for priority 0, above its limit: runs at 5" in caplog.text
+    assert CI not in caplog.text  # the key's name, never the key
+    with _client(server, MAIN) as http:
+        text = http.get("/metrics").text
+    assert (
+        'dgpp:time_to_first_token_by_priority_seconds_count{model_name="smollm",priority="10"}'
+        in text
+    )
+    assert "dgpp:num_requests_by_priority" in text or "priority=" in text
+    with _client(server, "not-a-key") as http:
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "param"),
+    [
+        ("/v1/chat/completions", {**CHAT, "priority": "high"}, {}, "priority"),
+        ("/v1/chat/completions", {**CHAT, "priority": 1.5}, {}, "priority"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "priority": 5000}, {}, "priority"),
+        ("/v1/responses", {"model": MODEL, "input": "x", "priority": True}, {}, "priority"),
+        ("/v1/chat/completions", CHAT, {"x-dgpp-priority": "soon"}, "x-dgpp-priority"),
+        ("/v1/chat/completions", CHAT, {"x-dgpp-priority": "-1001"}, "x-dgpp-priority"),
+    ],
+)
+def test_a_bad_priority_is_a_400_naming_the_field(
+    server: RunningServer, path: str, body: dict[str, Any], headers: dict[str, str], param: str
+) -> None:
+    with _client(server, MAIN) as http:
+        response = http.post(path, json=body, headers=headers)
+    assert response.status_code == 400, response.text
+    error = error_of(response)
+    assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+    assert param in error["message"]
+    server.wait_idle()
+
+
+def test_anthropic_gets_its_own_error_shape_for_a_bad_header(server: RunningServer) -> None:
+    with _client(server, MAIN) as http:
+        response = http.post("/v1/messages", json=CHAT, headers={"x-dgpp-priority": "1.5"})
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "x-dgpp-priority" in body["error"]["message"]
