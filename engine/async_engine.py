@@ -53,6 +53,12 @@ class _Abort:
 
 
 @dataclass(frozen=True)
+class _Release:
+    session: str
+    done: threading.Event
+
+
+@dataclass(frozen=True)
 class _Retune:
     config: EngineConfig
     done: threading.Event
@@ -107,7 +113,9 @@ class AsyncEngine:
         self.heartbeat_s = heartbeat_s
         self.step_started: float | None = None  # monotonic start of the step in progress
         self._failed = threading.Event()
-        self._commands: queue.SimpleQueue[_Add | _Abort | _Retune | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Release | _Retune | None] = (
+            queue.SimpleQueue()
+        )
         self._streams: dict[str, _Stream] = {}
         self._wakeup = threading.Event()
         self._thread: threading.Thread | None = None
@@ -212,6 +220,15 @@ class AsyncEngine:
         self._commands.put(_Abort(request_id))
         self._wakeup.set()
 
+    def release_session(self, session: str, timeout: float = 10.0) -> bool:
+        """End an agent session (`dgpp.engine.cache.sessions`): its cached blocks become
+        anonymous, given up first. Blocks until the engine thread has done it (a step in
+        progress finishes first), up to `timeout` seconds; False if it had not by then."""
+        done = threading.Event()
+        self._commands.put(_Release(session, done))
+        self._wakeup.set()
+        return done.wait(timeout)
+
     def retune(self, config: EngineConfig, timeout: float) -> bool:
         """Hand the engine thread `config` (only live knobs changed: `LLMEngine.retune`); True
         once it runs with it, before its next step. Blocks up to `timeout` seconds (a step in
@@ -267,6 +284,12 @@ class AsyncEngine:
             if isinstance(command, _Abort):
                 if command.request_id in self._streams:
                     self.engine.abort(command.request_id)
+                continue
+            if isinstance(command, _Release):
+                sessions = self.engine.block_manager.sessions
+                sessions.release(command.session)
+                sessions.apply_releases()
+                command.done.set()
                 continue
             if isinstance(command, _Retune):
                 self.engine.retune(command.config)

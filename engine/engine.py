@@ -12,6 +12,7 @@ import torch
 
 from dgpp.engine.cache.block_manager import BlockManager
 from dgpp.engine.cache.prefix_cache import HashPrefixCache, NullPrefixCache, stable_salt
+from dgpp.engine.cache.sessions import SessionTable
 from dgpp.engine.cache.state_snapshots import StateBook, snapshot_points
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.parallel import ParallelContext
@@ -99,8 +100,9 @@ class LLMEngine:
         salt = stable_salt(str(self.checkpoint.resolve()), config.resolved_dtype)
         host, disk, state_tiers = rank0_tiers(self.runner, config)
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, cache, salt, states, host, disk, state_tiers
-        )
+            config.num_kv_blocks, config.block_size, cache, salt, states, host, disk, state_tiers,
+            SessionTable(config.session_ttl_s),
+        )  # fmt: skip
         proposer: Proposer | None = None
         self.drafter: MtpDrafter | None = None
         # Hybrid models verify with the state after each draft position kept in draft slots.
@@ -116,7 +118,7 @@ class LLMEngine:
             config.prefill_chunk_tokens,
             self.counters,
             proposer,
-            _step_policy(config, self.runner),
+            StepPolicy.of(config, self.runner.model),
             config.priority_aging_s,
         )
         if self.drafter is not None:  # a batch-aware depth prices draft tokens by step times
@@ -146,7 +148,8 @@ class LLMEngine:
         step policy's; `dgpp.appliance.runtime.live_reload` checks): from the next step on, and
         for the requests already in flight. Call it from the thread that steps."""
         self.config = config
-        self.scheduler.policy = _step_policy(config, self.runner)
+        self.scheduler.policy = StepPolicy.of(config, self.runner.model)
+        self.block_manager.sessions.table.ttl_s = config.session_ttl_s
         self.scheduler.aging_s = config.priority_aging_s
 
     def heartbeat(self) -> None:
@@ -244,7 +247,12 @@ class LLMEngine:
             use_prefix_cache=use_prefix_cache and params.prompt_logprobs is None,
             fills_prefix_cache=fills_cache,
             matcher=self.grammars.matcher(params.grammar) if params.grammar else None,
-            reasoning=ReasoningBudget(params.reasoning_budget, params.reasoning_end)
+            reasoning=ReasoningBudget(
+                params.reasoning_budget,
+                params.reasoning_end,
+                params.reasoning_open,
+                params.reasoning_close,
+            )
             if params.reasoning_budget is not None
             else None,
             images=images,
@@ -300,7 +308,7 @@ class LLMEngine:
         manager = self.block_manager
         if manager.disk is None:
             return
-        manager.record_snapshot_writes()
+        manager.begin_step()
         copies, poll = manager.take_copies(), manager.num_fetching
         if not copies and not poll:
             return
@@ -351,6 +359,7 @@ class LLMEngine:
             kernel_checks=[result.to_json() for result in self.runner.selfcheck.results],
             allreduce=list(self.runner.selfcheck.allreduce),
             queues_by_priority=queues_by_priority(scheduler.running, scheduler.waiting),
+            sessions=self.block_manager.sessions.rows(self.config.block_size),
         )
 
     def _spec_depth(self) -> int:
@@ -382,17 +391,3 @@ class LLMEngine:
                 outputs.append(self.processor.output(request, num_new_tokens=0))
         self._abort_requested.clear()
         return outputs
-
-
-def _step_policy(config: EngineConfig, runner: ModelRunner) -> StepPolicy:
-    """The step policy of `config`; long prompt chunks go in layer slices where the model
-    allows (`dgpp.engine.scheduling.layer_slices`; MTP reads every step's last hidden states)."""
-    slices = config.speculative != "mtp" and config.step_target_ms >= 0
-    return StepPolicy(
-        num_layers=getattr(runner.model, "num_slice_layers", 0) if slices else 0,
-        prefill_chunk_tokens=config.prefill_chunk_tokens,
-        short_prompt_tokens=config.short_prompt_tokens,
-        long_prefill_share=config.long_prefill_share,
-        step_target_ms=config.step_target_ms,
-        arrival_hold_s=config.arrival_hold_ms / 1000.0,
-    )

@@ -11,8 +11,9 @@ from dgpp.engine.backends.base import BatchLayout
 from dgpp.kernels.attention_metadata import PagedAttentionMetadata
 from dgpp.kernels.decode_inputs import DecodeWindows, decode_gather_inputs, decode_query_index
 from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.kv_rotation import rotate, rotation
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
-from dgpp.kernels.rope_store_torch import rope_store
+from dgpp.kernels.rope_store_torch import apply_rotary, rope_store
 
 
 def paged_metadata(layout: BatchLayout, device: torch.device) -> PagedAttentionMetadata:
@@ -86,6 +87,30 @@ class TorchPagedAttention:
             ),
         )
 
+    def _rotated(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        cache: torch.Tensor,
+        metadata: PagedAttentionMetadata,
+        scale: float,
+        sinks: torch.Tensor | None,
+        sliding_window: int | None,
+        angles: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """int4: keys and values rotated (after RoPE) before they are quantized and stored,
+        the query by the keys' rotation, the output turned back by the values'."""
+        if angles is not None:
+            query, key = apply_rotary(query, angles), apply_rotary(key, angles)
+        keys = rotation(key.shape[-1], key.device, key.dtype)
+        values = rotation(value.shape[-1], value.device, value.dtype)
+        query, key, value = rotate(query, keys), rotate(key, keys), rotate(value, values)
+        kv = kv_format(self.kv_dtype, key.shape[-1])
+        store_kv(key, value, cache[0], cache[1], metadata.slot_mapping, kv)
+        out = self.attend(query, cache[0], cache[1], metadata, scale, sinks, sliding_window, kv=kv)
+        return rotate(out, values)
+
     def forward(
         self,
         query: torch.Tensor,
@@ -101,6 +126,10 @@ class TorchPagedAttention:
         key_cache, value_cache = cache[0], cache[1]
         slots = metadata.slot_mapping
         kv = kv_format(self.kv_dtype, key.shape[-1])
+        if kv is not None and kv.name == "int4":  # rotated first (`kernels.kv_rotation`)
+            return self._rotated(
+                query, key, value, cache, metadata, scale, sinks, sliding_window, angles
+            )
         if kv is not None:  # the twins quantize the rows they store; the kernel reads them
             if angles is not None:
                 query = rope_store(query, key, value, angles, key_cache, value_cache, slots, kv)

@@ -15,6 +15,7 @@ from dgpp.engine.cache.prefix_cache import (
     PrefixCache,
     block_hashes,
 )
+from dgpp.engine.cache.sessions import SessionBook, SessionLru, SessionTable
 from dgpp.engine.cache.snapshot_tiers import SnapshotTiers
 from dgpp.engine.cache.state_snapshots import StateBook
 from dgpp.engine.vision.spans import block_images, chunk_end
@@ -57,15 +58,16 @@ class BlockPool:
             self.cache.lock(block)
         self._ref_counts[block] += 1
 
-    def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block. Released last-to-first, so a request's tail blocks
-        become evictable before its (more widely shared) head blocks."""
+    def release(self, blocks: list[int], session: str | None = None) -> None:
+        """Drop one reference to each block (a request of `session` lets them go). Released
+        last-to-first, so a request's tail blocks become evictable before its (more widely
+        shared) head blocks."""
         for block in reversed(blocks):
             self._ref_counts[block] -= 1
             assert self._ref_counts[block] >= 0, "block released more often than referenced"
             if self._ref_counts[block] == 0:
                 if self.cache.is_cached(block):
-                    self.cache.unlock(block)
+                    self.cache.unlock(block, session)
                 else:
                     self._free.append(block)
 
@@ -85,6 +87,7 @@ class BlockManager:
         host: HostTier | None = None,
         disk: DiskTier | None = None,
         state_tiers: tuple[HostTier, DiskTier | None] | None = None,
+        sessions: SessionTable | None = None,
     ) -> None:
         """`host` and `disk`: the prefix cache's tiers below the device; `state_tiers` the
         host and disk tiers of a hybrid model's snapshots (without them such a model keeps
@@ -102,6 +105,12 @@ class BlockManager:
         if self.host is not None and isinstance(self.cache, HashPrefixCache):
             self.cache.on_spill = self.host.spill
         self.disk = disk if self.host is not None else None  # staged through the host tier
+        tiers: dict[str, SessionLru] = {}  # agent sessions' blocks given up last (`sessions`)
+        if isinstance(self.cache, HashPrefixCache):
+            tiers["device"] = self.cache.evictable
+        if self.host is not None:
+            tiers["host"] = self.host.order
+        self.sessions = SessionBook(sessions if sessions is not None else SessionTable(), tiers)
 
     @property
     def cache(self) -> PrefixCache:
@@ -155,13 +164,17 @@ class BlockManager:
             loaded = self._load_from_host(request, blocks, len(found), reach)
         table = [*found, *(block for block, _ in loaded)]
         if self.states is not None and len(table) < reach:  # the pool ran short: a miss
-            self.pool.release(table)
+            self.pool.release(table, request.session)
             table, loaded, request.restore_from = [], [], None
         request.block_table = table
         request.num_computed_tokens = len(table) * size
         request.num_hashed_blocks = len(table)
         request.num_host_tokens = len(loaded) * size
         request.num_disk_tokens = sum(from_disk for _, from_disk in loaded) * size
+        if request.session is not None:
+            self.sessions.table.record(
+                request.session, request.num_prompt_tokens, request.num_computed_tokens
+            )
         return request.num_computed_tokens
 
     def _lookup(self, request: Request) -> tuple[list[int], list[BlockTokens], list[int], int]:
@@ -186,10 +199,12 @@ class BlockManager:
             return self.snapshot_tiers.find(keys)
         return self.states.snapshots.find(keys)
 
-    def prefetch(self, request: Request) -> int:
-        """A new request's blocks past those the device and the host tier hold, fetched from
-        the disk tier into host slots (the request waits for them, `disk_pending`); the number
-        of fetches."""
+    def arrive(self, request: Request) -> int:
+        """A new request: its session is seen now, and its blocks past those the device and the
+        host tier hold are fetched from the disk tier into host slots (the request waits for
+        them, `disk_pending`); the number of fetches."""
+        if request.session is not None:
+            self.sessions.table.seen(request.session)
         if self.disk is None or not request.use_prefix_cache or request.block_table:
             return 0
         keys, blocks, _, start = self._lookup(request)
@@ -235,9 +250,10 @@ class BlockManager:
         """The host-tier copies recorded since the last step message (every rank runs them)."""
         return self.host.take_copies() if self.host is not None else ()
 
-    def record_snapshot_writes(self) -> None:
-        """The snapshots the last step saved go to the disk tier (at the start of the next
-        step's plan, before anything there reuses their slots)."""
+    def begin_step(self) -> None:
+        """At the start of a step's plan: sessions released meanwhile end, and the snapshots
+        the last step saved go to the disk tier (before anything reuses their slots)."""
+        self.sessions.apply_releases()
         if self.snapshot_tiers is not None:
             self.snapshot_tiers.record_writes()
 
@@ -266,7 +282,7 @@ class BlockManager:
         None of them is cached: they hold no computed token."""
         keep = -(-request.num_tokens // self.block_size)
         if len(request.block_table) > keep:
-            self.pool.release(request.block_table[keep:])
+            self.pool.release(request.block_table[keep:], request.session)
             del request.block_table[keep:]
 
     def keep_accepted_state(self, request: Request, chunk_start: int, num_positions: int) -> None:
@@ -288,7 +304,7 @@ class BlockManager:
         return pair
 
     def free(self, request: Request) -> None:
-        self.pool.release(request.block_table)
+        self.pool.release(request.block_table, request.session)
         request.block_table = []
         request.num_computed_tokens = 0
         request.num_hashed_blocks = 0

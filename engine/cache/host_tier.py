@@ -2,7 +2,9 @@
 
 When the device pool evicts a cached block to reuse it, the block's contents (every cache kind
 of every layer, on every rank) are copied to a slot of the host tier instead of being dropped,
-and its key is kept here, least recently used first within `num_slots` slots. A later prefix
+and its key is kept here within `num_slots` slots, given up in `SessionLru`'s order (anonymous
+blocks least recently used first, then agent sessions' blocks, the least recently seen session
+first: `dgpp.engine.cache.sessions`). A later prefix
 lookup that runs past the blocks still on the device goes on here: each block found is copied
 back into a fresh device block and is a device-cached block again (the host copy stays: the
 tiers are inclusive, so evicting it again costs no copy). The copies are recorded in order, as
@@ -15,10 +17,10 @@ ordered list, and a block fetched from disk lands in a host slot reserved for it
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from dgpp.engine.cache.prefix_cache import BlockTokens
+from dgpp.engine.cache.sessions import SessionLru
 
 SPILL, LOAD = 0, 1  # the host tier's copies
 SAVE, FETCH, DROP = 2, 3, 4  # the disk tier's: (SAVE, device block, key), (FETCH, key, host
@@ -44,7 +46,8 @@ class HostTier:
         `copies`: the ordered list it records into, shared with the other tiers."""
         self.num_slots = num_slots
         self.base = base
-        self._slots: OrderedDict[int, tuple[BlockTokens, int]] = OrderedDict()  # key -> slot
+        self._slots: dict[int, tuple[BlockTokens, int]] = {}  # key -> (tokens, slot)
+        self.order: SessionLru[int] = SessionLru()  # the keys, in the order they are given up
         self._free = list(range(num_slots - 1, -1, -1))
         # Recorded since the last step message took them.
         self.copies: list[Copy] = copies if copies is not None else []
@@ -54,18 +57,21 @@ class HostTier:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def spill(self, key: int, tokens: BlockTokens, block: int) -> None:
-        """The device evicts cached `block` (key `key`) for reuse: keep it here, unless it
-        already is (then it is only the newest)."""
+    def spill(self, key: int, tokens: BlockTokens, block: int, session: str | None = None) -> None:
+        """The device evicts cached `block` (key `key`, last used by `session`) for reuse: keep
+        it here, unless it already is (then it is only the newest)."""
         if self.num_slots == 0:
             return
         if key in self._slots:
-            self._slots.move_to_end(key)
+            self.order.add(key, session)
             return
+        if not self._free and not self.order.yields_to(session):
+            return  # every slot holds a block a session keeps ahead of this one: dropped
         slot = self.reserve()
         if slot is None:  # every slot is reserved for a fetch from disk
             return
         self._slots[key] = (tokens, slot)
+        self.order.add(key, session)
         self.record(SPILL, block, slot)
         self.counters.spilled_blocks += 1
 
@@ -74,9 +80,11 @@ class HostTier:
         the index until `commit` or `release`; None when every slot is reserved."""
         if self._free:
             return self._free.pop()
-        if not self._slots:
+        popped = self.order.pop()
+        if popped is None:
             return None
-        key, (_, slot) = self._slots.popitem(last=False)
+        key = popped[0]
+        _, slot = self._slots.pop(key)
         self.from_disk.discard(key)
         self.counters.evicted_blocks += 1
         return slot
@@ -87,6 +95,7 @@ class HostTier:
             self.release(slot)
             return
         self._slots[key] = (tokens, slot)
+        self.order.add(key)
         self.from_disk.add(key)
 
     def release(self, slot: int) -> None:
@@ -103,7 +112,7 @@ class HostTier:
         held = self._slots.get(key)
         if held is None or held[0] != tokens:
             return None
-        self._slots.move_to_end(key)
+        self.order.touch(key)
         return held[1]
 
     def load(self, key: int, slot: int, block: int) -> bool:

@@ -15,10 +15,11 @@ list stay in the `BlockPool`; `NullPrefixCache` is the cache turned off.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from dgpp.engine.cache.sessions import SessionLru, SessionTable
 
 BlockTokens = tuple[int, ...]
 
@@ -85,8 +86,9 @@ class PrefixCache(Protocol):
         """A request starts referencing a cached block: it is no longer evictable."""
         ...
 
-    def unlock(self, block_id: int) -> None:
-        """The last reference to a cached block went away: it becomes the newest evictable."""
+    def unlock(self, block_id: int, session: str | None = None) -> None:
+        """The last reference to a cached block went away: it becomes the newest evictable (of
+        `session`'s blocks, when a session's request let it go: `cache.sessions`)."""
         ...
 
     def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:
@@ -97,8 +99,9 @@ class PrefixCache(Protocol):
     def is_cached(self, block_id: int) -> bool: ...
 
     def evict(self, count: int) -> list[int]:
-        """Remove up to `count` evictable blocks, least recently used first, and return their
-        ids for reuse. Never touches a block in use."""
+        """Remove up to `count` evictable blocks, in `SessionLru`'s order (anonymous ones least
+        recently used first, then sessions' ones, the least recently seen session first), and
+        return their ids for reuse. Never touches a block in use."""
         ...
 
     def stats(self) -> PrefixCacheStats: ...
@@ -106,16 +109,20 @@ class PrefixCache(Protocol):
 
 class HashPrefixCache:
     """`on_evict(key)` is told each key that leaves the cache (the recurrent-state snapshots
-    keyed by it become unreachable); `on_spill(key, tokens, block)` each evicted block before
-    it is reused (the host tier keeps it)."""
+    keyed by it become unreachable); `on_spill(key, tokens, block, session)` each evicted block
+    before it is reused (the host tier keeps it, for its session)."""
 
-    def __init__(self, on_evict: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, on_evict: Callable[[int], None] | None = None, sessions: SessionTable | None = None
+    ) -> None:
         self.on_evict = on_evict
-        self.on_spill: Callable[[int, BlockTokens, int], None] | None = None
+        self.on_spill: Callable[[int, BlockTokens, int, str | None], None] | None = None
         self._by_key: dict[int, int] = {}
         self._key_of: dict[int, int] = {}
         self._tokens_of: dict[int, BlockTokens] = {}
-        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self.evictable: SessionLru[int] = SessionLru(
+            sessions
+        )  # block ids, in the order they are given up
         self._evictions = 0
 
     @property
@@ -124,7 +131,7 @@ class HashPrefixCache:
 
     @property
     def num_evictable(self) -> int:
-        return len(self._evictable)
+        return len(self.evictable)
 
     @property
     def num_evictions(self) -> int:
@@ -144,12 +151,11 @@ class HashPrefixCache:
         return found
 
     def lock(self, block_id: int) -> None:
-        self._evictable.pop(block_id, None)
+        self.evictable.discard(block_id)
 
-    def unlock(self, block_id: int) -> None:
+    def unlock(self, block_id: int, session: str | None = None) -> None:
         assert block_id in self._key_of, "unlock() of an uncached block"
-        self._evictable[block_id] = None
-        self._evictable.move_to_end(block_id)
+        self.evictable.add(block_id, session)
 
     def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:
         if key in self._by_key or block_id in self._key_of:
@@ -163,14 +169,14 @@ class HashPrefixCache:
         return block_id in self._key_of
 
     def evict(self, count: int) -> list[int]:
-        evicted = []
-        while self._evictable and len(evicted) < count:
-            block_id, _ = self._evictable.popitem(last=False)
+        evicted: list[int] = []
+        while len(evicted) < count and (popped := self.evictable.pop()) is not None:
+            block_id, session = popped
             key = self._key_of.pop(block_id)
             del self._by_key[key]
             tokens = self._tokens_of.pop(block_id)
             if self.on_spill is not None:
-                self.on_spill(key, tokens, block_id)
+                self.on_spill(key, tokens, block_id, session)
             if self.on_evict is not None:
                 self.on_evict(key)
             evicted.append(block_id)
@@ -178,7 +184,7 @@ class HashPrefixCache:
         return evicted
 
     def stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(len(self._by_key), len(self._evictable), self._evictions)
+        return PrefixCacheStats(len(self._by_key), len(self.evictable), self._evictions)
 
 
 class NullPrefixCache:
@@ -202,7 +208,7 @@ class NullPrefixCache:
     def lock(self, block_id: int) -> None:
         pass
 
-    def unlock(self, block_id: int) -> None:
+    def unlock(self, block_id: int, session: str | None = None) -> None:
         raise AssertionError("NullPrefixCache holds no blocks")
 
     def insert(self, key: int, tokens: BlockTokens, block_id: int) -> bool:

@@ -124,6 +124,18 @@ class EngineConfig(DeviceKnobs):
         le=1.0,
         live=True,
     )
+    session_ttl_s: float = knob(
+        600.0,
+        "an agent session (prompt_cache_key, metadata.user_id, x-session-id) keeps its cached "
+        "blocks ahead of anonymous ones while it has been idle less than this; expired "
+        "sessions' blocks go first among sessions",
+        label="Session TTL",
+        group="memory",
+        advanced=True,
+        unit="s",
+        gt=0.0,
+        live=True,
+    )
     priority_aging_s: float = knob(
         10.0,
         "a request kept from progressing this long ranks one priority level better, so lower "

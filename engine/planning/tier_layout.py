@@ -61,6 +61,8 @@ def layout_digest(
     )
     if config.kv_cache_dtype != "auto":  # int8 and fp8 rows have one shape, not the same bytes
         parts += (f"kv {config.kv_cache_dtype}",)
+    if config.kv_cache_dtype == "int4":  # rows of rotated keys and values (`kv_rotation`)
+        parts += ("hadamard 64",)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

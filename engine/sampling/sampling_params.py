@@ -8,6 +8,7 @@ from dgpp.engine.errors import InvalidRequestError
 
 MAX_TOP_LOGPROBS = 20
 PRIORITY_RANGE = (-1000, 1000)  # a request's priority: lower runs first (vLLM's order)
+MAX_SESSION_ID = 256
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,13 @@ class SamplingParams:
     # `reasoning_end` closes): dgpp.engine.sampling.reasoning_budget.
     reasoning_budget: int | None = None
     reasoning_end: tuple[int, ...] = ()
+    reasoning_open: tuple[int, ...] = ()  # the output opens the block itself with these
+    reasoning_close: tuple[int, ...] = ()  # the model's own close, where shorter than the end
     # Scheduling order: lower runs first (admission, the prefill budget, who is preempted last);
     # dgpp.engine.scheduling.priority.
     priority: int = 0
+    # The agent session whose cached blocks it uses and keeps (dgpp.engine.cache.sessions).
+    session: str | None = None
 
     def __post_init__(self) -> None:
         # Accept the list / str forms callers naturally write, store immutable tuples.
@@ -56,7 +61,8 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        object.__setattr__(self, "reasoning_end", tuple(self.reasoning_end or ()))
+        for name in ("reasoning_end", "reasoning_open", "reasoning_close"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
         self._validate()
 
     @property
@@ -136,6 +142,10 @@ class SamplingParams:
             fail(
                 "priority", f"priority must be an integer in [{low}, {high}], got {self.priority!r}"
             )
+        if self.session is not None and (
+            not isinstance(self.session, str) or not 0 < len(self.session) <= MAX_SESSION_ID
+        ):
+            fail("session", f"a session id is a string of 1 to {MAX_SESSION_ID} characters")
         for token_id, bias in (self.logit_bias or {}).items():
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
                 fail("logit_bias", f"logit_bias keys must be token ids, got {token_id!r}")

@@ -149,6 +149,11 @@ class Request:
         return tuple(image.span for image in self.images)
 
     @property
+    def session(self) -> str | None:
+        """The agent session it belongs to (`dgpp.engine.cache.sessions`), if any."""
+        return self.params.session
+
+    @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 

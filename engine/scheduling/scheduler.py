@@ -153,7 +153,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
-        self.block_manager.prefetch(request)  # blocks on disk start coming back at once
+        self.block_manager.arrive(request)  # its session seen; blocks on disk start coming back
         self.last_arrival = max(self.last_arrival or request.arrival_time, request.arrival_time)
 
     def finish(self, request: Request) -> None:
@@ -168,7 +168,7 @@ class Scheduler:
         self._finished_seq_ids.append(request.seq_id)
 
     def schedule(self) -> StepPlan:
-        self.block_manager.record_snapshot_writes()  # the last step's, before any slot reuse
+        self.block_manager.begin_step()  # sessions released, the last step's snapshots saved
         decodes: list[ScheduledChunk] = []  # verify rows included
         prefills: list[ScheduledChunk] = []
         preempted: list[Request] = []

@@ -146,6 +146,8 @@ class EngineStats:
     allreduce: list[dict[str, float]] = field(default_factory=list)  # at warm-up, worlds > 1
     # Requests in the queues now by priority: {"0": {"waiting": 1, "running": 3}}
     queues_by_priority: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Agent sessions (`SessionBook.rows`), most recently seen first
+    sessions: list[dict[str, object]] = field(default_factory=list)
 
     @property
     def kv_usage(self) -> float:

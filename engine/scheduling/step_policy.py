@@ -48,6 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.scheduling.layer_slices import plan_slice, slice_seconds
 from dgpp.engine.scheduling.request import Request
 from dgpp.engine.scheduling.step_times import StepTimes
@@ -240,6 +241,20 @@ class StepPolicy:
                 target = min(target, STRETCH * solo - (now - request.arrival_time))
         stretch = self.step_target_ms / 1000.0 if self.step_target_ms > 0 else STRETCH * sensitive
         return max(min(stretch, target) - sensitive, 0.0)
+
+    @classmethod
+    def of(cls, config: EngineConfig, model: object) -> StepPolicy:
+        """The policy of `config`; long prompt chunks go in layer slices where `model` allows
+        (`dgpp.engine.scheduling.layer_slices`; MTP reads every step's last hidden states)."""
+        slices = config.speculative != "mtp" and config.step_target_ms >= 0
+        return cls(
+            num_layers=getattr(model, "num_slice_layers", 0) if slices else 0,
+            prefill_chunk_tokens=config.prefill_chunk_tokens,
+            short_prompt_tokens=config.short_prompt_tokens,
+            long_prefill_share=config.long_prefill_share,
+            step_target_ms=config.step_target_ms,
+            arrival_hold_s=config.arrival_hold_ms / 1000.0,
+        )
 
     def is_short(self, request: Request) -> bool:
         return request.num_pending_tokens <= self.short_prompt_tokens

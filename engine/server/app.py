@@ -26,6 +26,7 @@ from dgpp.engine.server.routes import (
     metrics_routes,
     misc_routes,
     responses_routes,
+    session_routes,
 )
 from dgpp.engine.server.routes.deps import Startup, state_of
 
@@ -72,6 +73,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.include_router(anthropic_routes.router)
     app.include_router(responses_routes.router)
     app.include_router(metrics_routes.router)
+    app.include_router(session_routes.router)
     admin_routes.install(app)  # /admin/drain, /admin/undrain and the guard while draining
 
     @app.middleware("http")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.agents.npm_tools import npm_binary
@@ -76,6 +77,22 @@ def _run(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
     )
 
 
+def _sessions(server: AgentServer) -> dict[str, dict[str, object]]:
+    """The key's agent sessions (`GET /v1/sessions`) by id."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    response = httpx.get(f"{server.url}/v1/sessions", headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    return {row["id"]: row for row in response.json()["data"]}
+
+
+def _assert_new_session(server: AgentServer, before: dict[str, dict[str, object]]) -> None:
+    """The agent's requests carried its session (Claude Code: `metadata.user_id`; Codex:
+    `prompt_cache_key`), which the server now lists with its requests."""
+    new = {name: row for name, row in _sessions(server).items() if name not in before}
+    assert new, f"no session from the agent's requests (had {sorted(before)})"
+    assert all(int(row["requests"]) >= 1 for row in new.values()), new  # type: ignore[call-overload]
+
+
 def _assert_served_cleanly(server: AgentServer, path: str, before: int) -> None:
     requests = server.requests()[before:]
     assert any(p.startswith(path) and s == 200 for _, p, s in requests), requests
@@ -86,6 +103,7 @@ def _assert_served_cleanly(server: AgentServer, path: str, before: int) -> None:
 def test_claude_code_completes_a_one_shot_task(agent_server: AgentServer, tmp_path: Path) -> None:
     claude = npm_binary(*CLAUDE_CODE)
     before = len(agent_server.requests())
+    sessions = _sessions(agent_server)
     result = _run(
         [str(claude), "-p", "Say hi."],
         {
@@ -102,6 +120,7 @@ def test_claude_code_completes_a_one_shot_task(agent_server: AgentServer, tmp_pa
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert ANSWER in result.stdout
     _assert_served_cleanly(agent_server, "/v1/messages", before)
+    _assert_new_session(agent_server, sessions)
 
 
 def test_codex_completes_a_one_shot_task(agent_server: AgentServer, tmp_path: Path) -> None:
@@ -113,6 +132,7 @@ def test_codex_completes_a_one_shot_task(agent_server: AgentServer, tmp_path: Pa
         'wire_api="responses"}'
     )
     before = len(agent_server.requests())
+    sessions = _sessions(agent_server)
     result = _run(
         [
             str(codex),
@@ -132,3 +152,4 @@ def test_codex_completes_a_one_shot_task(agent_server: AgentServer, tmp_path: Pa
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert ANSWER in result.stdout
     _assert_served_cleanly(agent_server, "/v1/responses", before)
+    _assert_new_session(agent_server, sessions)

@@ -8,18 +8,21 @@ tests/kernels/test_kv_quant_triton.py, test_mla_decode_triton.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from dgpp.engine import LLM
-from dgpp.engine.backends import sparse_mla, torch_mla
+from dgpp.engine.backends import sparse_mla, torch_mla, torch_paged
 from dgpp.engine.backends.cache_spec import IndexerKeySpec, MLALatentSpec
 from dgpp.engine.backends.state_cache import StateSlotLayer
 from dgpp.engine.errors import ConfigError
 from dgpp.engine.scheduling.request import PromptIds
 from dgpp.kernels import mla_attention_torch
+from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.kv_rotation import rotate, rotation
 from tests.conftest import build_tiny_checkpoint
 from tests.engine.family_cases import DEEPSEEK_V4, DSA, GPT_OSS, KIMI, MIMO, MOE_DEEPSEEK
 from tests.engine.family_parity import forced_logprobs
@@ -142,3 +145,40 @@ def test_prefix_hits_restore_quantized_windows(
         overrides = {**overrides, "compress_rates": rates}
     checkpoint = build_tiny_checkpoint(tmp_path, tokenizer_dir, architecture, **overrides)
     check_snapshot_hits(checkpoint, None, kv_cache_dtype="int8", dtype="float32")
+
+
+def test_int4_rotates_keys_and_values_before_it_rounds_them(
+    tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Heads of 64 at int4 (`kernels.kv_rotation`): the engine equals a model-dtype engine
+    whose stores round each key and value through int4 in the rotated space (x -> Q4(x R) R),
+    at every position; rounding without the rotation gives other logprobs (the rotation is
+    really applied)."""
+    checkpoint = build_tiny_checkpoint(
+        tmp_path, tokenizer_dir, "LlamaForCausalLM", hidden_size=256, head_dim=64
+    )
+    gen = torch.Generator().manual_seed(65)
+    prompt = PromptIds(torch.randint(3, 49000, (80,), generator=gen).tolist())
+    forced = torch.randint(3, 49000, (12,), generator=gen).tolist()
+    got = forced_logprobs(_engine(checkpoint, "int4"), prompt, forced, chunk=24)
+    stored = torch_paged.store_kv
+
+    def through(x: torch.Tensor, rotated: bool) -> torch.Tensor:
+        fmt = kv_format("int4", x.shape[-1])
+        assert fmt is not None
+        r = rotation(x.shape[-1], x.device, x.dtype) if rotated else None
+        return rotate(fmt.decode(fmt.encode(rotate(x, r)), x.dtype), r)
+
+    def rounding(rotated: bool) -> Callable[..., None]:
+        def store(key: torch.Tensor, value: torch.Tensor, *cache: torch.Tensor, kv=None) -> None:
+            assert kv is None
+            stored(through(key, rotated), through(value, rotated), *cache)
+
+        return store
+
+    results = {}
+    for rotated in (True, False):
+        monkeypatch.setattr(torch_paged, "store_kv", rounding(rotated))
+        results[rotated] = forced_logprobs(_engine(checkpoint, "auto"), prompt, forced, chunk=24)
+    assert float((got - results[True]).abs().max()) < 1e-4
+    assert float((got - results[False]).abs().max()) > 1e-2

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from dgpp.engine.backends.base import BatchLayout, BatchRow
 from dgpp.engine.backends.torch_paged import TorchPagedAttention
 from dgpp.kernels.kv_quant import kv_format
+from dgpp.kernels.kv_rotation import rotate, rotation
 from dgpp.kernels.paged_attention_cpu import cpu_extension, paged_attention_cpu
 from dgpp.kernels.paged_attention_torch import paged_attention, store_kv
 
@@ -136,3 +137,17 @@ def test_the_compiled_cpu_kernel_reads_quantized_rows_as_the_twin(name: str) -> 
     got = paged_attention_cpu(query, packed[0], packed[1], metadata, 0.2, kv=fmt)
     assert float((got - want).abs().max()) < 1e-5
     assert not torch.equal(got, want)  # the kernel's own arithmetic (a polynomial exp) ran
+
+
+def test_the_int4_rotation_is_its_own_orthonormal_inverse() -> None:
+    """`kernels.kv_rotation`: block-diagonal normalized Hadamard blocks of 64, symmetric,
+    R R = I (dot products kept, an output turned back by the same call); none for heads that
+    are no multiple of 64."""
+    r = rotation(192, torch.device("cpu"), torch.float64)
+    assert r is not None and r.shape == (192, 192)
+    torch.testing.assert_close(r, r.T)
+    torch.testing.assert_close(r @ r, torch.eye(192, dtype=torch.float64))
+    assert float(r[:64, 64:].abs().max()) == 0.0  # blocks of 64
+    assert rotation(48, torch.device("cpu"), torch.float32) is None
+    x = torch.randn(5, 3, 192, dtype=torch.float64)
+    torch.testing.assert_close(rotate(rotate(x, r), r), x)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from dgpp.engine.configuration.knobs import check_knobs, knob
 from dgpp.engine.server.core.priority import KeyPolicy
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 ToolCallParser = Literal[
     "auto",
     "hermes",
@@ -102,6 +103,18 @@ class ServerConfig:
         group="api",
         advanced=True,
         factory=dict,
+        live=True,
+    )
+    default_reasoning_effort: ReasoningEffort | None = knob(
+        None,
+        "the reasoning effort of a request that names none (reasoning_effort, reasoning.effort, "
+        "output_config.effort): the template's own kwarg where it has one, and a budget of "
+        "reasoning tokens (none 0, minimal 256, low 1024, medium 4096, high 16384, xhigh 32768, "
+        "max: up to three quarters of max_tokens, the cap every request has)",
+        label="Default reasoning effort",
+        group="api",
+        advanced=True,
+        when_unset="none given: reasoning up to three quarters of max_tokens",
         live=True,
     )
     generation_config: Literal["auto", "none"] = knob(

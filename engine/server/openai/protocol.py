@@ -89,6 +89,8 @@ class SamplingFields(TolerantModel):
     prefix_cache: StrictBool = True
     # Scheduling order, lower first (vLLM's field; `server.core.priority`)
     priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    # OpenAI's cache routing key (Codex sends its conversation's): the agent session
+    prompt_cache_key: StrictStr | None = None
 
 
 class ContentPart(BaseModel):

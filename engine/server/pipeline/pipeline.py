@@ -62,12 +62,14 @@ def prepare(
     budget: Callable[[ResponseParser], dict[str, object]] | None = None,
     prompt_logprobs: int | None = None,
     priority: int = 0,
+    session: str | None = None,
 ) -> GenerationJob:
     """The job of one prompt: `n` choices sampled as `sampling` says (settings it leaves out
     from the checkpoint's generation config, else the API's defaults), each read by its own
     `parser()` when the output has a format, decoded as that format needs. `budget` adds
     sampling settings that depend on the parser (Anthropic's thinking budget); `priority`: the
-    scheduling order (`core.priority.request_priority`)."""
+    scheduling order (`core.priority.request_priority`); `session`: the agent session whose
+    cached blocks it keeps (`core.sessions.request_session`)."""
     parsers = tuple(parser() for _ in range(n)) if parser is not None else ()
     vocab_size = state.engine.engine.model_config.vocab_size
     params = []
@@ -83,6 +85,7 @@ def prepare(
             vocab_size,
             prompt_logprobs=prompt_logprobs,
             priority=priority,
+            session=session,
             **extra,
         )
         params.append(decoding_params(state, choice) if parsers else choice)

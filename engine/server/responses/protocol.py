@@ -49,3 +49,4 @@ class ResponsesRequest(ImageOptions):
     seed: StrictInt | None = None
     prefix_cache: StrictBool = True
     priority: StrictInt | None = Field(default=None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
+    prompt_cache_key: StrictStr | None = None  # the agent session (Codex sends it)

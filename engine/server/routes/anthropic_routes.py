@@ -17,6 +17,7 @@ from dgpp.engine.server.anthropic.protocol import CountTokensRequest, MessagesRe
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
 from dgpp.engine.server.core.errors import anthropic_body, from_dgpp_error
 from dgpp.engine.server.core.priority import request_priority
+from dgpp.engine.server.core.sessions import request_session
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.pipeline.api_sampling import ApiSampling, resolve_max_tokens
 from dgpp.engine.server.pipeline.chat_prompt import render_chat
@@ -27,9 +28,10 @@ from dgpp.engine.server.pipeline.pipeline import (
     prepare,
     stream_response,
 )
-from dgpp.engine.server.pipeline.response_parser import THINK_CLOSE, ResponseParser
+from dgpp.engine.server.pipeline.response_parser import ResponseParser
 from dgpp.engine.server.pipeline.state import ServerState
 from dgpp.engine.server.pipeline.structured import checked, forced_call_grammar
+from dgpp.engine.server.pipeline.thinking_budget import budget_params
 from dgpp.engine.server.pipeline.tool_choice import (
     ForcedStart,
     anthropic_choice,
@@ -46,7 +48,8 @@ def _prompt(
 ) -> list[int]:
     kwargs = template_kwargs(
         state.config.default_chat_template_kwargs,
-        effort=request.output_config.effort if request.output_config else None,
+        effort=(request.output_config.effort if request.output_config else None)
+        or state.config.default_reasoning_effort,
         thinking=request.thinking.type if request.thinking else None,
     )
     tools = to_openai_tools(request)
@@ -59,21 +62,6 @@ def _prompt(
 async def count_tokens(request: CountTokensRequest, state: State) -> dict[str, int]:
     state.check_model(request.model)
     return {"input_tokens": len(await asyncio.to_thread(_prompt, state, request))}
-
-
-def _reasoning_budget(
-    state: ServerState, request: MessagesRequest, parser: ResponseParser, grammar: str | None
-) -> dict[str, Any]:
-    """`thinking.budget_tokens` as a cap on reasoning tokens, where they can be counted: the
-    prompt opened the reasoning block, so the output starts in it (and no grammar constrains
-    the output already)."""
-    thinking = request.thinking
-    if thinking is None or thinking.type == "disabled" or thinking.budget_tokens is None:
-        return {}
-    if not parser.starts_in_reasoning or grammar is not None:
-        return {}
-    end = state.tokenizer(THINK_CLOSE, add_special_tokens=False).input_ids
-    return {"reasoning_budget": thinking.budget_tokens, "reasoning_end": tuple(end)}
 
 
 def _stop_reason(completion: CompletionOutput, has_tool_calls: bool) -> tuple[str, str | None]:
@@ -94,6 +82,23 @@ def _usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> di
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached_tokens,
     }
+
+
+def _thinking_budget(
+    state: ServerState,
+    request: MessagesRequest,
+    parser: ResponseParser,
+    grammar: str | None,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """`thinking.budget_tokens` (thinking disabled: none at all), else the effort, as the
+    reasoning budget (`pipeline.thinking_budget`)."""
+    thinking, config = request.thinking, request.output_config
+    effort = config.effort if config else None
+    if thinking is not None and thinking.type == "disabled":
+        effort = "none"
+    tokens = thinking.budget_tokens if thinking is not None and effort != "none" else None
+    return budget_params(state, parser, grammar, max_tokens, effort, tokens)
 
 
 @router.post("/v1/messages", response_model=None)
@@ -127,8 +132,9 @@ async def messages(
         parser=lambda: ResponseParser(
             state, prompt, tools, forced, image_coordinates=request.image_coordinates
         ),
-        budget=lambda parser: _reasoning_budget(state, request, parser, grammar),
+        budget=lambda parser: _thinking_budget(state, request, parser, grammar, max_tokens),
         priority=request_priority(state.config.api_keys, client),
+        session=request_session(state.config.api_keys, client, None, request.metadata),
     )
     if request.stream:
         return stream_response(state, tracker, job, _MessageStream(tracker, job, model))

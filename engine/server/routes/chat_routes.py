@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dgpp.engine.scheduling.request import CompletionOutput, RequestOutput
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
 from dgpp.engine.server.core.priority import request_priority
+from dgpp.engine.server.core.sessions import request_session
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.openai import bodies as openai_bodies
 from dgpp.engine.server.openai.protocol import ChatCompletionRequest
@@ -33,6 +34,7 @@ from dgpp.engine.server.pipeline.pipeline import (
 from dgpp.engine.server.pipeline.response_parser import ResponseParser
 from dgpp.engine.server.pipeline.state import ServerState
 from dgpp.engine.server.pipeline.structured import checked, forced_call_grammar, format_grammar
+from dgpp.engine.server.pipeline.thinking_budget import budget_params
 from dgpp.engine.server.pipeline.tool_choice import (
     ForcedStart,
     forced_start,
@@ -48,7 +50,7 @@ router = APIRouter()
 def _template_kwargs(state: ServerState, request: ChatCompletionRequest) -> dict[str, Any]:
     return template_kwargs(
         state.config.default_chat_template_kwargs,
-        effort=request.reasoning_effort,
+        effort=request.reasoning_effort or state.config.default_reasoning_effort,
         explicit=request.chat_template_kwargs,
     )
 
@@ -87,7 +89,11 @@ async def chat_completions(
         logprobs=chat_logprobs(request),
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
+        budget=lambda parser: budget_params(
+            state, parser, grammar, max_tokens, request.reasoning_effort
+        ),
         priority=request_priority(state.config.api_keys, client, request.priority),
+        session=request_session(state.config.api_keys, client, request.prompt_cache_key),
         parser=lambda: ResponseParser(
             state,
             prompt,

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dgpp.engine.errors import InvalidRequestError
 from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server.core.priority import request_priority
+from dgpp.engine.server.core.sessions import request_session
 from dgpp.engine.server.openai import bodies as openai_bodies
 from dgpp.engine.server.openai import prompt_scores
 from dgpp.engine.server.openai.protocol import CompletionRequest
@@ -71,6 +72,7 @@ async def completions(
     base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
     sampling = ApiSampling.of(request)
     priority = request_priority(state.config.api_keys, client, request.priority)
+    session = request_session(state.config.api_keys, client, request.prompt_cache_key)
     jobs = [
         prepare(
             state,
@@ -83,6 +85,7 @@ async def completions(
             use_prefix_cache=request.prefix_cache,
             prompt_logprobs=scored,
             priority=priority,
+            session=session,
         )
         for number, prompt in enumerate(prompts)
     ]

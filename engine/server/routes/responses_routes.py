@@ -13,6 +13,7 @@ from dgpp.engine.scheduling.request import RequestOutput
 from dgpp.engine.server.chat.reasoning_knobs import template_kwargs
 from dgpp.engine.server.core.errors import from_dgpp_error
 from dgpp.engine.server.core.priority import request_priority
+from dgpp.engine.server.core.sessions import request_session
 from dgpp.engine.server.metrics.service import RequestTracker
 from dgpp.engine.server.openai.protocol import ChatMessage
 from dgpp.engine.server.pipeline.api_sampling import ApiSampling, resolve_max_tokens
@@ -27,6 +28,7 @@ from dgpp.engine.server.pipeline.pipeline import (
 from dgpp.engine.server.pipeline.response_parser import ResponseParser
 from dgpp.engine.server.pipeline.state import ServerState
 from dgpp.engine.server.pipeline.structured import checked, forced_call_grammar, format_grammar
+from dgpp.engine.server.pipeline.thinking_budget import budget_params
 from dgpp.engine.server.pipeline.tool_choice import (
     ForcedStart,
     forced_start,
@@ -114,6 +116,7 @@ async def create_response(
         text_format = (request.text or {}).get("format")
         grammar = await checked(state, format_grammar(text_format, "text.format"), "text.format")
     effort = request.reasoning.effort if request.reasoning else None
+    effort = effort or state.config.default_reasoning_effort
     options = request.mm_processor_kwargs
     prompt = await asyncio.to_thread(_prompt, state, messages, tools, forced, effort, options)
     max_tokens = resolve_max_tokens(
@@ -137,6 +140,8 @@ async def create_response(
         grammar=grammar,
         use_prefix_cache=request.prefix_cache,
         priority=request_priority(state.config.api_keys, client, request.priority),
+        session=request_session(state.config.api_keys, client, request.prompt_cache_key),
+        budget=lambda parser: budget_params(state, parser, grammar, max_tokens, effort),
         parser=lambda: ResponseParser(
             state, prompt, tools, forced, image_coordinates=request.image_coordinates
         ),

@@ -263,19 +263,18 @@ def test_an_abort_in_the_middle_of_a_sliced_chunk_drops_its_stream(checkpoint: P
 
 def _sliced_rank(*args: object) -> None:
     """A rank of `_check_world_of_two` whose rank 0 slices every long chunk a layer a step."""
-    import dgpp.engine.engine as engine_module
     from tests.engine.distributed.test_tensor_parallel import _rank
 
-    plain = engine_module._step_policy
+    plain = StepPolicy.of
 
-    def sliced(config: object, runner: object) -> StepPolicy:
-        policy = plain(config, runner)  # type: ignore[arg-type]
-        layers = runner.model.num_slice_layers  # type: ignore[attr-defined]
+    def sliced(config: object, model: object) -> StepPolicy:
+        policy = plain(config, model)  # type: ignore[arg-type]
+        layers = model.num_slice_layers  # type: ignore[attr-defined]
         return SliceEveryLongChunk(
             policy.prefill_chunk_tokens, policy.short_prompt_tokens, num_layers=layers
         )
 
-    engine_module._step_policy = sliced  # type: ignore[assignment]
+    StepPolicy.of = sliced  # type: ignore[method-assign,assignment] (this rank's process only)
     _rank(*args)  # type: ignore[arg-type]
 
 

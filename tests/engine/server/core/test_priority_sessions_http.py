@@ -109,3 +109,53 @@ def test_anthropic_gets_its_own_error_shape_for_a_bad_header(server: RunningServ
     body = response.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "x-dgpp-priority" in body["error"]["message"]
+
+
+def _sessions(server: RunningServer, key: str) -> dict[str, dict[str, Any]]:
+    with _client(server, key) as http:
+        response = http.get("/v1/sessions")
+    assert response.status_code == 200, response.text
+    return {row["id"]: row for row in response.json()["data"]}
+
+
+def test_each_client_names_its_session_and_only_its_key_sees_and_releases_it(
+    server: RunningServer,
+) -> None:
+    """Codex's `prompt_cache_key`, Claude Code's `metadata.user_id` and an `x-session-id`
+    header each name a session, scoped to the key: the CI key neither lists nor releases the
+    main key's, and an id too long to keep stands as a digest."""
+    long_id = "x" * 300
+    sent: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
+        (MAIN, "/v1/responses", {**RESPONSE, "prompt_cache_key": "codex-conv"}, {}),
+        (MAIN, "/v1/chat/completions", {**CHAT, "prompt_cache_key": "codex-conv"}, {}),
+        (MAIN, "/v1/messages", {**CHAT, "metadata": {"user_id": "user_1_session_abc"}}, {}),
+        (MAIN, "/v1/completions", TEXT, {"x-session-id": long_id}),
+        (CI, "/v1/chat/completions", CHAT, {"x-session-id": "ci-job"}),
+    ]
+    for key, path, body, headers in sent:
+        with _client(server, key) as http:
+            assert http.post(path, json=body, headers=headers).status_code == 200
+    mine = _sessions(server, MAIN)
+    assert {"codex-conv", "user_1_session_abc"} <= set(mine)
+    assert mine["codex-conv"]["requests"] == 2
+    assert "ci-job" not in mine and long_id not in mine
+    assert any(name.startswith("sha256:") for name in mine)
+    row = mine["codex-conv"]
+    assert set(row) == {
+        "id", "idle_s", "expired", "tokens", "requests", "prompt_tokens", "hit_tokens", "hit_rate",
+    }  # fmt: skip
+    assert set(row["tokens"]) == {"device"} and row["expired"] is False
+    assert set(_sessions(server, CI)) == {"ci-job"}
+    with _client(server, CI) as http:  # another key's session: as unknown
+        assert http.delete("/v1/sessions/codex-conv").status_code == 404
+    with _client(server, MAIN) as http:
+        response = http.delete("/v1/sessions/codex-conv")
+        assert response.json() == {"id": "codex-conv", "object": "session", "deleted": True}
+        assert http.delete(f"/v1/sessions/{long_id}").status_code == 200
+        assert http.delete("/v1/sessions/never-seen").status_code == 404
+    assert "codex-conv" not in _sessions(server, MAIN)
+    admin = httpx.get(f"{server.url}/admin/sessions", timeout=10).json()["data"]  # loopback
+    assert {"ci/ci-job", "default/user_1_session_abc"} <= {row["id"] for row in admin}
+    response = httpx.delete(f"{server.url}/admin/sessions/ci/ci-job", timeout=10)
+    assert response.status_code == 200
+    assert _sessions(server, CI) == {}
