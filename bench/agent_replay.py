@@ -133,8 +133,10 @@ def start_server(
     raise RuntimeError("dgpp serve did not become healthy")
 
 
-def chat(client: httpx.Client, messages: list[dict]) -> Turn:
+def chat(client: httpx.Client, messages: list[dict], **fields: object) -> Turn:
+    """One streamed turn; `fields` go into the body too (a `prompt_cache_key`)."""
     body = {
+        **fields,
         "model": client.get("/v1/models").json()["data"][0]["id"],
         "messages": messages,
         "max_tokens": 24,
