@@ -44,7 +44,8 @@ class DeviceKnobs:
         "auto",
         "how the KV cache stores keys and values: auto (the model dtype), int8 (ggml's Q8_0 "
         "blocks: a float16 scale per 32), fp8_e4m3 (e4m3 codes, a scale per head) or int4 "
-        "(Q4_0 blocks of Hadamard-rotated heads, as llama.cpp's q4_0); about twice the context per GiB at int8 or fp8 for a 16-bit model; "
+        "(Q4_0 blocks of Hadamard-rotated heads, as llama.cpp's q4_0); about twice the "
+        "context per GiB at int8 or fp8 for a 16-bit model; "
         "MLA latents keep their rope key at the model dtype (1.7x), DSA indexer keys 8-bit",
         label="KV cache dtype",
         group="memory",
