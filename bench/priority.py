@@ -2,15 +2,17 @@
 priorities and without them (every request at 0: the order dgpp had before), in one run.
 
     python bench/priority.py [--streams 8] [--background-tokens 4000] [--interactive-tokens 1000]
-        [--requests 20] [--max-tokens 32] [--modes priority,none]
+        [--requests 20] [--none-requests 5] [--max-tokens 32] [--modes priority,none]
 
 The default model (SmolLM2-135M, float32) on this machine's CPU, one engine thread
 (`AsyncEngine`, as the server drives it) per mode. First the interactive request alone,
 `--requests` times (its solo TTFT and inter-token latency); then `--streams` background streams,
 each submitting distinct `--background-tokens`-token prompts back to back at priority 10, and
 beside them the same interactive requests one after another at priority 0 (mode `priority`), or
-everything at 0 (mode `none`). Reported: the interactive TTFT and ITL, p50 and p95, as ratios to
+everything at 0 (mode `none`, `--none-requests` of them: on a CPU each waits for the background
+prefills ahead of it, minutes). Reported: the interactive TTFT and ITL, p50 and p95, as ratios to
 solo; every background request's completion and its worst wait (queued to first token).
+Progress goes to stderr, each mode's row as soon as it is done.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -87,6 +90,9 @@ async def mode_run(llm: LLM, args: argparse.Namespace, mode: str) -> dict[str, o
         client = Client(engine)
         interactive = [prompt_of(llm, args.interactive_tokens, 7 + i) for i in range(args.requests)]
         solo = [await client.run(p, args.max_tokens, 0) for p in interactive]
+        log(f"{mode}: solo done, TTFT p50 {quantile([t.ttft for t in solo], 0.5):.2f} s")
+        if mode != "priority":
+            interactive = interactive[: args.none_requests]
         background_priority = 10 if mode == "priority" else 0
         stop, record = asyncio.Event(), Background()
         tasks = [
@@ -97,12 +103,18 @@ async def mode_run(llm: LLM, args: argparse.Namespace, mode: str) -> dict[str, o
         loaded = []
         for prompt in interactive:
             loaded.append(await client.run(prompt, args.max_tokens, 0))
+            log(f"{mode}: interactive {len(loaded)} TTFT {loaded[-1].ttft:.2f} s")
             await asyncio.sleep(args.gap_s)
         stop.set()
         await asyncio.gather(*tasks)  # every background request runs to its end
+        log(f"{mode}: background done ({record.completed} requests)")
         return {"solo": solo, "loaded": loaded, "background": record}
     finally:
         engine.stop()
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -136,6 +148,7 @@ def main() -> None:
     parser.add_argument("--background-max-tokens", type=int, default=16)
     parser.add_argument("--interactive-tokens", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--none-requests", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--gap-s", type=float, default=0.2)
@@ -155,6 +168,7 @@ def main() -> None:
         started = time.perf_counter()
         result = asyncio.run(mode_run(llm, args, mode))
         rows.append((mode, result, time.perf_counter() - started))
+        report(mode, result)
         del llm
     print(
         f"\n{args.streams} background streams of {args.background_tokens}-token prompts; "

@@ -122,8 +122,6 @@ class Scheduler:
         policy: StepPolicy | None = None,
         aging_s: float = 0.0,
     ) -> None:
-        """`aging_s`: a request that has not progressed for this long ranks one priority level
-        better, and so on (`priority`); 0: priorities never age."""
         self.block_manager = block_manager
         self.policy = policy or StepPolicy(prefill_chunk_tokens=prefill_chunk_tokens)
         self.times = StepTimes()
@@ -137,7 +135,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._finished_seq_ids: list[int] = []
         self.last_arrival: float | None = None  # the newest request's arrival (monotonic)
-        self.aging_s = aging_s
+        self.aging_s = aging_s  # not progressing this long gains a priority level (0: never)
         self._held: set[int] = set()  # ids of the requests displaced this step
 
     @property
@@ -279,14 +277,15 @@ class Scheduler:
         """Prompt tokens each prompt may compute this step (by request id), as the policy
         shares the budget among running prompts and the waiting requests that may start; the
         layers of a chunk in layer slices go to `slices`."""
-        num_decodes = sum(r.num_pending_tokens == 1 for r in self.running)
+        decodes = [r.rank for r in self.running if r.num_pending_tokens == 1]
         running = [r for r in self.running if r.num_pending_tokens > 1]
         waiting = self._admission_order()
         amounts = self.policy.share(self.policy.prefill_chunk_tokens, running, waiting)
         now, prompts = time.monotonic(), running + waiting
-        amounts = self.policy.bound(
-            amounts, prompts, num_decodes, self.times, now, self.last_arrival, self.credit, slices
-        )
+        # Decode rows all ranked below the best prompt do not bound its steps (`priority`).
+        if not decodes or min(decodes) <= min((r.rank for r in prompts), default=0):
+            clock = (self.times, now, self.last_arrival, self.credit, slices)
+            amounts = self.policy.bound(amounts, prompts, len(decodes), *clock)
         for request in running:  # a chunk in flight keeps its tokens, whatever its class now
             if request.slice_layers and id(request) in amounts:
                 amounts[id(request)] = request.slice_tokens

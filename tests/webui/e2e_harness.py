@@ -74,7 +74,8 @@ class Appliance:
     def metrics(self) -> dict[str, Any]:
         return httpx.get(f"{self.engine_url}/v1/metrics", timeout=5).json()
 
-    def chat(self, model: str, text: str, max_tokens: int = 8) -> None:
+    def chat(self, model: str, text: str, max_tokens: int = 8, **fields: Any) -> None:
+        """One chat request; `fields` go into its body too (`priority`, `prompt_cache_key`)."""
         response = httpx.post(
             f"{self.engine_url}/v1/chat/completions",
             json={
@@ -82,6 +83,7 @@ class Appliance:
                 "messages": [{"role": "user", "content": text}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
+                **fields,
             },
             timeout=120,
         )

@@ -95,6 +95,10 @@ def test_console_end_to_end(
     wait_for("the console sampling the engine", lambda: _points(page, "kv") > 0, 60)
     for text in ("Name three rivers.", "Name three rivers.", "Count to five."):
         appliance.chat("default", text)
+    # An agent's turn: its session and its priority in the traffic panel.
+    appliance.chat("default", "Name a lake.", priority=5, prompt_cache_key="agent-e2e")
+    wait_for("the session listed", lambda: "default/" in page.inner_text("#sessions"), 30)
+    assert "5" in [row.split("\t")[0] for row in page.inner_text("#priorities").splitlines()]
     wait_for("the charts drawing", lambda: _points(page, "throughput") > 0, 60)
     wait_for("the latency percentiles", lambda: _points(page, "latency") > 0, 60)
     assert page.locator("#chart-throughput canvas").count() == 1

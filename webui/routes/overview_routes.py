@@ -20,6 +20,7 @@ from dgpp.webui.core.engine_address import foreign_engine_warning
 from dgpp.webui.deployments.store import engine_target, served_names
 from dgpp.webui.monitor.kernel_view import kernel_warning, kernels_view
 from dgpp.webui.monitor.node_probe import NodesApi, NodesClient, local_node, node_view
+from dgpp.webui.monitor.traffic_view import traffic_view
 from dgpp.webui.routes.deps import (
     LOGGED_IN,
     Backend,
@@ -135,6 +136,7 @@ async def overview(
         body["nodes_source"] = "local"
     body["warnings"] = [warning for node in body["nodes"] for warning in node["warnings"]]
     body["kernels"] = kernels_view(metrics)
+    body.update(traffic_view(metrics))
     if (warning := kernel_warning(body["kernels"])) is not None:
         body["warnings"].append(warning)
     if deployment is not None and (warning := exposure_warning(deployment)) is not None:

@@ -106,6 +106,22 @@
   }
 
   // This node's `dgpp doctor` findings (GET /api/doctor, which keeps them a minute).
+  // Requests by priority and the agent sessions (`traffic_view`), as the template draws them.
+  function renderTraffic(data) {
+    rows("#priorities", data.priorities || [], function (p) {
+      const row = document.createElement("tr");
+      [p.priority, p.waiting, p.running, p.requests, p.queue, p.ttft, p.itl].forEach(function (v) { cell(row, v); });
+      return row;
+    });
+    document.getElementById("sessions-note").textContent = data.sessions_note || "";
+    document.getElementById("sessions").hidden = !(data.sessions || []).length;
+    rows("#sessions", data.sessions || [], function (s) {
+      const row = document.createElement("tr");
+      [s.id, s.seen, s.held, s.requests, s.hit_rate].forEach(function (v) { cell(row, v); });
+      return row;
+    });
+  }
+
   function renderHealth(report) {
     const failing = report.checks.filter(function (c) { return c.status === "warn" || c.status === "fail"; });
     document.getElementById("node-health-summary").textContent = report.hostname + ": " + report.status +
@@ -165,6 +181,7 @@
     });
     renderNodes(data);
     renderKernels(data.kernels);
+    renderTraffic(data);
     const warnings = document.getElementById("warnings");
     warnings.replaceChildren();
     data.warnings.forEach(function (message) {

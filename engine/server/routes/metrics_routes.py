@@ -11,12 +11,14 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from dgpp.engine.scheduling.stats import ClassLatency, EngineStats
+from dgpp.engine.server.core.sessions import redacted
 from dgpp.engine.server.metrics import prometheus
 from dgpp.engine.server.metrics.process_memory import MemoryReading, read_memory
 from dgpp.engine.server.metrics.service import ServiceCounters, ServiceMetrics
 from dgpp.engine.server.routes.deps import State
 
 router = APIRouter()
+SHOWN = 20  # sessions in /v1/metrics
 
 
 @router.get("/v1/metrics")
@@ -148,6 +150,9 @@ def metrics_body(
         # By request priority (lower runs first): the queues now, and what finished requests
         # waited (arrival to first scheduled), their first token and their inter-token gap.
         "priorities": _priorities(stats),
+        # The most recently seen agent sessions (ids shown as their key's name and a digest;
+        # whole ids: GET /v1/sessions, /admin/sessions)
+        "sessions": [{**row, "id": redacted(str(row["id"]))} for row in stats.sessions[:SHOWN]],
         "vision": {
             "requests": counters.vision.requests,
             "images": counters.vision.images,

@@ -12,6 +12,7 @@ from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.scheduling.request import Request, RequestStatus
 from dgpp.engine.scheduling.scheduler import StepPlan
 from tests.engine.scheduling.test_scheduler import Simulation, ceil_div
+from tests.engine.scheduling.test_step_policy import _times
 
 
 class PrioritySimulation(Simulation):
@@ -163,3 +164,27 @@ def test_random_priorities_always_finish() -> None:
             if count == 24 and not sim.scheduler.has_unfinished:
                 break
         assert len(sim.finished) == 24, f"trial {trial}: {len(sim.finished)} finished"
+
+
+def test_background_decode_rows_do_not_bound_an_urgent_prompt() -> None:
+    """The step-time bound keeps decode rows' inter-token latency by cutting long prompts'
+    chunks (`step_policy`); rows all ranked below the best prompt are not what it protects: an
+    urgent long prompt beside background streams takes whole chunks, while the same prompt
+    beside streams of its own rank is cut."""
+    for background, want in ((10, 64), (0, None)):
+        sim = PrioritySimulation(
+            num_blocks=256, block_size=4, max_concurrency=8, prefill_chunk_tokens=64
+        )
+        sim.scheduler.times = _times(0.020, 0.001)  # 20 ms decode steps, 1 ms a prompt token
+        for index in range(3):
+            _add(sim, f"stream-{index}", 8, 40, priority=background)
+        for _ in range(3):
+            sim.step()  # prompts done: the streams decode
+        urgent = _add(sim, "urgent", 400, 1, priority=0)
+        sim.scheduler.last_arrival = urgent.arrival_time - 60.0  # no arrival to wait for
+        plan = sim.step()
+        (chunk,) = [c for c in plan.chunks if c.request is urgent]
+        if want is None:
+            assert chunk.num_tokens < 64 or chunk.layers is not None, chunk
+        else:
+            assert (chunk.num_tokens, chunk.layers) == (want, None), chunk

@@ -20,6 +20,7 @@ from tests.engine.server.conftest import DEFAULT_ENGINE
 from tests.engine.server.harness import RunningServer, assert_error, running_server
 
 DOCS = Path(__file__).resolve().parents[4] / "docs" / "metrics.md"
+SESSION_KEYS = {"idle_s", "expired", "hit_tokens", "hit_rate", "prompt_tokens"}
 PRIORITY_KEYS = {"waiting", "running", "requests", "queue_avg_s", "ttft_avg_s", "itl_avg_s"}
 JSON_KEYS = {
     # The start-up self-check and the world's all-reduce: empty on a CPU world of one (the
@@ -303,11 +304,12 @@ def test_prometheus_has_every_documented_name_with_the_model_label(metered: Runn
 
 def test_json_has_every_documented_key(metered: RunningServer) -> None:
     body = httpx.get(f"{metered.url}/v1/metrics", timeout=10).json()
+    assert isinstance(body.pop("sessions"), list)  # rows as GET /v1/sessions (keys below)
     priorities = body.pop("priorities")  # keyed by the priorities seen: "0" here
     assert priorities and all(set(entry) == PRIORITY_KEYS for entry in priorities.values())
     assert {section: set(fields) for section, fields in body.items()} == JSON_KEYS
     docs = DOCS.read_text()
-    for fields in [*JSON_KEYS.values(), PRIORITY_KEYS]:
+    for fields in [*JSON_KEYS.values(), PRIORITY_KEYS, SESSION_KEYS]:
         for field in fields:
             assert f"`{field}`" in docs, field
     spec = body["spec_decode"]
