@@ -1,8 +1,8 @@
 """How one step's prompt-token budget is shared: the interactive policy.
 
 Every running stream gets its decode row first (scheduler). The prompt budget
-(`prefill_chunk_tokens`) then goes to prompts by rank (`priority`: all alike unless requests
-carry priorities), and within a rank in this order:
+(`prefill_chunk_tokens`) then goes to the prompts of the best rank (`priority`: all alike unless
+requests carry priorities; lower ranks wait until aging lifts them), in this order:
 
 1. short prompts (at most `short_prompt_tokens` left to compute), running ones before waiting
    ones, each in arrival order: a one-line request arriving during a long prefill is computed
@@ -271,8 +271,10 @@ class StepPolicy:
     def share(self, budget: int, running: list[Request], waiting: list[Request]) -> dict[int, int]:
         """Prompt tokens per request id: shorts first, then longs, the oldest long keeping
         `long_prefill_share` of the budget while short prompts are served (see the module
-        docstring). Waiting requests that find no blocks leave their share unused."""
+        docstring). Waiting requests that find no blocks leave their share unused. Only the
+        best rank's prompts share it (`priority`: the others wait; aging lifts them)."""
         ordered = self.order(running, waiting)
+        ordered = [r for r in ordered if r.rank == ordered[0].rank]
         longs = [r for r in ordered if not self.is_short(r)]
         reserve = 0
         if longs and len(longs) < len(ordered):

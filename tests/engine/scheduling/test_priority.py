@@ -111,7 +111,9 @@ def test_blocks_run_short_the_worst_rank_goes_first() -> None:
     )
     low = _add(sim, "low", 16, 20, priority=9)
     normal = _add(sim, "normal", 12, 20, priority=0)
-    sim.step()
+    sim.step()  # the normal prompt (the budget goes to the best rank's prompts)
+    sim.step()  # then the low one's, beside the normal one's decode row
+    assert sim.scheduler.running == [normal, low]
     urgent = _add(sim, "urgent", 20, 2, priority=-5)
     plan = sim.step()
     assert plan.preempted == (low,)
