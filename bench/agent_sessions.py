@@ -38,7 +38,12 @@ def batch_text(tokens: int, salt: int) -> str:
 
 def run(args: argparse.Namespace, sessions_on: bool) -> dict[str, object]:
     extra = ("--kv-capacity", str(args.kv_capacity), "--prefix-min-tokens", "0")
-    extra += ("--prefix-cache-host-gib", str(args.host_gib), "--max-model-len", "8192")
+    extra += (
+        "--prefix-cache-host-gib",
+        str(args.host_gib),
+        "--max-model-len",
+        str(args.kv_capacity),
+    )
     server = start_server(args.port, True, "default", extra)
     messages = {
         n: [
