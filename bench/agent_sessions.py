@@ -4,11 +4,13 @@ prefix cache ordered by sessions (each session's `prompt_cache_key`) against blo
 requests without one), in one run.
 
     .venv/bin/python bench/agent_sessions.py [--sessions 6] [--turns 5] [--kv-capacity 4096]
-        [--host-gib 0.35] [--batch 2] [--batch-tokens 1500]
+        [--host-gib 0.8] [--batch 2] [--batch-tokens 1500]
 
 Starts `dgpp serve` on the default model twice (sessions, then LRU) with `--kv-capacity` and a
-host tier of `--host-gib` (the device pool plus the host tier hold the sessions, not the batch
-traffic as well). The sessions are built as bench/agent_replay.py builds one (a long system
+host tier of `--host-gib`: the device pool plus the host tier must hold the sessions (not the
+batch traffic as well). Six sessions taking turns round-robin over tiers smaller than their
+context defeat any recency order, this one and LRU alike (measured: 1.6% and 0.0% with 3,072
+tokens of pool and 0.3 GiB of host tier against 11,784 tokens of sessions). The sessions are built as bench/agent_replay.py builds one (a long system
 prompt with tool instructions, then turns of tool calls and results), each with its own opening;
 round by round each session takes a turn, and after each session's turn `--batch` anonymous
 prompts of `--batch-tokens` distinct tokens go through. Prints, per mode, the share of each
@@ -95,7 +97,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--port", type=int, default=18092)
     parser.add_argument("--kv-capacity", type=int, default=4096, help="the device pool, tokens")
-    parser.add_argument("--host-gib", type=float, default=0.35, help="the host tier")
+    parser.add_argument("--host-gib", type=float, default=0.8, help="the host tier")
     parser.add_argument("--batch", type=int, default=2, help="anonymous prompts per turn")
     parser.add_argument("--batch-tokens", type=int, default=1500)
     parser.add_argument("--functions", type=int, default=8, help="~33 tokens each per turn")
