@@ -6,16 +6,17 @@ requests without one), in one run.
     .venv/bin/python bench/agent_sessions.py [--sessions 6] [--turns 5] [--kv-capacity 4096]
         [--host-gib 0.8] [--batch 2] [--batch-tokens 1500]
 
-Starts `dgpp serve` on the default model twice (sessions, then LRU) with `--kv-capacity` and a
-host tier of `--host-gib`: the device pool plus the host tier must hold the sessions (not the
-batch traffic as well). Six sessions taking turns round-robin over tiers smaller than their
-context defeat any recency order, this one and LRU alike (measured: 1.6% and 0.0% with 3,072
-tokens of pool and 0.3 GiB of host tier against 11,784 tokens of sessions). The sessions are
-built as bench/agent_replay.py builds one (a long system prompt with tool instructions, then
-turns of tool calls and results), each with its own opening; round by round each session takes a turn, and after each session's turn `--batch` anonymous
-prompts of `--batch-tokens` distinct tokens go through. Prints, per mode, the share of each
-returning turn's reusable prefix (what it shares with its session's previous prompt and reply)
-that came from some tier, the worst turn's share, and the median TTFT of returning turns.
+Starts `dgpp serve` on the default model twice (sessions, then LRU) with `--kv-capacity` and a host
+tier of `--host-gib`: the device pool plus the host tier must hold the sessions (not the batch
+traffic as well). Six sessions taking turns round-robin over tiers smaller than their context
+defeat any recency order, this one and LRU alike (measured: 1.6% and 0.0% with 3,072 tokens of pool
+and 0.3 GiB of host tier against 11,784 tokens of sessions). The sessions are built as
+bench/agent_replay.py builds one (a long system prompt with tool instructions, then turns of tool
+calls and results), each with its own opening; round by round each session takes a turn, and after
+each session's turn `--batch` anonymous prompts of `--batch-tokens` distinct tokens go through.
+Prints, per mode, the share of each returning turn's reusable prefix (what it shares with its
+session's previous prompt and reply) that came from some tier, the worst turn's share, and the
+median TTFT of returning turns.
 """
 
 from __future__ import annotations
