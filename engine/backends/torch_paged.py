@@ -87,30 +87,6 @@ class TorchPagedAttention:
             ),
         )
 
-    def _rotated(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        cache: torch.Tensor,
-        metadata: PagedAttentionMetadata,
-        scale: float,
-        sinks: torch.Tensor | None,
-        sliding_window: int | None,
-        angles: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor:
-        """int4: keys and values rotated (after RoPE) before they are quantized and stored,
-        the query by the keys' rotation, the output turned back by the values'."""
-        if angles is not None:
-            query, key = apply_rotary(query, angles), apply_rotary(key, angles)
-        keys = rotation(key.shape[-1], key.device, key.dtype)
-        values = rotation(value.shape[-1], value.device, value.dtype)
-        query, key, value = rotate(query, keys), rotate(key, keys), rotate(value, values)
-        kv = kv_format(self.kv_dtype, key.shape[-1])
-        store_kv(key, value, cache[0], cache[1], metadata.slot_mapping, kv)
-        out = self.attend(query, cache[0], cache[1], metadata, scale, sinks, sliding_window, kv=kv)
-        return rotate(out, values)
-
     def forward(
         self,
         query: torch.Tensor,
@@ -126,18 +102,26 @@ class TorchPagedAttention:
         key_cache, value_cache = cache[0], cache[1]
         slots = metadata.slot_mapping
         kv = kv_format(self.kv_dtype, key.shape[-1])
-        if kv is not None and kv.name == "int4":  # rotated first (`kernels.kv_rotation`)
-            return self._rotated(
-                query, key, value, cache, metadata, scale, sinks, sliding_window, angles
-            )
         if kv is not None:  # the twins quantize the rows they store; the kernel reads them
+            values = None
+            if kv.name == "int4":  # rotated after RoPE, turned back after (`kernels.kv_rotation`)
+                if angles is not None:
+                    query, key, angles = (
+                        apply_rotary(query, angles),
+                        apply_rotary(key, angles),
+                        None,
+                    )
+                keys = rotation(key.shape[-1], key.device, key.dtype)
+                values = rotation(value.shape[-1], value.device, value.dtype)
+                query, key, value = rotate(query, keys), rotate(key, keys), rotate(value, values)
             if angles is not None:
                 query = rope_store(query, key, value, angles, key_cache, value_cache, slots, kv)
             else:
                 store_kv(key, value, key_cache, value_cache, slots, kv)
-            return self.attend(
+            out = self.attend(
                 query, key_cache, value_cache, metadata, scale, sinks, sliding_window, kv=kv
             )
+            return rotate(out, values)
         if angles is None:
             store_kv(key, value, key_cache, value_cache, slots)
         else:
