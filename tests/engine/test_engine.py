@@ -164,7 +164,17 @@ def test_live_knobs_retune_the_step_policy_mid_flight_and_outputs_stay_exact(
     engine.add_request(prompt, GREEDY, "tuned")
     engine.step()
     tuned = replace(engine.config, short_prompt_tokens=4, long_prefill_share=0.5)
-    engine.retune(replace(tuned, step_target_ms=-1.0, arrival_hold_ms=250.0))
+    engine.retune(
+        replace(
+            tuned,
+            step_target_ms=-1.0,
+            arrival_hold_ms=250.0,
+            session_ttl_s=5.0,
+            priority_aging_s=2.0,
+        )
+    )
+    assert engine.block_manager.sessions.table.ttl_s == 5.0
+    assert engine.scheduler.aging_s == 2.0
     policy = engine.scheduler.policy
     assert (policy.short_prompt_tokens, policy.long_prefill_share) == (4, 0.5)
     assert policy.arrival_hold_s == 0.25

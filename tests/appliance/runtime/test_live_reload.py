@@ -33,11 +33,15 @@ LIVE = {
     "engine.long_prefill_share",
     "engine.step_target_ms",
     "engine.arrival_hold_ms",
+    # rank 0's scheduler and prefix cache: how fast a waiting rank ages, how long a session lives
+    "engine.priority_aging_s",
+    "engine.session_ttl_s",
     "http.served_model_names",
     "http.default_max_tokens",
     "http.max_tokens_policy",
     "http.queue_limit",
     "http.default_chat_template_kwargs",
+    "http.default_reasoning_effort",
     # images: read from the server's settings per request
     "http.image_min_pixels",
     "http.image_max_pixels",
