@@ -33,6 +33,7 @@ from dgpp.engine.scheduling.request import FinishReason, PromptIds, Request, Req
 from dgpp.engine.scheduling.scheduler import Scheduler, StepPlan
 from dgpp.engine.scheduling.stats import EngineCounters, EngineStats
 from dgpp.engine.scheduling.step_policy import StepPolicy
+from dgpp.engine.scheduling.step_pooling import pooling_for
 from dgpp.engine.speculative.mtp_drafter import MtpDrafter
 from dgpp.engine.speculative.mtp_runner import drafter_for
 from dgpp.engine.speculative.ngram import NgramProposer, Proposer
@@ -130,6 +131,7 @@ class LLMEngine:
             self.counters,
             self.eos_token_ids,
             self.max_model_len,
+            pooling_for(config.kind, self.tokenizer),
         )
         self.runner.forget_world()
         if self.runner.disk is not None:  # no read from disk in flight (a new world)
@@ -211,6 +213,8 @@ class LLMEngine:
             check_token_ids(list(params.logit_bias), self.model_config.vocab_size, "logit_bias")
         num_prompt = len(prompt_ids)
         max_tokens = params.max_tokens or self.max_model_len - num_prompt
+        if self.processor.pooling is not None:  # the prompt alone, its last row the result
+            max_tokens = 1
         check_context(num_prompt, self.max_model_len, max_tokens)
         if params.prompt_logprobs is not None and num_prompt > self.config.max_scored_prompt_tokens:
             raise InvalidRequestError(

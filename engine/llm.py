@@ -15,6 +15,7 @@ from dgpp.engine.planning.resolved import resolve
 from dgpp.engine.quant.gguf_view import view_for
 from dgpp.engine.sampling.sampling_params import SamplingParams
 from dgpp.engine.scheduling.request import PromptIds, RequestOutput
+from dgpp.engine.scheduling.step_pooling import embedding
 
 Prompt = str | list[int]
 Message = dict[str, Any]
@@ -89,6 +90,23 @@ class LLM:
                     finished[output.request_id] = output
         return [finished[request_id] for request_id in request_ids]
 
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[list[float]]:
+        """Each prompt's unit-length embedding, in prompt order (`kind="embed"`)."""
+        self._check_kind("embed")
+        return [embedding(out.pooled or ()) for out in self.generate(prompts, _POOL)]
+
+    def score(self, prompts: Prompt | Sequence[Prompt]) -> list[float]:
+        """Each prompt's relevance, P("yes"), in prompt order (`kind="rerank"`: the prompt is the
+        reranker's template filled with a query and a document)."""
+        self._check_kind("rerank")
+        return [(out.pooled or (0.0,))[0] for out in self.generate(prompts, _POOL)]
+
+    def _check_kind(self, kind: str) -> None:
+        if self.engine.config.kind != kind:
+            raise InvalidRequestError(
+                f"this model is served as {self.engine.config.kind!r}, not {kind!r} (kind=)"
+            )
+
     def chat(
         self,
         messages: Sequence[Message] | Sequence[Sequence[Message]],
@@ -122,6 +140,9 @@ class LLM:
             raise InvalidRequestError(f"the chat template rejected the messages: {err}") from None
         # The template already wrote any BOS it wants; do not add special tokens twice.
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+
+_POOL = SamplingParams(max_tokens=1)
 
 
 def checkpoint_directory(model: str) -> Path:

@@ -120,7 +120,7 @@ class ModelConfig:
         architectures = raw.get("architectures") or []
         if not architectures:
             raise ModelLoadError("config.json names no architectures; cannot pick a model class")
-        architecture = architectures[0]
+        architecture = BARE_DECODERS.get(architectures[0], architectures[0])
         check_method(quant_config(raw))
         try:
             num_heads = int(raw["num_attention_heads"])
@@ -209,6 +209,14 @@ def read_generation_config(checkpoint: Path) -> dict[str, Any]:
         return {}
     return raw if isinstance(raw, dict) else {}
 
+
+# Bare decoders, as embedding checkpoints are saved (served with `engine.kind: embed`): their
+# family's, without the head.
+BARE_DECODERS = {
+    "LlamaModel": "LlamaForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
 
 _QK_NORM = (
     "Qwen3ForCausalLM",

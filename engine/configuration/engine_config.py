@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 Dtype = Literal["float32", "bfloat16", "float16"]
 PrefillPrecision = Literal["fp32", "model"]
 Speculative = Literal["off", "ngram", "mtp"]
+Kind = Literal["generate", "embed", "rerank"]
 Quantization = Literal[("auto", "none", *METHODS)]  # type: ignore[valid-type]
 DTYPES: tuple[str, ...] = Dtype.__args__  # type: ignore[attr-defined]
 
@@ -43,9 +44,22 @@ class EngineConfig(DeviceKnobs):
             lambda disk, host: disk == 0 or host > 0,
             "{0} ({v0}) needs {1} too: blocks read from disk are staged in the host tier",
         ),
+        Rule(
+            ("kind", "speculative"),
+            lambda kind, speculative: kind == "generate" or speculative == "off",
+            "{0} {v0} never decodes: {1} ({v1}) must be off",
+        ),
     )
 
     model: str
+    kind: Kind = knob(
+        "generate",
+        "what the model serves: generate (chat, completions, responses), embed (/v1/embeddings: "
+        "the last token's final hidden state) or rerank (/v1/rerank, /v1/score: a decoder "
+        "reranker's yes/no logits, as Qwen3-Reranker's)",
+        label="Model kind",
+        group="api",
+    )
     dtype: Dtype | None = knob(
         None,
         "weight and activation dtype",

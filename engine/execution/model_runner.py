@@ -33,6 +33,7 @@ from dgpp.engine.execution.drafting import Drafter, Drafting, DraftTarget
 from dgpp.engine.execution.step_message import BlockTables, StepMessage, StepRow
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
+from dgpp.engine.models.pooling import image_architecture
 from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_state_specs
 from dgpp.engine.planning.device_memory import drop_page_cache
 from dgpp.engine.planning.host_store import HostStore, host_slots
@@ -94,18 +95,15 @@ class ModelRunner:
         self.selfcheck.before_build()  # the kernels against their twins, before a backend
         attention = select_backend_for(model_config, self.device, self.dtype, config.kv_cache_dtype)
         with torch.device("cpu"):
-            model = build_model(model_config, parallel, max_model_len, attention)
+            model = build_model(model_config, parallel, max_model_len, attention, config.kind)
         model = model.to(self.dtype)
         warm = False
-        image_dir = (
-            Path(config.resident_cache_dir).expanduser()
-            if config.resident_cache_dir is not None
-            else resident_dir
-        )
+        own_dir = config.resident_cache_dir
+        image_dir = Path(own_dir).expanduser() if own_dir is not None else resident_dir
         if config.resident_cache and image_dir is not None:
             key = image_key(
                 checkpoint, parallel.tp_rank, parallel.tp_size, config.resolved_dtype,
-                self.device.type, model_config.architecture,
+                self.device.type, image_architecture(model_config.architecture, config.kind),
             )  # fmt: skip
             warm = load_resident(model, checkpoint, key, image_dir)
         else:
@@ -149,7 +147,8 @@ class ModelRunner:
         recurrent = state_layers(self.model)
         backends = [*self.backends, *([recurrent[0].state_backend] if recurrent else [])]
         graphed = self.device.type == "cuda" and config.cuda_graph_max_batch > 0
-        graphed = graphed and config.speculative != "mtp"  # MTP reads every step's hidden states
+        # MTP reads every step's hidden states; embedders and rerankers never decode
+        graphed = graphed and config.speculative != "mtp" and config.kind == "generate"
         if graphed:
             reason = "packing weights in the background" if self.packing else None
             reason = reason or why_not_graphed(self.model, backends)

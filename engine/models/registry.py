@@ -21,6 +21,7 @@ from dgpp.engine.models.kimi_linear import KimiLinearForCausalLM
 from dgpp.engine.models.llama import LlamaForCausalLM
 from dgpp.engine.models.mimo_v2_flash import MiMoV2FlashForCausalLM
 from dgpp.engine.models.minimax_m2 import MiniMaxM2ForCausalLM
+from dgpp.engine.models.pooling import adapt_for_kind
 from dgpp.engine.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from dgpp.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 from dgpp.engine.models.qwen3_next import Qwen3NextForCausalLM
@@ -94,8 +95,10 @@ def build_model(
     parallel: ParallelContext,
     max_position: int,
     attention: PagedAttentionBackend,
+    kind: str = "generate",
 ) -> nn.Module:
-    return model_class(config)(config, parallel, max_position, attention)
+    """The model of `config`'s family, as `kind` (`engine.kind`) serves it."""
+    return adapt_for_kind(model_class(config)(config, parallel, max_position, attention), kind)
 
 
 def layer_cache_specs(

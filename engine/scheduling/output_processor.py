@@ -19,6 +19,7 @@ from dgpp.engine.scheduling.request import (
 )
 from dgpp.engine.scheduling.scheduler import Scheduler, StepPlan
 from dgpp.engine.scheduling.stats import EngineCounters, priority_class
+from dgpp.engine.scheduling.step_pooling import Pooling, pooled_rows
 from dgpp.engine.scheduling.step_sampling import SampledRow, sample_step
 
 
@@ -33,8 +34,12 @@ class OutputProcessor:
         counters: EngineCounters,
         eos_token_ids: Collection[int],
         max_model_len: int,
+        pooling: Pooling | None = None,
     ) -> None:
+        """`pooling`: a pooling engine's (`engine.kind` embed or rerank), whose requests end
+        with their prompt, a result in place of tokens."""
         self.scheduler = scheduler
+        self.pooling = pooling
         self.block_manager: BlockManager = scheduler.block_manager
         self.sampler = sampler
         self.generator = generator
@@ -62,6 +67,8 @@ class OutputProcessor:
             counters.prompt_tokens_computed += max(0, prompt_end - chunk.start)
             request.num_computed_tokens += chunk.num_tokens
             self._cache_blocks(request)
+        if self.pooling is not None:
+            return self._pool(plan, logits, self.pooling)
         outputs = []
         for row in sample_step(plan, logits, self.sampler, self.generator):
             num_new = self._take(row)
@@ -75,6 +82,16 @@ class OutputProcessor:
                     chunk = row.chunk
                     self.block_manager.keep_accepted_state(request, chunk.start, chunk.num_tokens)
             outputs.append(self.output(request, num_new_tokens=num_new))
+        return outputs
+
+    def _pool(self, plan: StepPlan, logits: torch.Tensor, pooling: Pooling) -> list[RequestOutput]:
+        outputs = []
+        for request, value in pooled_rows(plan, logits, pooling):
+            request.pooled = value
+            request.first_token_time = time.monotonic()  # its time to first token is its latency
+            self._count_first_token(request)
+            self.finish(request, FinishReason.STOP, None)
+            outputs.append(self.output(request, num_new_tokens=0))
         return outputs
 
     def finish(self, request: Request, reason: FinishReason, stop_reason: str | int | None) -> None:
@@ -123,6 +140,7 @@ class OutputProcessor:
             prompt_class=request.prompt_class,
             prompt_logprobs=_prompt_logprobs(request),
             priority=request.params.priority,
+            pooled=request.pooled,
         )
 
     def _take(self, row: SampledRow) -> int:

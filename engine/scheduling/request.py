@@ -104,6 +104,7 @@ class Request:
     rank: int = 0
     progressed_at: float | None = None
     images: tuple[PromptImage, ...] = ()  # the prompt's images, in order (vision-language)
+    pooled: tuple[float, ...] | None = None  # a pooling engine's result (`step_pooling`)
     num_hashed_blocks: int = 0  # leading full blocks already offered to the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
     spec_history: Any = None  # the n-gram proposer's array of token_ids (speculative decoding)
@@ -216,3 +217,5 @@ class RequestOutput:
     # With `prompt_logprobs`: each prompt token's (the first's None), once the prompt is read
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
     priority: int = 0  # the request's `SamplingParams.priority`
+    # A pooling engine's (`engine.kind`): the embedding, or the reranker's score, once finished
+    pooled: tuple[float, ...] | None = None
