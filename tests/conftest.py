@@ -340,6 +340,23 @@ def tiny_model(architecture: str, seed: int = 0, **overrides: object) -> torch.n
     return model
 
 
+def build_tiny_embedder(out: Path, tokenizer_dir: Path, seed: int = 3) -> Path:
+    """A random-weight bare Qwen3 decoder saved as Qwen3-Embedding is: tensors without the
+    `model.` prefix, no LM head, `Qwen3ForCausalLM` in config.json."""
+    import shutil
+
+    import transformers
+
+    config = transformers.Qwen3Config(**{**TINY_COMMON, "head_dim": 32})
+    torch.manual_seed(seed)
+    model = transformers.Qwen3Model(config)
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    model.save_pretrained(str(out), safe_serialization=True)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, out / item.name)
+    return out
+
+
 def build_tiny_checkpoint(
     out: Path, tokenizer_dir: Path, architecture: str, seed: int = 0, **overrides: object
 ) -> Path:

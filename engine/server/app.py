@@ -25,6 +25,7 @@ from dgpp.engine.server.routes import (
     completion_routes,
     metrics_routes,
     misc_routes,
+    pooling_routes,
     responses_routes,
     session_routes,
 )
@@ -74,6 +75,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.include_router(responses_routes.router)
     app.include_router(metrics_routes.router)
     app.include_router(session_routes.router)
+    app.include_router(pooling_routes.router)
     admin_routes.install(app)  # /admin/drain, /admin/undrain and the guard while draining
 
     @app.middleware("http")

@@ -77,3 +77,27 @@ class ServerState:
             code="model_not_found",
             param="model",
         )
+
+    @property
+    def kind(self) -> str:
+        """What the model serves (`engine.kind`): generate, embed or rerank."""
+        return self.engine.engine.config.kind
+
+    def check_kind(self, kind: str, endpoint: str) -> None:
+        """400 naming the endpoints the model serves when `endpoint` needs a `kind` model."""
+        if self.kind != kind:
+            raise APIError(
+                400,
+                f"the model {self.model_name!r} is served as {self.kind!r} "
+                f"({KIND_ENDPOINTS[self.kind]}); {endpoint} needs a {kind!r} model",
+                code="wrong_model_kind",
+                param="model",
+            )
+
+
+# What each kind of model serves (`ServerState.check_kind`'s errors say it)
+KIND_ENDPOINTS = {
+    "generate": "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages",
+    "embed": "POST /v1/embeddings",
+    "rerank": "POST /v1/rerank, /v2/rerank, /v1/score",
+}

@@ -106,6 +106,7 @@ async def messages(
     request: MessagesRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
+    state.check_kind("generate", "POST /v1/messages")
     tools = to_openai_tools(request)
     name, required = anthropic_choice(request.tool_choice)
     forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)

@@ -60,6 +60,7 @@ async def chat_completions(
     request: ChatCompletionRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
+    state.check_kind("generate", "POST /v1/chat/completions")
     tools = request.tools if request.tool_choice != "none" else None
     name, required = openai_choice(request.tool_choice)
     forced = forced_start(state.tokenizer.chat_template or "", tools, name, required)

@@ -60,6 +60,7 @@ async def completions(
     request: CompletionRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
+    state.check_kind("generate", "POST /v1/completions")
     check_unsupported(request)
     prompts = await asyncio.to_thread(_completion_prompts, state, request)  # off the event loop
     if request.stream and len(prompts) > 1:

@@ -93,6 +93,7 @@ async def create_response(
     request: ResponsesRequest, state: State, tracker: Tracker, client: Request
 ) -> JSONResponse | StreamingResponse:
     model = state.check_model(request.model)
+    state.check_kind("generate", "POST /v1/responses")
     _check_supported(request)
     previous: tuple[ChatMessage, ...] = ()
     if request.previous_response_id is not None:

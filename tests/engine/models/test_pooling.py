@@ -17,7 +17,7 @@ import torch
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.errors import ConfigError, InvalidRequestError
 from dgpp.engine.scheduling.step_pooling import embedding
-from tests.conftest import TINY_COMMON, build_tiny_checkpoint
+from tests.conftest import TINY_COMMON, build_tiny_checkpoint, build_tiny_embedder
 
 PROMPTS = [
     list(range(300, 337)),  # 37 tokens: three chunks of 16
@@ -28,17 +28,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
-    import transformers
-
-    out = tmp_path_factory.mktemp("tiny-embedding")
-    config = transformers.Qwen3Config(**{**TINY_COMMON, "head_dim": 32})
-    torch.manual_seed(3)
-    model = transformers.Qwen3Model(config)
-    model.config.architectures = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's config.json says
-    model.save_pretrained(str(out), safe_serialization=True)
-    for item in tokenizer_dir.iterdir():
-        shutil.copy(item, out / item.name)
-    return out
+    return build_tiny_embedder(tmp_path_factory.mktemp("tiny-embedding"), tokenizer_dir)
 
 
 def _reference_embeddings(checkpoint: Path) -> list[torch.Tensor]:
