@@ -37,6 +37,7 @@ STRINGS = {
     "tokenizer": "/tok",
     "resident_cache_dir": "/r",
     "prefix_cache_dir": "/var/cache/dgpp/prefix",
+    "uds": "/run/dgpp/side.sock",
 }
 # Knobs a rule (`Rule`) ties to another: that one's value goes with theirs.
 COMPANIONS: dict[str, dict[str, Any]] = {"prefix_cache_disk_gib": {"prefix_cache_host_gib": 2.0}}

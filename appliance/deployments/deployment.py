@@ -19,6 +19,7 @@ from pydantic import (
 
 from dgpp.appliance.deployments.http_keys import check_key, read_key_file
 from dgpp.appliance.deployments.knob_schema import Section, knob_values, section_model
+from dgpp.appliance.deployments.side_models import SideModel, check_side_models
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.knobs import knobs_of
 from dgpp.engine.distributed.world_spec import WorldSpec, WorldTimeouts
@@ -135,6 +136,17 @@ class Deployment(_Section):
     resident_cache: ResidentCacheSection = Field(default_factory=ResidentCacheSection)
     paths: PathsSection = Field(default_factory=PathsSection)
     speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
+    side_models: list[SideModel] = Field(default_factory=list, max_length=16)
+    # What the side models of a node may take together; a load past it stops the least
+    # recently used idle one first. Unset: no bound (each still within its own memory_gib).
+    side_memory_gib: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _side_models_fit_the_world(self) -> Deployment:
+        names = [name for name in self.http.served_model_names if name]
+        main = [*names, default_served_name(self.model)]
+        check_side_models(self.side_models, main, self.world_size)
+        return self
 
 
 def parse_deployment(

@@ -32,6 +32,7 @@ from dgpp.appliance.runtime.node_probe import (
     tcp_store_client,
 )
 from dgpp.appliance.runtime.sd_notify import Notifier
+from dgpp.appliance.runtime.side_supervisor import head_side_models
 from dgpp.appliance.runtime.stop_signals import StopSignals
 from dgpp.engine.async_engine import AsyncEngine
 from dgpp.engine.distributed.world_spec import WorldSpec
@@ -81,9 +82,18 @@ def run_head(options: HeadOptions) -> int:
     import_s = process_age_s()
     app = create_app(None, options.server)
     server = uvicorn.Server(
-        http_server_config(app, options.server.host, options.server.port, options.log_level)
+        http_server_config(
+            app, options.server.host, options.server.port, options.log_level, options.server.uds
+        )
     )
     runtime = HeadRuntime(options, app, server, import_s, publish_interval_s(os.environ))
+    sides = None
+    if options.deployment is not None:
+        sides = head_side_models(options.deployment, options.server, options.deployment_id,
+                                 options.log_level, options.local_workers)  # fmt: skip
+    app.state.dgpp_sides = sides
+    if sides is not None:
+        sides.start()
     workers = None
     if options.local_workers and options.spec.world_size and options.spec.world_size > 1:
         timeouts = options.spec.timeouts
@@ -110,6 +120,8 @@ def run_head(options: HeadOptions) -> int:
         runtime.stop()
         if workers is not None:
             workers.stop()
+        if sides is not None:
+            sides.stop()
     return runtime.exit_code
 
 
@@ -243,7 +255,13 @@ class HeadRuntime:
             )
             async_engine.start()
             self._async_engine = async_engine
-            state = ServerState(async_engine, options.server, options.server.served_model_names)
+            sides = options.deployment.side_models if options.deployment is not None else []
+            state = ServerState(
+                async_engine,
+                options.server,
+                options.server.served_model_names,
+                tuple(side.name for side in sides),
+            )
             attach_state(self.app, state, self._details())
         log.info("sampling defaults from the checkpoint: %s", state.sampling_defaults.describe())
         self._log_ready()

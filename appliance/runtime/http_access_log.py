@@ -58,10 +58,15 @@ def quiet_monitoring_polls() -> None:
         logger.addFilter(MonitoringPollFilter())
 
 
-def http_server_config(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Config:
+def http_server_config(
+    app: FastAPI, host: str, port: int, log_level: str, uds: str | None = None
+) -> uvicorn.Config:
     """uvicorn's settings for rank 0: no logging configuration of its own (`log_config=None`),
     so its loggers propagate to the root handlers `configure_logging` set up (standard error and
-    the deployment's `rank0.log`, with timestamps), and the monitoring polls quieted."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=None)
+    the deployment's `rank0.log`, with timestamps), and the monitoring polls quieted. With
+    `uds`, a Unix socket (owner only) in place of host:port."""
+    config = uvicorn.Config(
+        app, host=host, port=port, uds=uds, log_level=log_level, log_config=None
+    )
     quiet_monitoring_polls()
     return config

@@ -14,6 +14,7 @@ from dgpp.engine.server.core.body_limit import BodyLimitMiddleware
 from dgpp.engine.server.core.config import ServerConfig, concrete_names
 from dgpp.engine.server.core.errors import APIError, install_error_handlers, respond
 from dgpp.engine.server.core.priority import key_matches, presented_key
+from dgpp.engine.server.core.side_proxy import SideProxy
 from dgpp.engine.server.metrics.prometheus import build_registry
 from dgpp.engine.server.metrics.service import ServiceMetrics
 from dgpp.engine.server.metrics.stats_log import periodic_stats_log
@@ -66,7 +67,9 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.state.dgpp_startup = Startup()
     app.state.dgpp_metrics = metrics
     app.state.dgpp_prometheus = build_registry(metrics, model_name, engine_stats)
+    app.state.dgpp_sides = None  # side models' router (`core.side_proxy`), where there are any
     install_error_handlers(app)
+    app.add_middleware(SideProxy)  # inside the body limit and the key check
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
     app.include_router(misc_routes.router)
     app.include_router(chat_routes.router)

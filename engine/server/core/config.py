@@ -30,6 +30,11 @@ class ServerConfig:
 
     host: str = knob("127.0.0.1", "bind address")
     port: int = knob(18080, "HTTP port", ge=1, le=65535)
+    uds: str | None = knob(
+        None,
+        "serve on this Unix socket instead of host:port (how a side model's server answers "
+        "rank 0's front, which holds the keys)",
+    )
     api_key: str | None = None  # every route but OPEN_PATHS needs it
     admin_key: str | None = None  # /admin/* need it; without one they answer on loopback only
     # Further API keys, each with its requests' default priority and limit (`core.priority`)
@@ -70,6 +75,16 @@ class ServerConfig:
         group="api",
         ge=0,
         live=True,
+    )
+    side_load_wait_s: float = knob(
+        120.0,
+        "how long a request for an unloaded side model waits for its load before 503 with "
+        "Retry-After (the load goes on)",
+        label="Side model load wait",
+        group="api",
+        advanced=True,
+        unit="s",
+        ge=0.0,
     )
     responses_store_size: int = knob(
         1024,

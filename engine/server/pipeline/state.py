@@ -22,6 +22,7 @@ class ServerState:
     engine: AsyncEngine
     config: ServerConfig
     served_model_names: tuple[str, ...]
+    side_names: tuple[str, ...] = ()  # the side models behind the front (`core.side_proxy`)
     started_at: float = field(default_factory=time.time)
     template_traits: TemplateTraits = field(init=False)
     output_format: OutputFormat = field(init=False)  # how the model writes calls and reasoning
@@ -73,7 +74,8 @@ class ServerState:
         raise APIError(
             404,
             f"the model {name!r} does not exist; this server serves "
-            f"{', '.join(repr(n) for n in self.served_model_names)}",
+            f"{', '.join(repr(n) for n in self.served_model_names)}"
+            + (f"; side models {', '.join(map(repr, self.side_names))}" if self.side_names else ""),
             code="model_not_found",
             param="model",
         )

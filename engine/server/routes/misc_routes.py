@@ -50,17 +50,26 @@ def _card(state: ServerState, name: str) -> dict[str, Any]:
         "owned_by": "dgpp",
         "root": state.model_name,
         "max_model_len": state.max_model_len,
+        "kind": state.kind,
+        "state": "loaded",
     }
 
 
 @router.get("/v1/models")
-async def list_models(state: State) -> dict[str, Any]:
+async def list_models(state: State, request: Request) -> dict[str, Any]:
+    """The main model's names, then every side model with its state (`core.side_proxy`)."""
     names = concrete_names(state.served_model_names)
-    return {"object": "list", "data": [_card(state, name) for name in names]}
+    sides = request.app.state.dgpp_sides
+    listed = sides.listing() if sides is not None else []
+    return {"object": "list", "data": [*(_card(state, name) for name in names), *listed]}
 
 
 @router.get("/v1/models/{model_id:path}")
-async def get_model(model_id: str, state: State) -> dict[str, Any]:
+async def get_model(model_id: str, state: State, request: Request) -> dict[str, Any]:
+    sides = request.app.state.dgpp_sides
+    for card in sides.listing() if sides is not None else []:
+        if card["id"] == model_id:
+            return card
     state.check_model(model_id)
     return _card(state, model_id)
 

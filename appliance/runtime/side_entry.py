@@ -1,0 +1,131 @@
+"""One side model's record in `side_supervisor`: its process and state, what it has done, what it
+holds, and the deployment its own `dgpp serve` runs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dgpp.appliance.deployments.knob_schema import key_of, section_knobs
+from dgpp.appliance.deployments.side_models import SideModel
+
+GIB = 1 << 30
+LOG_TAIL_CHARS = 600
+
+
+@dataclass
+class SideEntry:
+    side: SideModel
+    socket: Path
+    state: str = "unloaded"  # unloaded, loading, loaded, failed
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    in_flight: int = 0
+    last_used: float = 0.0  # time.monotonic()
+    load_started: float = 0.0
+    load_seconds: float | None = None
+    failed_at: float = 0.0
+    error: str | None = None
+    loads: int = 0
+    unloads: int = 0
+    crashes: int = 0
+    planned_bytes: int | None = field(default=None, repr=False)
+
+    @property
+    def is_idle(self) -> bool:
+        return self.state == "loaded" and self.in_flight == 0
+
+    @property
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last_used if self.in_flight == 0 else 0.0
+
+    def memory(self) -> int:
+        """The bytes it may take: `memory_gib`, else its engine's memory plan (0 when the plan
+        cannot be made: the load itself will say why)."""
+        if self.side.memory_gib is not None:
+            return int(self.side.memory_gib * GIB)
+        if self.planned_bytes is None:
+            self.planned_bytes = planned_bytes(self.side)
+        return self.planned_bytes
+
+    def fail(self, why: str) -> None:
+        self.state, self.failed_at = "failed", time.monotonic()
+        tail = self.log_tail()
+        self.error = f"{why}; its log ends: {tail}" if tail else why
+
+    def log_tail(self) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        text = self.log_path.read_text(errors="replace").strip()
+        return " ".join(text[-LOG_TAIL_CHARS:].split())
+
+    def healthy(self) -> bool:
+        if not self.socket.exists():
+            return False
+        try:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket))) as client:
+                return client.get("http://side/health", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def card(self) -> dict[str, Any]:
+        """Its /v1/models entry (OpenAI's fields, then dgpp's)."""
+        now = time.monotonic()
+        return {
+            "id": self.side.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "dgpp",
+            "root": self.side.model,
+            "kind": self.side.kind,
+            "state": self.state,
+            "aliases": list(self.side.aliases),
+            "load": self.side.load,
+            "memory_bytes": self.memory(),
+            "in_flight": self.in_flight,
+            "pid": self.process.pid if self.process is not None else None,
+            "idle_s": round(now - self.last_used, 1) if self.last_used else None,
+            "load_s": None if self.load_seconds is None else round(self.load_seconds, 2),
+            "loads": self.loads,
+            "unloads": self.unloads,
+            "crashes": self.crashes,
+            "error": self.error,
+        }
+
+
+def side_deployment(side: SideModel, socket: Path, common: dict[str, Any]) -> dict[str, Any]:
+    """The deployment a side model's own `dgpp serve` runs: its model and engine knobs, its
+    names, the socket; plus the main deployment's `common` sections (paths, resident cache)."""
+    engine = side.engine.model_dump(exclude_unset=True)
+    return {
+        **common,
+        "model": side.model,
+        "engine": {**engine, "kind": side.kind},
+        "http": {"uds": str(socket), "served_model_names": [side.name, *side.aliases]},
+    }
+
+
+def planned_bytes(side: SideModel) -> int:
+    """Its engine's memory plan on one rank, in bytes; 0 when it cannot be made here."""
+    from dgpp.appliance.models.store import resolve_model
+    from dgpp.engine.configuration.engine_config import EngineConfig
+    from dgpp.engine.errors import DgppError
+    from dgpp.engine.planning.memory_plan import plan_memory
+    from dgpp.engine.planning.resolved import resolve
+
+    try:
+        knobs = {
+            each.name: getattr(side.engine, key_of(each))
+            for each in section_knobs("engine", EngineConfig)
+            if key_of(each) in side.engine.model_fields_set
+        }
+        config = EngineConfig(model=side.model, **{**knobs, "kind": side.kind})
+        resolved = resolve(config, resolve_model(side.model))
+        return plan_memory(resolved.engine, resolved.model, 1).total_bytes
+    except (DgppError, OSError, ValueError):
+        return 0
