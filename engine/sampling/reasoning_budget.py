@@ -7,7 +7,9 @@ the prompt opened it; else it opens when the output writes `reasoning_open` (`<t
 `<|channel|>analysis<|message|>`). Once `reasoning_budget` tokens have been generated inside
 it without the model closing it (with `reasoning_end`, or `reasoning_close` where the model's
 own close is shorter: harmony's `<|end|>`), the sampler allows only the closing sequence,
-token by token; the model then answers as usual. Like a grammar it is a mask, so speculative
+token by token; the model then answers as usual, except that it may not end the output before
+its answer has something besides whitespace (`answer_due`: the end tokens are masked), so a
+forced close never leaves an empty answer. Like a grammar it is a mask, so speculative
 drafts are checked against it, and a request without a budget pays nothing.
 """
 
@@ -37,6 +39,11 @@ class ReasoningBudget:
     spent: int = 0
     matched: int = 0
     closed: bool = False
+    # The close was forced and the answer has no text yet (the output processor, which reads
+    # the text, clears it): the request's end tokens are masked meanwhile
+    answer_due: bool = False
+    answer_from: int = 0  # the answer's first output token (after the forced close)
+    seen: int = 0  # output tokens taken in while the block was not yet closed
     _opening: int = 0  # of `opens` matched so far
     _closing: int = 0  # of `closes` matched so far
 
@@ -53,6 +60,7 @@ class ReasoningBudget:
     def advance(self, token_id: int) -> None:
         if self.closed:
             return
+        self.seen += 1
         if not self.is_open:
             self._opening = _step(self.opens, self._opening, token_id)
             return
@@ -61,6 +69,7 @@ class ReasoningBudget:
         self.matched = _step(self.end, self.matched, token_id)
         if self.matched == len(self.end):
             self.closed = True
+            self.answer_due, self.answer_from = forcing, self.seen
         elif self.closes and not forcing:
             self._closing = _step(self.closes, self._closing, token_id)
             self.closed = self._closing == len(self.closes)
@@ -76,3 +85,13 @@ def force_rows(logits: torch.Tensor, forced: list[int | None]) -> None:
             keep = logits[row, token].clone()
             logits[row].fill_(float("-inf"))
             logits[row, token] = keep
+
+
+def ban_rows(logits: torch.Tensor, banned: list[tuple[int, ...]]) -> None:
+    """In place: row i of `logits` may not be any of `banned[i]`."""
+    rows = [(i, list(tokens)) for i, tokens in enumerate(banned) if tokens]
+    if not rows:
+        return
+    with torch.inference_mode():
+        for row, tokens in rows:
+            logits[row, tokens] = float("-inf")

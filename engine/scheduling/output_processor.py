@@ -70,7 +70,7 @@ class OutputProcessor:
         if self.pooling is not None:
             return self._pool(plan, logits, self.pooling)
         outputs = []
-        for row in sample_step(plan, logits, self.sampler, self.generator):
+        for row in sample_step(plan, logits, self.sampler, self.generator, self.eos_token_ids):
             num_new = self._take(row)
             counters.tokens_generated += num_new
             request = row.request
@@ -171,6 +171,10 @@ class OutputProcessor:
         else:
             assert request.detokenizer is not None
             stop = request.detokenizer.add_token(token_id)
+            budget = request.reasoning
+            if budget is not None and budget.answer_due:  # a forced close: text to come
+                answer = request.output_token_ids[budget.answer_from :]
+                budget.answer_due = not request.detokenizer.text_of(answer).strip()
             if stop is not None:
                 self.finish(request, FinishReason.STOP, stop)
             elif (

@@ -11,13 +11,14 @@ first token that finishes the request.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from dgpp.engine.planning.memory_plan import SCORE_ROWS
 from dgpp.engine.sampling.grammar import consume, mask_rows
-from dgpp.engine.sampling.reasoning_budget import force_rows
+from dgpp.engine.sampling.reasoning_budget import ban_rows, force_rows
 from dgpp.engine.sampling.sampler import Sampler, SamplerRow, TokenLogprobs, scored_logprobs
 from dgpp.engine.scheduling.request import Request
 from dgpp.engine.scheduling.scheduler import ScheduledChunk, StepPlan
@@ -45,9 +46,14 @@ class SampledRow:
 
 
 def sample_step(
-    plan: StepPlan, logits: torch.Tensor, sampler: Sampler, generator: torch.Generator
+    plan: StepPlan,
+    logits: torch.Tensor,
+    sampler: Sampler,
+    generator: torch.Generator,
+    eos_token_ids: Collection[int] = (),
 ) -> list[SampledRow]:
-    """Sample every sampled chunk of `plan` from `logits` [plan.num_sampled, V], in plan order."""
+    """Sample every sampled chunk of `plan` from `logits` [plan.num_sampled, V], in plan order.
+    `eos_token_ids` end a request (masked while a forced close waits for its answer)."""
     rows: list[SampledRow] = []
     offset = 0
     for chunk in plan.chunks:
@@ -68,6 +74,7 @@ def sample_step(
             part = logits.index_select(0, index)
         mask_rows(part, [row.request.matcher for row in alive])  # rows with a grammar only
         force_rows(part, [_forced(row) for row in alive])  # rows over their reasoning budget
+        ban_rows(part, [_no_end(row, eos_token_ids) for row in alive])  # and their answers
         result = sampler(part, [_sampler_row(row) for row in alive], generator)
         survivors = []
         for row, token_id, logprobs in zip(alive, result.token_ids, result.logprobs, strict=True):
@@ -107,6 +114,14 @@ def _forced(row: SampledRow) -> int | None:
     if budget is None:
         return None
     return budget.forced(len(row.request.output_token_ids) + len(row.token_ids))
+
+
+def _no_end(row: SampledRow, eos_token_ids: Collection[int]) -> tuple[int, ...]:
+    """The tokens a row may not draw: its end tokens while its answer is due."""
+    budget = row.request.reasoning
+    if budget is None or not budget.answer_due or row.request.params.ignore_eos:
+        return ()
+    return (*eos_token_ids, *row.request.params.stop_token_ids)
 
 
 def _sampler_row(row: SampledRow) -> SamplerRow:

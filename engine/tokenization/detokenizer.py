@@ -87,6 +87,10 @@ class IncrementalDetokenizer:
             self._unsent = ["".join(self._unsent)]
         return "".join(self._sent + self._unsent)
 
+    def text_of(self, token_ids: list[int]) -> str:
+        """Some tokens' text alone (as the output shows them: special tokens skipped or not)."""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)
+
     @property
     def matched_stop(self) -> str | None:
         """The stop string that ended the output, or None."""

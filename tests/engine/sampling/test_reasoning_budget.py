@@ -201,3 +201,21 @@ def test_harmony_and_think_markers_are_the_formats_own(thinking_server: RunningS
     assert opens == tuple(ids(HARMONY_OPEN, add_special_tokens=False).input_ids)
     assert end == tuple(ids(HARMONY_END, add_special_tokens=False).input_ids)
     assert close == tuple(ids("<|end|>", add_special_tokens=False).input_ids)
+
+
+def test_a_forced_close_is_followed_by_an_answer_before_the_end_token(tiny: LLM) -> None:
+    """A model that would end right after the forced close (its end token biased to the top)
+    writes an answer first: the end token is masked until the answer has text, then allowed."""
+    end = tuple(tiny.tokenizer("</think>", add_special_tokens=False).input_ids)
+    eos = tiny.engine.eos_token_ids
+    (stop,) = sorted(eos)[:1]
+    biased = {"max_tokens": 12, "temperature": 0, "logit_bias": {stop: 100.0}}
+    params = SamplingParams(**biased, reasoning_budget=0, reasoning_end=end)
+    output = tiny.generate(["Think about it:"], params)[0].outputs[0]
+    tokens = output.token_ids
+    assert tuple(tokens[: len(end)]) == end  # closed at once (a budget of 0)
+    answer = tokens[len(end) :]
+    assert tiny.tokenizer.decode(answer[:-1]).strip() and answer[-1] in eos, output
+    assert output.finish_reason == "stop"
+    unbudgeted = tiny.generate(["Think about it:"], SamplingParams(**biased))[0].outputs[0]
+    assert len(unbudgeted.token_ids) == 1  # the bias alone: the end at once
