@@ -7,9 +7,9 @@ the prompt opened it; else it opens when the output writes `reasoning_open` (`<t
 `<|channel|>analysis<|message|>`). Once `reasoning_budget` tokens have been generated inside
 it without the model closing it (with `reasoning_end`, or `reasoning_close` where the model's
 own close is shorter: harmony's `<|end|>`), the sampler allows only the closing sequence,
-token by token; the model then answers as usual, except that it may not end the output before
-its answer has something besides whitespace (`answer_due`: the end tokens are masked), so a
-forced close never leaves an empty answer. Like a grammar it is a mask, so speculative
+token by token; the model then answers as usual. The output may not end inside the block, nor
+after a forced close before its answer has something besides whitespace (`answer_due`): the
+request's end tokens are masked meanwhile, so a budgeted request always ends with an answer. Like a grammar it is a mask, so speculative
 drafts are checked against it, and a request without a budget pays nothing.
 """
 

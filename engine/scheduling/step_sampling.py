@@ -117,9 +117,12 @@ def _forced(row: SampledRow) -> int | None:
 
 
 def _no_end(row: SampledRow, eos_token_ids: Collection[int]) -> tuple[int, ...]:
-    """The tokens a row may not draw: its end tokens while its answer is due."""
+    """The tokens a row may not draw: its end tokens inside its reasoning block (the model
+    closes it, or the budget does) and after a forced close until its answer has text."""
     budget = row.request.reasoning
-    if budget is None or not budget.answer_due or row.request.params.ignore_eos:
+    if budget is None or row.request.params.ignore_eos:
+        return ()
+    if not budget.is_open and not budget.answer_due:
         return ()
     return (*eos_token_ids, *row.request.params.stop_token_ids)
 

@@ -219,3 +219,15 @@ def test_a_forced_close_is_followed_by_an_answer_before_the_end_token(tiny: LLM)
     assert output.finish_reason == "stop"
     unbudgeted = tiny.generate(["Think about it:"], SamplingParams(**biased))[0].outputs[0]
     assert len(unbudgeted.token_ids) == 1  # the bias alone: the end at once
+
+
+def test_the_output_does_not_end_inside_the_reasoning_block(tiny: LLM) -> None:
+    """A model that would end while thinking (its end token biased up) thinks on to the
+    budget's close and answers."""
+    end = tuple(tiny.tokenizer("</think>", add_special_tokens=False).input_ids)
+    (stop,) = sorted(tiny.engine.eos_token_ids)[:1]
+    biased = {"max_tokens": 16, "temperature": 0, "logit_bias": {stop: 100.0}}
+    params = SamplingParams(**biased, reasoning_budget=4, reasoning_end=end)
+    tokens = tiny.generate(["Think about it:"], params)[0].outputs[0].token_ids
+    assert stop not in tokens[:4] and tuple(tokens[4 : 4 + len(end)]) == end
+    assert tiny.tokenizer.decode(tokens[4 + len(end) : -1]).strip() and tokens[-1] == stop
