@@ -9,8 +9,9 @@ it without the model closing it (with `reasoning_end`, or `reasoning_close` wher
 own close is shorter: harmony's `<|end|>`), the sampler allows only the closing sequence,
 token by token; the model then answers as usual. The output may not end inside the block, nor
 after a forced close before its answer has something besides whitespace (`answer_due`): the
-request's end tokens are masked meanwhile, so a budgeted request always ends with an answer. Like a grammar it is a mask, so speculative
-drafts are checked against it, and a request without a budget pays nothing.
+request's end tokens are masked meanwhile, so a budgeted request always ends with an answer.
+Like a grammar it is a mask, so speculative drafts are checked against it, and a request
+without a budget pays nothing.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dgpp.engine.server.routes import (
     pooling_routes,
     responses_routes,
     session_routes,
+    side_routes,
 )
 from dgpp.engine.server.routes.deps import Startup, state_of
 
@@ -52,6 +53,10 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
         current = state_of(app)
         return current.engine.stats() if current is not None else None
 
+    def side_cards() -> list[dict[str, Any]]:
+        sides = app.state.dgpp_sides
+        return sides.listing() if sides is not None else []
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with periodic_stats_log(config.stats_log_interval_s, engine_stats, metrics.counters):
@@ -66,7 +71,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.state.dgpp = state
     app.state.dgpp_startup = Startup()
     app.state.dgpp_metrics = metrics
-    app.state.dgpp_prometheus = build_registry(metrics, model_name, engine_stats)
+    app.state.dgpp_prometheus = build_registry(metrics, model_name, engine_stats, side_cards)
     app.state.dgpp_sides = None  # side models' router (`core.side_proxy`), where there are any
     install_error_handlers(app)
     app.add_middleware(SideProxy)  # inside the body limit and the key check
@@ -79,6 +84,7 @@ def create_app(state: ServerState | None, config: ServerConfig | None = None) ->
     app.include_router(metrics_routes.router)
     app.include_router(session_routes.router)
     app.include_router(pooling_routes.router)
+    app.include_router(side_routes.router)
     admin_routes.install(app)  # /admin/drain, /admin/undrain and the guard while draining
 
     @app.middleware("http")

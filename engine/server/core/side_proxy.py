@@ -60,6 +60,14 @@ class SideRouter(Protocol):
         """The side models as /v1/models lists them (with their state)."""
         ...
 
+    async def load(self, name: str) -> None:
+        """Load side model `name` now and wait for it (`lease`'s errors)."""
+        ...
+
+    def unload(self, name: str) -> bool:
+        """Stop side model `name` now (blocking till it stopped); whether it was running."""
+        ...
+
 
 class SideProxy:
     """ASGI middleware: forwards requests for side models (see the module docstring)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import (
@@ -26,6 +27,7 @@ from dgpp.engine.server.metrics import priority_families
 from dgpp.engine.server.metrics.histogram import Histogram
 from dgpp.engine.server.metrics.process_memory import MemoryReading, read_memory
 from dgpp.engine.server.metrics.service import ServiceMetrics
+from dgpp.engine.server.metrics.side_families import side_families
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,11 @@ class DgppCollector(Collector):
         model_name: Callable[[], str],
         stats: Callable[[], EngineStats | None],
         memory: Callable[[], MemoryReading] = read_memory,
+        sides: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
+        """`sides`: the side models' /v1/models cards (none by default)."""
         self.metrics = metrics
+        self.sides = sides
         self.model_name = model_name
         self.stats = stats
         self.memory = memory
@@ -63,15 +68,17 @@ class DgppCollector(Collector):
         yield from _latency_families(model, self.metrics)
         yield from priority_families.latency_families(model, self.metrics.latencies())
         yield from _memory_families(model, self.memory())
+        yield from side_families(self.sides())
 
 
 def build_registry(
     metrics: ServiceMetrics,
     model_name: Callable[[], str],
     stats: Callable[[], EngineStats | None],
+    sides: Callable[[], list[dict[str, Any]]] = list,
 ) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(DgppCollector(metrics, model_name, stats))
+    registry.register(DgppCollector(metrics, model_name, stats, sides=sides))
     return registry
 
 

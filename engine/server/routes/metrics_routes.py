@@ -24,7 +24,9 @@ SHOWN = 20  # sessions in /v1/metrics
 @router.get("/v1/metrics")
 async def metrics_json(request: Request, state: State) -> dict[str, Any]:
     metrics: ServiceMetrics = request.app.state.dgpp_metrics
-    return metrics_body(state.engine.stats(), metrics.counters())
+    body = metrics_body(state.engine.stats(), metrics.counters())
+    sides = request.app.state.dgpp_sides
+    return {**body, "side_models": sides.listing() if sides is not None else []}
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -134,6 +134,18 @@ def test_side_models_route_load_unload_and_survive_crashes(
             ).status_code
             == 200
         )
+        # Metrics: every side model in /v1/metrics and /metrics.
+        sides = {card["id"]: card for card in httpx.get(f"{url}/v1/metrics").json()["side_models"]}
+        assert sides["emb"]["loads"] == 2 and sides["emb"]["crashes"] == 1
+        text = httpx.get(f"{url}/metrics").text
+        assert 'dgpp:side_model_state{model_name="rr",state="loaded"} 1.0' in text
+        assert 'dgpp:side_model_crashes_total{model_name="emb"} 1.0' in text
+        # The console's buttons: unload and load (admin routes; loopback without an admin key).
+        stopped = httpx.post(f"{url}/admin/models/rr/unload", timeout=60).json()
+        assert stopped["state"] == "unloaded" and stopped["pid"] is None
+        assert httpx.post(f"{url}/admin/models/rr/load", timeout=120).json()["state"] == "loaded"
+        missing = httpx.post(f"{url}/admin/models/m/unload", timeout=60)
+        assert missing.status_code == 404 and "main model" in missing.json()["error"]["message"]
         rr_pid = _cards(url)["rr"]["pid"]
     finally:
         process.stop()
