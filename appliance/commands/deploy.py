@@ -83,6 +83,11 @@ def _run_plan(args: argparse.Namespace) -> int:
         resolve_deployment,
         spark_memory,
     )
+    from dgpp.appliance.deployments.side_plan import (
+        describe_side_plans,
+        plan_side_models,
+        refuse_unfit_sides,
+    )
 
     if args.template is not None:
         deployment = parse_deployment(find_template(args.template).load(), args.template)
@@ -104,7 +109,13 @@ def _run_plan(args: argparse.Namespace) -> int:
     chosen = resolved.engine.kv_cache_dtype
     print(f"\nKV-cache dtypes on rank 0 (engine.kv_cache_dtype; this plan: {chosen}):")
     print(describe_kv_dtypes(kv_dtype_rows(resolved, memory, longest), context))
+    sides = plan_side_models(deployment, plans, memory)
+    if sides:
+        print("\nSide models on each node (the main model, every `always` one, the largest "
+              "on-demand one):")  # fmt: skip
+        print(describe_side_plans(sides))
     refuse_unfit(plans)
+    refuse_unfit_sides(sides)
     return EXIT_OK
 
 
