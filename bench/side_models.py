@@ -48,7 +48,7 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 30
 
 
 def time_to_ready(port: int, threads: int) -> float:
-    command = [DGPP, "serve", "--model", "default", "--port", str(port), "--num-threads",
+    command = [DGPP, "serve", "--model", "default", "--port", str(port), "--threads",
                str(threads), "--log-level", "warning"]  # fmt: skip
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

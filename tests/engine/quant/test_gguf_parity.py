@@ -174,3 +174,25 @@ def test_a_warm_start_maps_the_packed_weights_from_the_resident_image(
     monkeypatch.setattr(loader, "load_weights", refuse)
     warm = [list(o.outputs[0].token_ids) for o in LLM(str(path), **knobs).generate(PROMPTS, params)]
     assert warm == cold
+
+
+def test_a_gguf_served_as_an_embedding_model_equals_transformers_last_hidden_state(
+    tmp_path: Path, tokenizer_gguf: Path
+) -> None:
+    """The GGUF embedding files llama.cpp serves (a Qwen3 decoder, Q8_0): `kind="embed"` reads
+    them as they are; each embedding is transformers' last-token final hidden state on the same
+    file, normalized."""
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny("Qwen3ForCausalLM", head_dim=128)
+    path = write_gguf(model, "Qwen3ForCausalLM", tmp_path / "emb.gguf", "Q8_0", tokenizer_gguf,
+                      embedding_format="Q8_0")  # fmt: skip
+    got = LLM(str(path), kind="embed", kv_capacity=512, block_size=4).embed(PROMPTS)
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    for embedding, prompt in zip(got, PROMPTS, strict=True):
+        with torch.no_grad():
+            hidden = reference.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        want = torch.nn.functional.normalize(hidden, dim=0)
+        torch.testing.assert_close(torch.tensor(embedding), want, atol=1e-4, rtol=1e-3)
