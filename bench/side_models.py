@@ -99,11 +99,11 @@ def main() -> None:
         path.write_text(json.dumps(deployment))
         command = [DGPP, "serve", "--deployment", str(path), "--log-level", "warning"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop = threading.Event()
         try:
             wait_healthy(url, process)
             cold = first_byte(url, "fast")
             solo = [first_byte(url, "fast") for _ in range(args.requests)]
-            stop = threading.Event()
             streams = [threading.Thread(target=saturate, args=(url, stop, n), daemon=True)
                        for n in range(args.streams)]  # fmt: skip
             for stream in streams:
@@ -113,8 +113,13 @@ def main() -> None:
             main_ttft = first_byte(url, "main")
             stop.set()
         finally:
-            process.terminate()
-            process.wait(120)
+            stop.set()
+            process.terminate()  # the streams in flight make a graceful stop slow: not waited
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
     print(
         f"\nthe default model, {args.threads} thread(s) per engine, {args.streams} main streams\n"
     )

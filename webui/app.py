@@ -31,6 +31,7 @@ from dgpp.webui.routes import (
     model_routes,
     overview_routes,
     pull_routes,
+    side_model_routes,
     switch_routes,
 )
 from dgpp.webui.routes.deps import (
@@ -123,6 +124,7 @@ def create_app(config: ConsoleConfig, backend: ControlBackend | None = None) -> 
         overview_routes,
         doctor_routes,
         model_routes,
+        side_model_routes,
         pull_routes,
         knob_routes,
         switch_routes,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
@@ -57,6 +58,15 @@ class EngineApi(Protocol):
     async def undrain(self) -> dict[str, Any] | None: ...
 
     async def reload(self) -> tuple[bool, str]: ...
+
+    async def side_models(self) -> list[dict[str, Any]] | None:
+        """The side models' cards of `GET /v1/models` (state, memory, last use...); None when
+        the engine does not answer."""
+        ...
+
+    async def side_action(self, name: str, action: str) -> tuple[bool, str]:
+        """POST /admin/models/{name}/{load|unload}: (True, its state now) or (False, why not)."""
+        ...
 
 
 class EngineClient:
@@ -112,6 +122,28 @@ class EngineClient:
         if body is None:
             return None
         return [str(card.get("id")) for card in body.get("data", []) if isinstance(card, dict)]
+
+    async def side_models(self) -> list[dict[str, Any]] | None:
+        body = await self._json("GET", "/v1/models")
+        if body is None:
+            return None
+        cards = [card for card in body.get("data", []) if isinstance(card, dict)]
+        return [card for card in cards if "load" in card]  # the side models' cards say how
+
+    async def side_action(self, name: str, action: str) -> tuple[bool, str]:
+        response = await self._call("POST", f"/admin/models/{quote(name, safe='')}/{action}")
+        if isinstance(response, str):
+            return False, response
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        if response.status_code == 200:
+            return True, str(body.get("state", "done"))
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return False, message or f"HTTP {response.status_code}"
 
     async def drain(self) -> dict[str, Any] | None:
         return await self._json("POST", "/admin/drain")

@@ -22,8 +22,9 @@ from dgpp.webui.core.console import Console
 from dgpp.webui.deployments.edit import with_model, with_template
 from dgpp.webui.deployments.store import resolve_raw, served_names
 from dgpp.webui.models.catalogue import Catalogue, renames
-from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession
+from dgpp.webui.routes.deps import CSRF_CHECKED, LOGGED_IN, ConsoleDep, CurrentSession, EngineFor
 from dgpp.webui.routes.pages import render
+from dgpp.webui.routes.side_model_routes import side_rows
 
 router = APIRouter(dependencies=LOGGED_IN)
 
@@ -101,8 +102,15 @@ async def models_page(
 
 
 @router.get("/models", response_class=HTMLResponse)
-async def models(request: Request, console: ConsoleDep, session: CurrentSession) -> HTMLResponse:
-    return await models_page(request, console, session)
+async def models(
+    request: Request,
+    console: ConsoleDep,
+    session: CurrentSession,
+    engine_for: EngineFor,
+    side_message: str = "",
+) -> HTMLResponse:
+    sides = await side_rows(console, engine_for)
+    return await models_page(request, console, session, side_message=side_message, **sides)
 
 
 @router.get("/api/models/fits")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -41,6 +42,33 @@ def _until(url: str, name: str, state: str, timeout: float = 60.0) -> dict[str, 
             return card
         time.sleep(0.2)
     raise AssertionError(f"{name} not {state}: {_cards(url)[name]}")
+
+
+def _console_buttons(tmp_path: Path, deployment: Path, url: str) -> None:
+    """The console's Models page lists the side models with rank 0's states, and its buttons
+    unload and load one (the console in process, rank 0 over real HTTP)."""
+    from fastapi.testclient import TestClient
+
+    from dgpp.webui.app import create_app
+    from tests.webui.conftest import PASSWORD, USER, console_config, hidden
+
+    folder = tmp_path / "console"
+    folder.mkdir()
+    shutil.copy(deployment, folder / "deployment.json")
+    app = create_app(console_config(folder, engine_url=url))
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        token = hidden(client.get("/login").text, "csrf_token")
+        form = {"username": USER, "password": PASSWORD, "csrf_token": token, "next": "/"}
+        client.post("/login", data=form, follow_redirects=False)
+        page = client.get("/models").text
+        assert 'id="side-rr" data-state="loaded"' in page
+        assert 'id="side-emb" data-state="unloaded"' in page
+        token = hidden(page, "csrf_token")
+        done = client.post("/models/side/rr/unload", data={"csrf_token": token})
+        assert 'id="side-rr" data-state="unloaded"' in done.text
+        assert "rr: unloaded" in done.text
+        client.post("/models/side/rr/load", data={"csrf_token": token})
+    _until(url, "rr", "loaded")
 
 
 @pytest.mark.slow
@@ -146,6 +174,7 @@ def test_side_models_route_load_unload_and_survive_crashes(
         assert httpx.post(f"{url}/admin/models/rr/load", timeout=120).json()["state"] == "loaded"
         missing = httpx.post(f"{url}/admin/models/m/unload", timeout=60)
         assert missing.status_code == 404 and "main model" in missing.json()["error"]["message"]
+        _console_buttons(tmp_path, deployment, url)
         rr_pid = _cards(url)["rr"]["pid"]
     finally:
         process.stop()
