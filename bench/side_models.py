@@ -75,7 +75,10 @@ def saturate(url: str, stop: threading.Event, number: int) -> None:
     text = " ".join(f"word{(number * 7 + i) % 1000}" for i in range(1000))
     body = {"model": "main", "prompt": text, "max_tokens": 256, "ignore_eos": True}
     while not stop.is_set():
-        httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+        try:
+            httpx.post(f"{url}/v1/completions", json=body, timeout=900)
+        except httpx.HTTPError:  # the server stopping at the end
+            return
 
 
 def main() -> None:

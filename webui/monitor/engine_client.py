@@ -131,19 +131,10 @@ class EngineClient:
         return [card for card in cards if "load" in card]  # the side models' cards say how
 
     async def side_action(self, name: str, action: str) -> tuple[bool, str]:
-        response = await self._call("POST", f"/admin/models/{quote(name, safe='')}/{action}")
-        if isinstance(response, str):
-            return False, response
-        try:
-            body = response.json()
-        except ValueError:
-            body = {}
-        body = body if isinstance(body, dict) else {}
-        if response.status_code == 200:
-            return True, str(body.get("state", "done"))
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else None
-        return False, message or f"HTTP {response.status_code}"
+        body = await self._answer("POST", f"/admin/models/{quote(name, safe='')}/{action}")
+        if isinstance(body, str):
+            return False, body
+        return True, str(body.get("state", "done"))
 
     async def drain(self) -> dict[str, Any] | None:
         return await self._json("POST", "/admin/drain")
@@ -154,19 +145,27 @@ class EngineClient:
     async def reload(self) -> tuple[bool, str]:
         """POST /admin/reload (rank 0 takes its file's live knobs): (True, what it applied) or
         (False, why not, in rank 0's words)."""
-        response = await self._call("POST", "/admin/reload")
+        body = await self._answer("POST", "/admin/reload")
+        if isinstance(body, str):
+            return False, body
+        applied = body.get("applied")
+        if not isinstance(applied, dict):
+            return False, "HTTP 200 without the changes applied"
+        return True, ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in applied.items())
+
+    async def _answer(self, method: str, path: str) -> dict[str, Any] | str:
+        """A 200's JSON object, or why there is none (rank 0's error message where it sent
+        one)."""
+        response = await self._call(method, path)
         if isinstance(response, str):
-            return False, response
+            return response
         try:
             body = response.json()
         except ValueError:
             body = {}
         body = body if isinstance(body, dict) else {}
-        if response.status_code == 200 and isinstance(body.get("applied"), dict):
-            applied = body["applied"]
-            return True, ", ".join(
-                f"{key} {old!r} -> {new!r}" for key, (old, new) in applied.items()
-            )
+        if response.status_code == 200:
+            return body
         error = body.get("error")
         message = error.get("message") if isinstance(error, dict) else None
-        return False, message or f"HTTP {response.status_code}"
+        return message or f"HTTP {response.status_code}"
