@@ -19,6 +19,7 @@ VALID_FORMS = {
     "/knobs/preview": {"engine.kv_capacity": "4096"},
     "/models/pull": {"repo": "org/other"},
     "/models/pull/cancel": {"repo": "org/other"},
+    "/models/side/{name}/{action}": {},
     "/switch": {"deployment": json.dumps({**DEPLOYMENT, "model": "/models/other"})},
     "/logs/bundle": {},
 }
