@@ -61,6 +61,22 @@ class RankMemory:
 
 
 @dataclass(frozen=True)
+class SideMemory:
+    """A node with the side models it must hold (`appliance.deployments.side_plan`)."""
+
+    node: int
+    main_bytes: int
+    always: str  # "fast 16.4 GiB, ..." or "-"
+    on_demand: str  # the largest on-demand one, or "-"
+    total_bytes: int
+    budget_bytes: int
+    problems: str  # "" when it fits
+
+    def text(self, name: str) -> str:
+        return format_bytes(getattr(self, name))
+
+
+@dataclass(frozen=True)
 class MemoryPreview:
     verdict: Verdict
     message: str  # the refusal with its numbers, or why there is no plan; "" when it fits
@@ -73,6 +89,7 @@ class MemoryPreview:
     kv_dtype: str = ""  # the deployment's `engine.kv_cache_dtype`
     kv_context: int = 0  # the context a row's `sessions` counts (max_model_len)
     kv_dtypes: tuple[KvDtypeRow, ...] = ()  # rank 0 at each KV dtype, the configured one among them
+    sides: tuple[SideMemory, ...] = ()  # each node with its side models (none without any)
 
     @property
     def fits(self) -> bool:
@@ -105,7 +122,8 @@ class MemoryPreview:
         """The inverse of `asdict` (a plan read back from `plans.cache`'s store)."""
         ranks = tuple(RankMemory(**rank) for rank in data.get("ranks", ()))
         kv_dtypes = tuple(KvDtypeRow(**row) for row in data.get("kv_dtypes", ()))
-        return cls(**{**data, "ranks": ranks, "kv_dtypes": kv_dtypes})
+        sides = tuple(SideMemory(**row) for row in data.get("sides", ()))
+        return cls(**{**data, "ranks": ranks, "kv_dtypes": kv_dtypes, "sides": sides})
 
 
 def gpu_memory(index: int, nvml_loader: Callable[[], Any] | None = None) -> DeviceMemory | None:
@@ -188,6 +206,11 @@ def preview_memory(deployment: Deployment, memory: DeviceMemory) -> MemoryPrevie
         log.exception("the memory plan of %s failed", deployment.model)
         return MemoryPreview("unknown", f"the memory plan failed: {one_line(err)}", **base)
     unfit = [rank for rank in ranks if not rank.fits]
+    side_problems = "; ".join(f"node {side.node}: {side.problems}" for side in kv["sides"]
+                              if side.problems)  # fmt: skip
+    if not unfit and side_problems:
+        message = f"the side models do not fit: {side_problems}"
+        return MemoryPreview("refused", message, "side_models", **base, ranks=ranks, **kv)
     if not unfit:
         return MemoryPreview("fits", "", **base, ranks=ranks, **kv)
     message, field = _refusal(unfit, memory, deployment)
@@ -254,7 +277,37 @@ def _plan_ranks(
     except Exception:
         log.exception("the KV dtype rows of %s failed", deployment.model)
         kv_dtypes = ()
-    return tuple(rows), {"kv_context": context, "kv_dtypes": kv_dtypes}
+    return tuple(rows), {
+        "kv_context": context,
+        "kv_dtypes": kv_dtypes,
+        "sides": side_rows(deployment, entries, memory),
+    }
+
+
+def side_rows(deployment: Deployment, entries: list[RankPlan], memory: DeviceMemory) -> tuple:
+    """Each node's row of the side-model plan (empty without side models)."""
+    from dgpp.appliance.deployments.side_plan import plan_side_models
+
+    rows = []
+    for node in plan_side_models(deployment, entries, memory):
+        costs = [f"{c.side.name} {_cost(c.bytes)}" for c in node.always]
+        demand = node.on_demand
+        rows.append(
+            SideMemory(
+                node=node.node,
+                main_bytes=node.main_bytes,
+                always=", ".join(costs) or "-",
+                on_demand=f"{demand.side.name} {_cost(demand.bytes)}" if demand else "-",
+                total_bytes=node.total_bytes,
+                budget_bytes=node.budget_bytes,
+                problems="; ".join(node.problems()),
+            )
+        )
+    return tuple(rows)
+
+
+def _cost(value: int | None) -> str:
+    return format_bytes(value) if value is not None else "?"
 
 
 def _refusal(

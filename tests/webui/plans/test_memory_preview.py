@@ -225,3 +225,22 @@ def test_the_cache_computes_each_plan_once_and_in_the_background() -> None:
     cache.close()
     assert cache.known(deployment(kv_capacity=4096), schedule=True) is None  # closed: not queued
     assert calls == [65536]
+
+
+def test_side_models_are_in_the_preview_and_one_that_does_not_fit_refuses_it() -> None:
+    """The preview shows each node with its side models, as `dgpp deploy plan` counts them; a
+    side model the node cannot hold refuses the switch on `side_models`; the rows survive the
+    plan store's round trip."""
+    gpu = {"device": "cuda", "dtype": "bfloat16"}
+    small = [{"name": "emb", "model": "x", "kind": "embed", "memory_gib": 2, "load": "always"}]
+    fits = preview_memory(parse_deployment({**QWEN3_8B, "side_models": small}), spark_memory())
+    assert fits.verdict == "fits"
+    (node,) = fits.sides
+    assert node.always == "emb 2.00 GiB" and node.on_demand == "-" and node.problems == ""
+    assert MemoryPreview.from_dict(asdict(fits)) == fits
+    big = [{"name": "big", "model": "Qwen/Qwen2.5-72B-Instruct", "engine": gpu}]
+    refused = preview_memory(parse_deployment({**QWEN3_8B, "side_models": big}), spark_memory())
+    assert refused.verdict == "refused" and refused.field == "side_models"
+    assert refused.message.startswith("the side models do not fit: node 0: the main model")
+    assert "big (largest on demand)" in refused.sides[0].problems
+    assert preview_memory(deployment(), spark_memory()).sides == ()
