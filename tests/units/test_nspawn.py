@@ -215,3 +215,41 @@ def test_tune_ran_and_skipped_the_missing_gpu(container: Container) -> None:
     assert _show(container, "dgpp-tune", "ActiveState")["ActiveState"] == "active"
     journal = _journal(container, "dgpp-tune")
     assert "GPU clocks: nvidia-smi not found (no NVIDIA driver here); skipped" in journal
+
+
+def test_side_models_serve_behind_rank_0_and_stop_with_its_unit(container: Container) -> None:
+    """Issue 67 in the appliance: rank 0 (a world of one) with a small model under Claude Code's
+    haiku alias and an embedder (both the default model), each its own server process in rank
+    0's unit; a request by alias and an embedding answer; a side model killed comes back on
+    its next request; `systemctl stop` takes every side process with rank 0."""
+    container.sh("systemctl stop dgpp.target")
+    raw = json.loads(_deployment(1))
+    raw["side_models"] = [
+        {"name": "fast", "model": MODEL, "aliases": ["claude-3-5-haiku*"], "load": "always",
+         "engine": {"kv_capacity": 1024, "num_threads": 1}},
+        {"name": "emb", "model": MODEL, "kind": "embed",
+         "engine": {"kv_capacity": 1024, "num_threads": 1}},
+    ]  # fmt: skip
+    container.sh(f"cat > /etc/dgpp/deployment.json <<'EOF'\n{json.dumps(raw)}\nEOF")
+    _timed(container, "systemctl start dgpp@rank0", "systemctl start dgpp@rank0 (side models)")
+    post = "curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' "
+    messages = '{"model": "claude-3-5-haiku-20241022", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}'  # noqa: E501
+    assert (
+        container.sh(post + f"-d '{messages}' http://127.0.0.1:18080/v1/messages").stdout == "200"
+    )
+    embed = '{"model": "emb", "input": ["a", "b"]}'
+    assert container.sh(post + f"-d '{embed}' http://127.0.0.1:18080/v1/embeddings").stdout == "200"
+    cards = json.loads(container.sh("curl -s http://127.0.0.1:18080/v1/models").stdout)["data"]
+    states = {card["id"]: (card["state"], card.get("pid")) for card in cards}
+    assert states["fast"][0] == "loaded" and states["emb"][0] == "loaded", states
+    container.sh(f"kill -9 {states['emb'][1]}")
+    time.sleep(2)
+    assert container.sh(post + f"-d '{embed}' http://127.0.0.1:18080/v1/embeddings").stdout == "200"
+    assert container.sh(HEALTH).stdout == "200"
+    main = _show(container, "dgpp@rank0", "MainPID")["MainPID"]
+    sides = container.sh("pgrep -f 'dgpp.appliance.cli serve'").stdout.split()
+    parents = {container.sh(f"ps -o ppid= -p {pid}").stdout.strip() for pid in sides}
+    assert len(sides) == 2 and parents == {main}, (sides, parents, main)  # rank 0's children
+    container.sh("systemctl stop dgpp@rank0")
+    left = container.sh("pgrep -f 'dgpp.appliance.cli serve' || true").stdout.strip()
+    assert left == "", left
