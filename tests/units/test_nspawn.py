@@ -247,9 +247,9 @@ def test_side_models_serve_behind_rank_0_and_stop_with_its_unit(container: Conta
     assert container.sh(post + f"-d '{embed}' http://127.0.0.1:18080/v1/embeddings").stdout == "200"
     assert container.sh(HEALTH).stdout == "200"
     main = _show(container, "dgpp@rank0", "MainPID")["MainPID"]
-    sides = container.sh("pgrep -f 'dgpp.appliance.cli serve'").stdout.split()
+    sides = container.sh("pgrep -f '[d]gpp.appliance.cli serve'").stdout.split()
     parents = {container.sh(f"ps -o ppid= -p {pid}").stdout.strip() for pid in sides}
     assert len(sides) == 2 and parents == {main}, (sides, parents, main)  # rank 0's children
     container.sh("systemctl stop dgpp@rank0")
-    left = container.sh("pgrep -f 'dgpp.appliance.cli serve' || true").stdout.strip()
+    left = container.sh("pgrep -f '[d]gpp.appliance.cli serve' || true").stdout.strip()
     assert left == "", left
