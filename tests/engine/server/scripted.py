@@ -20,7 +20,7 @@ def engine_core(tokenizer: Any) -> SimpleNamespace:
         tokenizer=tokenizer,
         max_model_len=512,
         model_config=SimpleNamespace(vocab_size=vocab_size),
-        config=SimpleNamespace(max_concurrency=4),
+        config=SimpleNamespace(max_concurrency=4, kind="generate"),
         has_recurrent_state=False,
         sampling_defaults=SamplingDefaults(),
         grammars=Grammars(tokenizer, vocab_size, (2,)),

@@ -293,7 +293,11 @@ def test_prometheus_has_every_documented_name_with_the_model_label(metered: Runn
     cuda_only = {f"dgpp:device_memory_{kind}_bytes" for kind in ("allocated", "reserved", "total")}
     device = {f.name for f in families if f.name.startswith("dgpp:device_memory")}
     assert device in (set(), cuda_only)  # all three or none
-    assert names - hybrid_only - cuda_only <= exposed, names - hybrid_only - cuda_only - exposed
+    # Exposed where the deployment has side models (tests/appliance/runtime/test_side_models).
+    side_only = {name for name in names if name.startswith("dgpp:side_model_")}
+    assert len(side_only) == 6
+    unseen = hybrid_only | cuda_only | side_only
+    assert names - unseen <= exposed, names - unseen - exposed
     dgpp_samples = [s for f in families for s in f.samples if s.name.startswith("dgpp:")]
     assert dgpp_samples
     assert all(s.labels.get("model_name") == metered.model for s in dgpp_samples)
@@ -305,6 +309,7 @@ def test_prometheus_has_every_documented_name_with_the_model_label(metered: Runn
 def test_json_has_every_documented_key(metered: RunningServer) -> None:
     body = httpx.get(f"{metered.url}/v1/metrics", timeout=10).json()
     assert isinstance(body.pop("sessions"), list)  # rows as GET /v1/sessions (keys below)
+    assert body.pop("side_models") == []  # none here (tests/appliance/runtime/test_side_models)
     priorities = body.pop("priorities")  # keyed by the priorities seen: "0" here
     assert priorities and all(set(entry) == PRIORITY_KEYS for entry in priorities.values())
     assert {section: set(fields) for section, fields in body.items()} == JSON_KEYS
