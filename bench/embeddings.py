@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from side_models import wait_healthy
 
 from dgpp.appliance.models.store import resolve_model
 
@@ -45,20 +46,6 @@ def texts(url: str, count: int, tokens: int) -> list[str]:
         ids = httpx.post(f"{url}/tokenize", json=body).json()["tokens"][:tokens]
         found.append(httpx.post(f"{url}/detokenize", json={"tokens": ids}).json()["prompt"])
     return found
-
-
-def wait_up(url: str, process: subprocess.Popen[bytes], path: str = "/health") -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            if httpx.get(url + path, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{process.args[0]} did not come up")
 
 
 def measure(url: str, batch: list[str], rounds: int, model: str) -> tuple[float, list, int]:
@@ -101,7 +88,7 @@ def main() -> None:
     for name, command in (("dgpp", dgpp), ("llama.cpp llama-server", llama)):
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_up(url, process)
+            wait_healthy(url, process)
             batch = batch or texts(url, args.batch, args.tokens)  # dgpp's turn comes first
             results[name] = measure(url, batch, args.rounds, "default")
         finally:

@@ -34,17 +34,18 @@ CHAT = {"messages": [{"role": "user", "content": "Name a prime number."}], "max_
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    """Until `url`'s /health answers 200 (dgpp's, llama-server's); raise if `process` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"dgpp serve exited with {process.returncode}")
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.05)
-    raise RuntimeError("dgpp serve did not become healthy")
+    raise RuntimeError(f"{process.args[0]} did not become healthy")
 
 
 def time_to_ready(port: int, threads: int) -> float:
