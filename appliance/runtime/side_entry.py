@@ -35,6 +35,7 @@ class SideEntry:
     unloads: int = 0
     crashes: int = 0
     planned_bytes: int | None = field(default=None, repr=False)
+    spawn_pending: bool = False  # loading: its server starts once the memory it needs is free
 
     @property
     def is_idle(self) -> bool:

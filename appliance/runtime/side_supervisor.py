@@ -45,6 +45,7 @@ from dgpp.engine.server.core.errors import RETRY_AFTER_SECONDS, APIError
 log = logging.getLogger("dgpp.side")
 
 RETRY_FAILED_S = 5.0  # a failed load is not retried sooner (each try is a process start)
+STOP_GRACE_S = 20.0  # a side server told to stop is killed past this
 PR_SET_PDEATHSIG = 1
 
 
@@ -76,8 +77,10 @@ class SideModels:
         self.load_wait_s = load_wait_s
         self.memory_bytes = memory_bytes
         self.common = common or {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held briefly, never while waiting on a process
         self._stopping = threading.Event()
+        # Servers told to stop and not yet exited: (process, bytes it holds, kill deadline)
+        self._exiting: list[tuple[subprocess.Popen[bytes], int, float]] = []
         self._thread: threading.Thread | None = None
         self._prctl = ctypes.CDLL(None, use_errno=True).prctl
         # What starts a side model's server (its deployment file and log level follow)
@@ -112,26 +115,32 @@ class SideModels:
         """Start the `always` side models and the supervising thread."""
         with self._lock:
             for entry in self.entries.values():
+                entry.memory()  # planned once, here, not under a request
                 if entry.side.load == "always":
-                    self._start(entry)
+                    self._request(entry)
         self._thread = threading.Thread(target=self._supervise, name="dgpp-side", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = STOP_GRACE_S) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
             for entry in self.entries.values():
-                self._unload(entry, "the server stops", timeout_s)
+                self._unload(entry, "the server stops")
+            stopping, self._exiting = self._exiting, []
+        _reap([process for process, _, _ in stopping], timeout_s)
 
     def unload(self, name: str) -> bool:
-        """Stop side model `name` now (the console's button); whether it was running."""
+        """Stop side model `name` now and wait till its server exited (the console's button;
+        call it off the event loop); whether it was running."""
         with self._lock:
             entry = self.entries[name]
-            running = entry.process is not None
+            process = entry.process
             self._unload(entry, "asked to")
-            return running
+        if process is not None:
+            _reap([process], STOP_GRACE_S)
+        return process is not None
 
     async def load(self, name: str) -> None:
         """Load side model `name` and wait for it (the console's button)."""
@@ -143,7 +152,7 @@ class SideModels:
             if entry.state == "failed" and started - entry.failed_at < RETRY_FAILED_S:
                 raise _load_failed(entry)
             if entry.state in ("unloaded", "failed"):
-                self._start(entry)
+                self._request(entry)
         while True:
             with self._lock:
                 state = entry.state
@@ -162,9 +171,16 @@ class SideModels:
                 )
             await asyncio.sleep(0.05)
 
-    def _start(self, entry: SideEntry) -> None:
-        """Under `_lock`: make room, then start the side model's server."""
+    def _request(self, entry: SideEntry) -> None:
+        """Under `_lock`, never waiting: make room (idle side models are told to stop), then
+        mark the side model loading; the supervising thread starts its server once the memory
+        of those stopping is free."""
         self._make_room(entry)
+        entry.state, entry.load_started, entry.error = "loading", time.monotonic(), None
+        entry.spawn_pending = True
+
+    def _spawn(self, entry: SideEntry) -> None:
+        """Under `_lock`: start the side model's server."""
         path = self.runtime_dir / f"{entry.side.name}.json"
         path.write_text(json.dumps(side_deployment(entry.side, entry.socket, self.common)))
         entry.socket.unlink(missing_ok=True)
@@ -175,17 +191,24 @@ class SideModels:
             entry.process = subprocess.Popen(
                 command, stdout=output, stderr=subprocess.STDOUT, preexec_fn=self._die_with_head
             )
-        entry.state, entry.load_started, entry.error = "loading", time.monotonic(), None
+        entry.spawn_pending = False
         log.info("loading side model %s (pid %d)", entry.side.name, entry.process.pid)
+
+    def _held(self, entry: SideEntry, stopping: bool) -> int:
+        """Under `_lock`: the bytes the other side models hold or are about to (and, with
+        `stopping`, those still exiting)."""
+        held = sum(
+            other.memory()
+            for other in self.entries.values()
+            if other is not entry and (other.process is not None or other.spawn_pending)
+        )
+        return held + (sum(size for _, size, _ in self._exiting) if stopping else 0)
 
     def _make_room(self, entry: SideEntry) -> None:
         if self.memory_bytes is None:
             return
         need = entry.memory()
-        while True:
-            held = sum(e.memory() for e in self.entries.values() if e.process is not None)
-            if held + need <= self.memory_bytes:
-                return
+        while self._held(entry, stopping=False) + need > self.memory_bytes:
             idle = [e for e in self.entries.values() if e.is_idle and e.side.load != "always"]
             if not idle:
                 busy = ", ".join(e.side.name for e in self.entries.values() if e.process)
@@ -199,29 +222,66 @@ class SideModels:
                 )
             self._unload(min(idle, key=lambda e: e.last_used), f"making room for {entry.side.name}")
 
-    def _unload(self, entry: SideEntry, why: str, timeout_s: float = 20.0) -> None:
-        process = entry.process
+    def _unload(self, entry: SideEntry, why: str) -> None:
+        """Under `_lock`, never waiting: tell its server to stop (the supervising thread reaps
+        it, and kills it past `STOP_GRACE_S`); a load not started yet is called off."""
+        process, pending = entry.process, entry.spawn_pending
+        entry.process, entry.spawn_pending = None, False
         if process is None:
+            if pending:
+                entry.state = "unloaded"
             return
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        entry.process, entry.state = None, "unloaded"
+            self._exiting.append((process, entry.memory(), time.monotonic() + STOP_GRACE_S))
+        entry.state = "unloaded"
         entry.unloads += 1
         log.info("unloaded side model %s: %s", entry.side.name, why)
 
     def _supervise(self) -> None:
         while not self._stopping.wait(0.1):
             with self._lock:
+                self._reap_exiting()
                 for entry in self.entries.values():
                     self._check(entry)
+                loading = [e for e in self.entries.values() if e.state == "loading" and e.process]
+            ready = [entry for entry in loading if entry.healthy()]  # HTTP, off the lock
+            with self._lock:
+                for entry in ready:
+                    if entry.state == "loading" and entry.process is not None:
+                        entry.state = "loaded"
+                        entry.loads += 1
+                        entry.load_seconds = time.monotonic() - entry.load_started
+                        entry.last_used = time.monotonic()
+                        log.info("side model %s loaded in %.1f s", entry.side.name,
+                                 entry.load_seconds)  # fmt: skip
+
+    def _reap_exiting(self) -> None:
+        """Under `_lock`: forget the servers that exited; kill those past their grace."""
+        now, kept = time.monotonic(), []
+        for process, size, deadline in self._exiting:
+            if process.poll() is not None:
+                continue
+            if now > deadline:
+                log.warning("side server pid %d did not stop in time; killing it", process.pid)
+                process.kill()
+            kept.append((process, size, deadline))
+        self._exiting = kept
 
     def _check(self, entry: SideEntry) -> None:
-        """Under `_lock`: a load finished or failed, a crash, an idle timeout."""
+        """Under `_lock`: a pending load that now has room, a load that failed, a crash, an
+        idle timeout."""
+        if entry.spawn_pending:
+            room = self.memory_bytes is None or (
+                self._held(entry, stopping=True) + entry.memory() <= self.memory_bytes
+            )
+            if room:
+                try:
+                    self._spawn(entry)
+                except OSError as err:  # no process: the load fails, nothing else does
+                    entry.spawn_pending = False
+                    entry.fail(f"its server could not be started: {err}")
+            return
         process = entry.process
         if process is None:
             return
@@ -237,17 +297,11 @@ class SideModels:
                         process.returncode)  # fmt: skip
             if entry.side.load == "always" and not self._stopping.is_set():
                 try:
-                    self._start(entry)
+                    self._request(entry)
                 except APIError as err:  # no room: its next request tries again
                     entry.fail(err.message)
             return
-        if entry.state == "loading" and entry.healthy():
-            entry.state = "loaded"
-            entry.loads += 1
-            entry.load_seconds = time.monotonic() - entry.load_started
-            entry.last_used = time.monotonic()
-            log.info("side model %s loaded in %.1f s", entry.side.name, entry.load_seconds)
-        elif entry.state == "loaded" and entry.side.load != "always":
+        if entry.state == "loaded" and entry.side.load != "always":
             limit = entry.side.idle_unload_s
             if limit > 0 and entry.idle_for > limit:
                 self._unload(entry, f"idle {limit:g} s")
@@ -294,3 +348,14 @@ def head_side_models(
         None if memory is None else int(memory * (1 << 30)),
         common,
     )
+
+
+def _reap(processes: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Wait for `processes` to exit (SIGTERM sent); kill what is left after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -228,3 +228,61 @@ def test_bad_side_models_are_refused_naming_the_key(sides: list, says: str) -> N
     raw = {"model": "default", "http": {"served_model_names": ["m"]}, "side_models": sides}
     with pytest.raises(ConfigError, match=says):
         parse_deployment(raw)
+
+
+# A side server stand-in for the supervisor's own logic: real processes answering /health on the
+# deployment's socket, slow to stop (3 s after SIGTERM) as a large model freeing its memory is.
+SLOW_STOPPER = """
+import http.server, json, signal, socketserver, sys, time
+uds = json.loads(open(sys.argv[sys.argv.index("--deployment") + 1]).read())["http"]["uds"]
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(0)))
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("content-length", "0"); self.end_headers()
+    def log_message(self, *args):
+        pass
+class Server(socketserver.UnixStreamServer):
+    def get_request(self):
+        request, _ = super().get_request()
+        return request, ("side", 0)
+Server(uds, Health).serve_forever()
+"""
+
+
+def test_a_load_waits_for_the_memory_of_one_stopping_without_blocking_the_server(
+    tmp_path: Path,
+) -> None:
+    """Making room never waits on the event loop: while the idle side model takes 3 s to stop,
+    the listing answers at once and the new one starts only once the memory is free."""
+    import asyncio
+
+    sides = [SideModel(name=name, model="default", memory_gib=1.0) for name in ("a", "b")]
+    models = SideModels(sides, tmp_path / "run", tmp_path / "logs", memory_bytes=3 << 29)
+    models.serve_command = [sys.executable, "-c", SLOW_STOPPER]
+    models.start()
+
+    async def scenario() -> tuple[float, float]:
+        async with models.lease("a"):
+            pass
+        began = time.monotonic()
+        loading = asyncio.ensure_future(models.load("b"))
+        slowest, ticked = 0.0, time.monotonic()
+        await asyncio.sleep(0.05)  # the load has asked for room
+        while not loading.done():
+            # A loop iteration's whole time: the event loop blocked by the load shows here.
+            slowest = max(slowest, time.monotonic() - ticked - 0.05)
+            ticked = time.monotonic()
+            states = {card["id"]: card["state"] for card in models.listing()}
+            assert states["a"] == "unloaded" and states["b"] in ("loading", "loaded"), states
+            await asyncio.sleep(0.05)
+        await loading
+        return time.monotonic() - began, slowest
+
+    try:
+        waited, slowest = asyncio.run(scenario())
+    finally:
+        models.stop(timeout_s=10)
+    assert waited >= 2.5  # b started after a had exited (1.5 GiB holds one of them)
+    assert slowest < 0.5, slowest  # the event loop (the server's) never waited on it
+    cards = {card["id"]: card for card in models.listing()}
+    assert (cards["a"]["unloads"], cards["b"]["loads"]) == (1, 1)
