@@ -32,6 +32,10 @@ class SideCost:
     bytes: int | None  # None: neither memory_gib nor a plan (its checkpoint is not here)
     source: str  # "memory_gib", "plan" or why there is none
 
+    def text(self) -> str:
+        """`emb 2.00 GiB` (`?` where no memory is known)."""
+        return f"{self.side.name} {format_bytes(self.bytes) if self.bytes is not None else '?'}"
+
 
 @dataclass(frozen=True)
 class NodePlan:
@@ -69,6 +73,13 @@ class NodePlan:
             )
         return found
 
+    def always_text(self) -> str:
+        """`fast 16.4 GiB, ...`, or `-`."""
+        return ", ".join(cost.text() for cost in self.always) or "-"
+
+    def on_demand_text(self) -> str:
+        return self.on_demand.text() if self.on_demand is not None else "-"
+
     def _names(self) -> str:
         names = [cost.side.name for cost in self.always]
         if self.on_demand is not None:
@@ -76,19 +87,28 @@ class NodePlan:
         return "side models " + ", ".join(names)
 
 
-def side_cost(side: SideModel, models_dir: str | None, memory: DeviceMemory) -> SideCost:
-    if side.memory_gib is not None:
-        return SideCost(side, int(side.memory_gib * GIB), "memory_gib")
+def side_engine_config(side: SideModel) -> EngineConfig:
+    """The side model's engine knobs as its own server runs them (its `engine:` section, its
+    `kind`)."""
     knobs = {
         each.name: getattr(side.engine, key_of(each))
         for each in section_knobs("engine", EngineConfig)
         if key_of(each) in side.engine.model_fields_set
     }
-    config = EngineConfig(model=side.model, **{**knobs, "kind": side.kind})
+    return EngineConfig(model=side.model, **{**knobs, "kind": side.kind})
+
+
+def side_cost(
+    side: SideModel, models_dir: str | None, memory: DeviceMemory | None = None
+) -> SideCost:
+    """What the side model takes: `memory_gib`, else its engine's plan on one rank against
+    `memory` (None: this machine's device, as its server will read it)."""
+    if side.memory_gib is not None:
+        return SideCost(side, int(side.memory_gib * GIB), "memory_gib")
     try:
         checkpoint, model = _model_of(side.model, models_dir)
-        resolved = resolve(config, checkpoint, 1, model, memory)
-    except (DgppError, OSError) as err:
+        resolved = resolve(side_engine_config(side), checkpoint, 1, model, memory)
+    except (DgppError, OSError, ValueError) as err:
         return SideCost(side, None, str(err))
     return SideCost(
         side, plan_memory(resolved.engine, resolved.model, 1, memory).total_bytes, "plan"
@@ -137,19 +157,14 @@ def describe_side_plans(nodes: list[NodePlan]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for node in nodes:
-        always = ", ".join(f"{c.side.name} {_bytes(c)}" for c in node.always) or "-"
-        demand = f"{node.on_demand.side.name} {_bytes(node.on_demand)}" if node.on_demand else "-"
         problems = node.problems()
         verdict = "yes" if not problems else "no: " + "; ".join(problems)
         lines.append(
-            f"| {node.node} | {format_bytes(node.main_bytes)} | {always} | {demand} | "
+            f"| {node.node} | {format_bytes(node.main_bytes)} | {node.always_text()} | "
+            f"{node.on_demand_text()} | "
             f"{format_bytes(node.total_bytes)} of {format_bytes(node.budget_bytes)} | {verdict} |"
         )
     return "\n".join(lines)
-
-
-def _bytes(cost: SideCost) -> str:
-    return format_bytes(cost.bytes) if cost.bytes is not None else "?"
 
 
 def refuse_unfit_sides(nodes: list[NodePlan]) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from dgpp.appliance.deployments.knob_schema import key_of, section_knobs
 from dgpp.appliance.deployments.side_models import SideModel
+from dgpp.appliance.deployments.side_plan import side_cost
 
 GIB = 1 << 30
 LOG_TAIL_CHARS = 600
@@ -22,6 +22,7 @@ LOG_TAIL_CHARS = 600
 class SideEntry:
     side: SideModel
     socket: Path
+    models_dir: str | None = None  # the deployment's `paths.models_dir`, searched first
     state: str = "unloaded"  # unloaded, loading, loaded, failed
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -51,7 +52,7 @@ class SideEntry:
         if self.side.memory_gib is not None:
             return int(self.side.memory_gib * GIB)
         if self.planned_bytes is None:
-            self.planned_bytes = planned_bytes(self.side)
+            self.planned_bytes = side_cost(self.side, self.models_dir).bytes or 0
         return self.planned_bytes
 
     def fail(self, why: str) -> None:
@@ -109,24 +110,3 @@ def side_deployment(side: SideModel, socket: Path, common: dict[str, Any]) -> di
         "engine": {**engine, "kind": side.kind},
         "http": {"uds": str(socket), "served_model_names": [side.name, *side.aliases]},
     }
-
-
-def planned_bytes(side: SideModel) -> int:
-    """Its engine's memory plan on one rank, in bytes; 0 when it cannot be made here."""
-    from dgpp.appliance.models.store import resolve_model
-    from dgpp.engine.configuration.engine_config import EngineConfig
-    from dgpp.engine.errors import DgppError
-    from dgpp.engine.planning.memory_plan import plan_memory
-    from dgpp.engine.planning.resolved import resolve
-
-    try:
-        knobs = {
-            each.name: getattr(side.engine, key_of(each))
-            for each in section_knobs("engine", EngineConfig)
-            if key_of(each) in side.engine.model_fields_set
-        }
-        config = EngineConfig(model=side.model, **{**knobs, "kind": side.kind})
-        resolved = resolve(config, resolve_model(side.model))
-        return plan_memory(resolved.engine, resolved.model, 1).total_bytes
-    except (DgppError, OSError, ValueError):
-        return 0

@@ -70,8 +70,10 @@ class SideModels:
         runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         runtime_dir.chmod(0o700)
         self.sides = sides
+        models_dir = (common or {}).get("paths", {}).get("models_dir")
         self.entries = {
-            side.name: SideEntry(side, runtime_dir / f"{side.name}.sock") for side in sides
+            side.name: SideEntry(side, runtime_dir / f"{side.name}.sock", models_dir)
+            for side in sides
         }
         self.runtime_dir, self.log_dir, self.log_level = runtime_dir, log_dir, log_level
         self.load_wait_s = load_wait_s

@@ -288,26 +288,19 @@ def side_rows(deployment: Deployment, entries: list[RankPlan], memory: DeviceMem
     """Each node's row of the side-model plan (empty without side models)."""
     from dgpp.appliance.deployments.side_plan import plan_side_models
 
-    rows = []
-    for node in plan_side_models(deployment, entries, memory):
-        costs = [f"{c.side.name} {_cost(c.bytes)}" for c in node.always]
-        demand = node.on_demand
-        rows.append(
-            SideMemory(
-                node=node.node,
-                main_bytes=node.main_bytes,
-                always=", ".join(costs) or "-",
-                on_demand=f"{demand.side.name} {_cost(demand.bytes)}" if demand else "-",
-                total_bytes=node.total_bytes,
-                budget_bytes=node.budget_bytes,
-                problems="; ".join(node.problems()),
-            )
+    rows = [
+        SideMemory(
+            node=node.node,
+            main_bytes=node.main_bytes,
+            always=node.always_text(),
+            on_demand=node.on_demand_text(),
+            total_bytes=node.total_bytes,
+            budget_bytes=node.budget_bytes,
+            problems="; ".join(node.problems()),
         )
+        for node in plan_side_models(deployment, entries, memory)
+    ]
     return tuple(rows)
-
-
-def _cost(value: int | None) -> str:
-    return format_bytes(value) if value is not None else "?"
 
 
 def _refusal(

@@ -153,7 +153,7 @@ def check_dimensions(state: ServerState, dimensions: int | None) -> None:
         return
     engine = state.engine.engine
     size = engine.model_config.hidden_size
-    raw = _raw_config(engine.checkpoint)
+    raw = engine.model_config.raw  # config.json as the engine read it
     listed = raw.get("matryoshka_dimensions")
     qwen3 = engine.model_config.architecture == "Qwen3ForCausalLM"
     trained = bool(raw.get("is_matryoshka")) or bool(listed) or qwen3
@@ -167,12 +167,3 @@ def check_dimensions(state: ServerState, dimensions: int | None) -> None:
         raise InvalidRequestError(
             f"dimensions {dimensions} is not one this model serves: {allowed}", param="dimensions"
         )
-
-
-@lru_cache(maxsize=8)
-def _raw_config(checkpoint: Path) -> dict:
-    try:
-        raw = json.loads((checkpoint / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return raw if isinstance(raw, dict) else {}
