@@ -44,11 +44,12 @@ def _reference_embeddings(checkpoint: Path) -> list[torch.Tensor]:
         ]
 
 
+@pytest.mark.parametrize("chunk", [16, 5])  # three chunks of the longest prompt; eight
 def test_embeddings_equal_transformers_last_token_through_chunks_batches_and_cache_hits(
-    embedder: Path,
+    embedder: Path, chunk: int
 ) -> None:
     expected = _reference_embeddings(embedder)
-    llm = LLM(str(embedder), kind="embed", block_size=8, prefill_chunk_tokens=16,
+    llm = LLM(str(embedder), kind="embed", block_size=8, prefill_chunk_tokens=chunk,
               prefix_min_tokens=0)  # fmt: skip
     assert not hasattr(llm.engine.runner.model.lm_head, "weight")  # no head built or read
     first = llm.embed(PROMPTS)  # together: batched in the same steps
