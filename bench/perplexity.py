@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,12 @@ PEER_KV = {"auto": "f16", "int8": "q8_0", "fp8_e4m3": "f16", "int4": "q4_0"}
 
 
 def dgpp_side(path: Path, tokens: list[int], spans: list, top_k: int, ref: Reference | None,
-              **knobs: object) -> dict:  # fmt: skip
-    """dgpp's scores of `spans` (`knobs`: engine knobs, e.g. kv_cache_dtype="int8")."""
+              prepare: Callable[[LLM], None] | None = None, **knobs: object) -> dict:  # fmt: skip
+    """dgpp's scores of `spans` (`knobs`: engine knobs, e.g. kv_cache_dtype="int8"; `prepare`:
+    what to do to the engine first)."""
     llm = LLM(str(path), kv_capacity=4096, **knobs)
+    if prepare is not None:
+        prepare(llm)
     collector = Collector(tokens, top_k if ref is None else 0, ref)
     started = time.perf_counter()
     score_text(llm.engine, collector, spans)

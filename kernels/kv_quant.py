@@ -9,7 +9,9 @@ copy as they are, and a reader dequantizes only the rows it gathers.
   clamped to 0..15, the block's first half in the low nibbles); 18 bytes per 32.
 - `fp8_e4m3`: one block per head (e4m3's exponent carries the range a 32-wide scale gives int8):
   d = max|x| / 448 first, then the e4m3 codes of x / d; D + 2 bytes, 1.97x a 16-bit cache's
-  tokens per byte at D = 128 (Q8_0's blocks give 1.88x).
+  tokens per byte at D = 128 (Q8_0's blocks give 1.88x). With a checkpoint's own static scale
+  (`k_scale`/`v_scale`: ModelOpt's and compressed-tensors' FP8 KV), d is that scale, rounded to
+  float16, for every row, and the codes saturate at +-448, as their calibration assumes.
 
 For int8 and int4 a head dimension that is not a multiple of 32 is one block of D (even, for
 int4). Only the
@@ -46,11 +48,15 @@ class KvFormat:
         """Bytes of one cached head."""
         return self.groups * self.block_bytes
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., D] -> uint8 [..., width]."""
+    def encode(self, x: torch.Tensor, fixed: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., D] -> uint8 [..., width]. `fixed`: a static scale (a 0-d tensor, fp8_e4m3
+        only) in place of each row's own."""
         lead = x.shape[:-1]
         blocks = x.reshape(-1, self.groups, self.group).float()
-        if self.name == "int4":
+        if fixed is not None:
+            assert self.name == "fp8_e4m3", "static KV scales are fp8_e4m3's"
+            scale, codes = _fixed_codes(blocks, fixed)
+        elif self.name == "int4":
             scale, codes = _int4_codes(blocks)
         else:
             scale, codes = _scaled_codes(blocks, self.name)
@@ -89,6 +95,14 @@ def _scaled_codes(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.
         codes = _roundf(scaled).to(torch.int8).view(torch.uint8)
     else:
         codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
+    return d, codes
+
+
+def _fixed_codes(blocks: torch.Tensor, fixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes of x / d for a static d (no host sync: graph-safe), saturated at +-448."""
+    d = fixed.to(torch.float16).float().reshape(1, 1, 1).expand(*blocks.shape[:-1], 1)
+    limit = _LIMIT["fp8_e4m3"]
+    codes = (blocks / d).clamp(-limit, limit).to(torch.float8_e4m3fn).view(torch.uint8)
     return d, codes
 
 

@@ -18,11 +18,14 @@ def store_kv(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     kv: KvFormat | None = None,
+    fixed: torch.Tensor | None = None,
 ) -> None:
     """Write key/value [T, H_kv, D] into caches [blocks, block_size, H_kv, D] at `slot_mapping`
-    (with a quantized `kv`, their rows [..., H_kv, kv.width])."""
+    (with a quantized `kv`, their rows [..., H_kv, kv.width]; `fixed` [2]: the checkpoint's
+    static key and value scales, fp8_e4m3's)."""
     if kv is not None:
-        key, value = kv.encode(key), kv.encode(value)
+        k_fixed, v_fixed = (None, None) if fixed is None else (fixed[0], fixed[1])
+        key, value = kv.encode(key, k_fixed), kv.encode(value, v_fixed)
     num_kv_heads, width = key.shape[1], key.shape[2]
     key_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, key)
     value_cache.view(-1, num_kv_heads, width).index_copy_(0, slot_mapping, value)

@@ -64,9 +64,11 @@ class PagedAttentionBackend(AttentionBackend, Protocol):
         sinks: torch.Tensor | None = None,
         sliding_window: int | None = None,
         angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store key/value [T, H_kv, D] at the step's slots, then attend with query [T, H, D];
         returns [T, H, D]. `sinks` [H]: a logit per head in every softmax's denominator;
         `sliding_window`: a query at position p sees keys p - window < k <= p only; `angles`
-        (cos, signed sin) [T, 1, D]: rotate query and key first (in the store, one pass)."""
+        (cos, signed sin) [T, 1, D]: rotate query and key first (in the store, one pass);
+        `kv_scales` [2]: the checkpoint's static key and value scales, for an fp8 cache."""
         ...

@@ -98,26 +98,25 @@ class TorchPagedAttention:
         sinks: torch.Tensor | None = None,
         sliding_window: int | None = None,
         angles: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`kv_scales` [2]: the checkpoint's static key and value scales (fp8_e4m3 uses them)."""
         key_cache, value_cache = cache[0], cache[1]
         slots = metadata.slot_mapping
         kv = kv_format(self.kv_dtype, key.shape[-1])
         if kv is not None:  # the twins quantize the rows they store; the kernel reads them
             values = None
+            fixed = kv_scales if kv.name == "fp8_e4m3" else None
+            if angles is not None and (kv.name == "int4" or fixed is not None):
+                query, key, angles = apply_rotary(query, angles), apply_rotary(key, angles), None
             if kv.name == "int4":  # rotated after RoPE, turned back after (`kernels.kv_rotation`)
-                if angles is not None:
-                    query, key, angles = (
-                        apply_rotary(query, angles),
-                        apply_rotary(key, angles),
-                        None,
-                    )
                 keys = rotation(key.shape[-1], key.device, key.dtype)
                 values = rotation(value.shape[-1], value.device, value.dtype)
                 query, key, value = rotate(query, keys), rotate(key, keys), rotate(value, values)
             if angles is not None:
                 query = rope_store(query, key, value, angles, key_cache, value_cache, slots, kv)
             else:
-                store_kv(key, value, key_cache, value_cache, slots, kv)
+                store_kv(key, value, key_cache, value_cache, slots, kv, fixed)
             out = self.attend(
                 query, key_cache, value_cache, metadata, scale, sinks, sliding_window, kv=kv
             )

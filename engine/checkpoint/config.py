@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dgpp.engine.checkpoint.kv_scales import declares_kv_scales
 from dgpp.engine.checkpoint.loader import checkpoint_files
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.methods import GROUP_METHODS
@@ -78,6 +79,7 @@ class ModelConfig:
     # schemes (GPTQ, AWQ, compressed-tensors, FP8, ModelOpt); both empty when dense
     weight_formats: WeightFormats = field(default_factory=WeightFormats)
     quant_schemes: QuantSchemes = field(default_factory=QuantSchemes)
+    kv_scales: bool = False  # static FP8 KV scales declared (`checkpoint.kv_scales`)
     # the whole config.json, for the family-specific keys a model file parses itself
     # (MoE routing, MLA ranks, sliding windows: see `dgpp.engine.models`)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -173,8 +175,8 @@ class ModelConfig:
         method is read from the checkpoint's own tensor headers either way."""
         if raw is None:
             raw = read_config_json(path)
-        config = cls.from_dict(raw)
         quant = quant_config(raw, path)
+        config = replace(cls.from_dict(raw), kv_scales=declares_kv_scales(quant))
         method = check_method(quant)
         if quant is None or method not in GROUP_METHODS:
             return config

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from dgpp.engine.checkpoint.kv_scales import KvScales
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.quant.checkpoint_formats import PackedModule, packed_module
 from dgpp.engine.quant.gguf_file import GgufFile, GgufTensor
@@ -92,6 +93,7 @@ def load_weights(model: nn.Module, path: Path) -> None:
     pending: dict[str, dict[str, torch.Tensor]] = {}  # quantized module -> tensors so far
     loaded: set[str] = set()
     wanted = None if rename is None else (lambda name: rename(name) is not None)
+    kv_scales = KvScales(model)
     for name, tensor in named_tensors(path, wanted):
         stored = name.rpartition(".")[0]  # the module's name in the checkpoint
         if rename is not None:
@@ -102,6 +104,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
         if tied and name == "lm_head.weight":
             continue
         if "rotary_emb.inv_freq" in name or (num_layers and _extra_layer(name, num_layers)):
+            continue
+        if kv_scales.take(name, tensor):
             continue
         module, _, suffix = name.rpartition(".")
         # Quantization schemes name modules as the model does, or as the checkpoint stores them

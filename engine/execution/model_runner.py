@@ -12,7 +12,6 @@ import torch
 
 from dgpp.engine.backends.base import AttentionBackend, BatchLayout, BatchRow, StepMetadata
 from dgpp.engine.backends.cache_spec import allocate_caches, cache_layers, unique_backends
-from dgpp.engine.backends.selection import select_backend_for
 from dgpp.engine.backends.state_cache import (
     LinearStateBackend,
     allocate_states,
@@ -22,7 +21,6 @@ from dgpp.engine.backends.state_cache import (
 )
 from dgpp.engine.cache.disk_store import IDLE_WAIT_S, DiskStore, agreed_states
 from dgpp.engine.checkpoint.config import ModelConfig
-from dgpp.engine.checkpoint.loader import load_weights
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import ConfigError
@@ -30,16 +28,15 @@ from dgpp.engine.execution import native_decode
 from dgpp.engine.execution.background_packing import BackgroundPacking
 from dgpp.engine.execution.decode_graphs import DecodeGraphs, why_not_graphed
 from dgpp.engine.execution.drafting import Drafter, Drafting, DraftTarget
+from dgpp.engine.execution.model_loading import load_model
 from dgpp.engine.execution.step_message import BlockTables, StepMessage, StepRow
 from dgpp.engine.layers.embedding import ParallelLMHead
 from dgpp.engine.layers.linear import PackableLinear
-from dgpp.engine.models.pooling import image_architecture
-from dgpp.engine.models.registry import build_model, layer_cache_specs, layer_state_specs
+from dgpp.engine.models.registry import layer_cache_specs, layer_state_specs
 from dgpp.engine.planning.device_memory import drop_page_cache
 from dgpp.engine.planning.host_store import HostStore, host_slots
 from dgpp.engine.planning.memory_lock import lock_memory
 from dgpp.engine.planning.memory_plan import check_fits, plan_memory
-from dgpp.engine.planning.resident_cache import image_key, load_resident
 from dgpp.engine.planning.state_plan import engine_state_layout
 from dgpp.engine.planning.tier_layout import open_disk_stores
 from dgpp.engine.scheduling.scheduler import StepPlan
@@ -93,24 +90,10 @@ class ModelRunner:
             lock_memory()
         self.selfcheck = StartupCheck(config, model_config, parallel, self.device, self.dtype)
         self.selfcheck.before_build()  # the kernels against their twins, before a backend
-        attention = select_backend_for(model_config, self.device, self.dtype, config.kv_cache_dtype)
-        with torch.device("cpu"):
-            model = build_model(model_config, parallel, max_model_len, attention, config.kind)
-        model = model.to(self.dtype)
-        warm = False
-        own_dir = config.resident_cache_dir
-        image_dir = Path(own_dir).expanduser() if own_dir is not None else resident_dir
-        if config.resident_cache and image_dir is not None:
-            key = image_key(
-                checkpoint, parallel.tp_rank, parallel.tp_size, config.resolved_dtype,
-                self.device.type, image_architecture(model_config.architecture, config.kind),
-            )  # fmt: skip
-            warm = load_resident(model, checkpoint, key, image_dir)
-        else:
-            load_weights(model, checkpoint)
-        attach_tables = getattr(model, "attach_tables", None)  # Qwen4-Exp's disk-backed tables
-        if attach_tables is not None:
-            attach_tables(checkpoint, config.ngram_tables_in_memory)
+        model, attention, warm = load_model(
+            config, model_config, parallel, checkpoint, max_model_len,
+            (self.device, self.dtype), resident_dir,
+        )  # fmt: skip
         self.model = model.to(self.device).eval()
         self.selfcheck.after_load(self.model)  # before the layers pick their kernels
         # Rotary tables stay float32 whatever the weights' dtype.

@@ -64,6 +64,8 @@ def _layer_why_not(layer: nn.Module, block_size: int) -> str | None:
     kv_dtype = getattr(paged.backend, "kv_dtype", "auto")
     if cpu_kv_kind(kv_format(kv_dtype, attn.head_dim)) is None:
         return f"a {kv_dtype} KV cache (the native step reads float32, int8 of 32s and fp8)"
+    if paged.static_kv:
+        return "the checkpoint's static FP8 KV scales (the native step stores a scale per row)"
     if paged.sinks is not None or paged.sliding_window is not None:
         return "attention sinks or a sliding window"
     if attn.rotary_dim != attn.head_dim:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -9,6 +11,8 @@ from dgpp.engine.backends.base import PagedAttentionBackend, StepMetadata
 from dgpp.engine.backends.cache_spec import PagedKVSpec
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.layers.rotary import RopeAngles
+
+log = logging.getLogger(__name__)
 
 
 class PagedAttention(nn.Module):
@@ -25,6 +29,7 @@ class PagedAttention(nn.Module):
       (`HeadPartition.q_start`)."""
 
     sinks: nn.Parameter | None
+    kv_scale: torch.Tensor | None
 
     def __init__(
         self,
@@ -53,6 +58,21 @@ class PagedAttention(nn.Module):
         self.register_parameter("sinks", sinks)
         if sinks is not None:
             sinks.weight_loader = self.load_sinks  # type: ignore[attr-defined]
+        # The checkpoint's static key and value scales, where it has them (`expect_kv_scales`).
+        self.register_buffer("kv_scale", None)
+        self.static_kv = False
+
+    def expect_kv_scales(self) -> None:
+        """Give the layer a `kv_scale` buffer [2] (key, value; 0: none) for the checkpoint's
+        `k_scale`/`v_scale` to load into (`checkpoint.kv_scales`); a resident image keeps it."""
+        self.register_buffer("kv_scale", torch.zeros(2, dtype=torch.float32))
+
+    def settle_kv_scales(self) -> bool:
+        """After the weights are in: whether the layer stores with static scales (both loaded);
+        read once here, so a step never syncs on them."""
+        scale = self.kv_scale
+        self.static_kv = scale is not None and bool((scale > 0).all())
+        return self.static_kv
 
     @property
     def cache_spec(self) -> PagedKVSpec:
@@ -101,9 +121,39 @@ class PagedAttention(nn.Module):
             self.sinks,
             self.sliding_window,
             angles,
+            self.kv_scale if self.static_kv else None,
         )
 
     @property
     def fuses_rope(self) -> bool:
         """Whether the backend rotates query and key in its store (pass `angles`)."""
         return getattr(self._backend, "fuses_rope", False)
+
+
+def expect_kv_scales(model: nn.Module, declared: bool) -> None:
+    """Before the weights load: a `kv_scale` buffer in every paged attention layer, where the
+    checkpoint `declared` static KV scales (`ModelConfig.kv_scales`)."""
+    for module in model.modules():
+        if declared and type(module) is PagedAttention:
+            module.expect_kv_scales()
+
+
+def settle_kv_scales(model: nn.Module, kv_cache_dtype: str) -> int:
+    """After the weights load (from the checkpoint or a resident image): the layers that store
+    with the checkpoint's static scales, logged; they count at fp8_e4m3 only."""
+    layers = [m for m in model.modules() if type(m) is PagedAttention and m.kv_scale is not None]
+    static = sum(layer.settle_kv_scales() for layer in layers)
+    if static and kv_cache_dtype != "fp8_e4m3":
+        for layer in layers:
+            layer.static_kv = False
+        log.info(
+            "the checkpoint's static KV scales (%d layers) apply at kv_cache_dtype=fp8_e4m3; "
+            "this engine's %s cache keeps its own scales",
+            static,
+            kv_cache_dtype,
+        )
+        return 0
+    if layers:
+        log.info("%d of %d paged attention layers store at the checkpoint's FP8 KV scales",
+                 static, len(layers))  # fmt: skip
+    return static

@@ -31,10 +31,11 @@ CT_FORMATS = (
     "mixed-precision",
     "dense",
 )
-# Checkpoint tensors of a quantized module that serving does not read: static activation and
-# KV scales (activations are scaled dynamically), compressed-tensors' shape record.
+# Checkpoint tensors of a quantized module that serving does not read: static activation scales
+# (activations are scaled dynamically), compressed-tensors' shape record. (Static KV scales are
+# read: `checkpoint.kv_scales`.)
 IGNORED_SUFFIXES = frozenset(
-    {"input_scale", "input_global_scale", "input_zero_point", "weight_shape", "k_scale", "v_scale"}
+    {"input_scale", "input_global_scale", "input_zero_point", "weight_shape"}
 )
 
 TensorMeta = Mapping[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)

@@ -68,6 +68,21 @@ def test_fp8_rows_are_a_scale_and_e4m3_codes() -> None:
     assert float(error[nonzero].max()) < 0.05
 
 
+def test_fp8_rows_at_a_static_scale_saturate_as_calibrated() -> None:
+    """A checkpoint's k_scale: d is its float16 value on every row, codes e4m3(x / d) clamped
+    to +-448 (a value past the calibrated range saturates, it does not overflow to NaN)."""
+    x = _heads(1)
+    fixed = torch.tensor(float(x.abs().max()) / 600.0)  # the largest values go past 448 d
+    rows = kv_format("fp8_e4m3", 128).encode(x, fixed)
+    d = fixed.half().float()
+    assert torch.equal(
+        rows[..., :2].contiguous().view(torch.float16).float(), d.expand(*x.shape[:-1], 1)
+    )
+    want = (x.float() / d).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(rows[..., 2:], want)
+    assert int((rows[..., 2:].view(torch.float8_e4m3fn).float().abs() == 448).sum()) > 0
+
+
 @pytest.mark.parametrize(("name", "limit"), [("int8", 0.01), ("fp8_e4m3", 0.05), ("int4", 0.15)])
 def test_small_heads_are_one_block(name: str, limit: float) -> None:
     x = torch.randn(9, 2, 16)
