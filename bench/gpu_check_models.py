@@ -111,15 +111,15 @@ def dry_run_graphs(work: Path) -> bool:
     """CPU stand-in for the capture: a tiny Llama on the (interpreted) Triton backend whose
     decode steps run through the graphs' static, padded buffers without capturing."""
     from dgpp.engine.backends.triton_paged import TritonPagedAttention
-    from dgpp.engine.execution import model_runner
+    from dgpp.engine.execution import model_loading
 
     checkpoint = random_checkpoint(work / "graphs-llama", "LlamaForCausalLM", TINY_LLAMA, CPU)
-    chosen = model_runner.select_backend_for
-    model_runner.select_backend_for = lambda *_: TritonPagedAttention(CPU)
+    chosen = model_loading.select_backend_for
+    model_loading.select_backend_for = lambda *_: TritonPagedAttention(CPU)
     try:
         llm = LLM(str(checkpoint), kv_capacity=1024, block_size=16)
     finally:
-        model_runner.select_backend_for = chosen
+        model_loading.select_backend_for = chosen
     scratch = llm.engine.config.num_kv_blocks - 1  # never reached by these prompts
     graphs = llm.engine.runner.attach_decode_graphs(8, scratch, capture=False)
     llm.engine.runner.graphs = None

@@ -131,7 +131,7 @@ class LLMEngine:
             self.counters,
             self.eos_token_ids,
             self.max_model_len,
-            pooling_for(config.kind, self.tokenizer),
+            pooling_for(config.kind, self.tokenizer, self.model_config.is_encoder),
         )
         self.runner.forget_world()
         if self.runner.disk is not None:  # no read from disk in flight (a new world)
@@ -215,7 +215,8 @@ class LLMEngine:
         max_tokens = params.max_tokens or self.max_model_len - num_prompt
         if self.processor.pooling is not None:  # the prompt alone, its last row the result
             max_tokens = 1
-        check_context(num_prompt, self.max_model_len, max_tokens)
+        # An encoder draws no token: its prompt may fill the context.
+        check_context(num_prompt, self.max_model_len + self.model_config.is_encoder, max_tokens)
         if params.prompt_logprobs is not None and num_prompt > self.config.max_scored_prompt_tokens:
             raise InvalidRequestError(
                 f"the prompt has {num_prompt} tokens; scoring a prompt (prompt_logprobs, or echo "

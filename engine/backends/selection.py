@@ -7,6 +7,7 @@ import torch
 
 from dgpp.engine.backends.base import AttentionBackend, PagedAttentionBackend
 from dgpp.engine.backends.cpu_paged import CpuPagedAttention
+from dgpp.engine.backends.encoder import EncoderAttentionBackend
 from dgpp.engine.backends.mla_base import MLABackend
 from dgpp.engine.backends.sparse_mla import SparseMLAAttention
 from dgpp.engine.backends.sparse_paged import SparsePagedAttention
@@ -56,6 +57,8 @@ def select_backend_for(
     picks each query's blocks (Qwen4-Exp). A quantized `kv_dtype` is for paged keys and
     values (`kernels.kv_quant`), latents and indexer keys (`kernels.latent_quant`); the memory
     plan refuses it for the others."""
+    if model.is_encoder:
+        return EncoderAttentionBackend(device)
     if model.is_latent_attention and model.raw.get("index_topk") is not None:
         return SparseMLAAttention(select_mla_backend(device, dtype, kv_dtype))
     if model.is_latent_attention:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dgpp.engine.checkpoint.encoder_files import ENCODER_ARCHITECTURES, pooling_mode, sep_token_id
 from dgpp.engine.checkpoint.kv_scales import declares_kv_scales
 from dgpp.engine.checkpoint.loader import checkpoint_files
 from dgpp.engine.errors import ModelLoadError
@@ -80,6 +81,9 @@ class ModelConfig:
     weight_formats: WeightFormats = field(default_factory=WeightFormats)
     quant_schemes: QuantSchemes = field(default_factory=QuantSchemes)
     kv_scales: bool = False  # static FP8 KV scales declared (`checkpoint.kv_scales`)
+    # encoders (`checkpoint.encoder_files`): sentence-transformers' pooling, the separator's id
+    pooling_mode: str = ""
+    sep_token_id: int | None = None
     # the whole config.json, for the family-specific keys a model file parses itself
     # (MoE routing, MLA ranks, sliding windows: see `dgpp.engine.models`)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -98,6 +102,11 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         """How many of each head's dims the rotary embedding turns."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def is_encoder(self) -> bool:
+        """Whether the model is an encoder (BERT, XLM-RoBERTa): bidirectional, nothing cached."""
+        return self.architecture in ENCODER_ARCHITECTURES
 
     @property
     def is_latent_attention(self) -> bool:
@@ -177,6 +186,10 @@ class ModelConfig:
             raw = read_config_json(path)
         quant = quant_config(raw, path)
         config = replace(cls.from_dict(raw), kv_scales=declares_kv_scales(quant))
+        if config.is_encoder:
+            config = replace(
+                config, pooling_mode=pooling_mode(path), sep_token_id=sep_token_id(path)
+            )
         method = check_method(quant)
         if quant is None or method not in GROUP_METHODS:
             return config

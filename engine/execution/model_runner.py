@@ -97,7 +97,8 @@ class ModelRunner:
         self.model = model.to(self.device).eval()
         self.selfcheck.after_load(self.model)  # before the layers pick their kernels
         # Rotary tables stay float32 whatever the weights' dtype.
-        for rotary in (self.model.model.rotary, getattr(self.model.model, "local_rotary", None)):
+        decoder = getattr(self.model, "model", None)  # an encoder has no rotary tables
+        for rotary in (getattr(decoder, "rotary", None), getattr(decoder, "local_rotary", None)):
             if rotary is not None:
                 rotary.float()
         packer = select_packer(self.device, self.dtype)

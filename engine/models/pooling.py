@@ -25,7 +25,11 @@ class PooledHidden(nn.Module):
 
 def adapt_for_kind(model: nn.Module, kind: str) -> nn.Module:
     """`model` as `kind` serves it: an embedding model's LM head gives way to `PooledHidden`
-    (its weights are neither built nor read); a reranker keeps its head (its yes/no logits)."""
+    (its weights are neither built nor read); a reranker keeps its head (its yes/no logits).
+    An encoder pools by itself, as the kind its class serves (`models.bert`; `resolve` refuses
+    another)."""
+    if getattr(model, "whole_prompts", False):
+        return model
     if kind != "embed":
         return model
     if not isinstance(getattr(model, "lm_head", None), nn.Module):

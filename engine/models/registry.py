@@ -12,6 +12,7 @@ from dgpp.engine.backends.state_cache import LinearStateSpec
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.parallel import ParallelContext
 from dgpp.engine.errors import UnsupportedModelError
+from dgpp.engine.models.bert import ENCODER_CLASSES
 from dgpp.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from dgpp.engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from dgpp.engine.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
@@ -72,6 +73,7 @@ MODEL_CLASSES: dict[str, ModelClass] = {
     "Qwen3_5ForConditionalGeneration": Qwen3_5ForCausalLM,
     "Qwen3_5MoeForConditionalGeneration": Qwen3_5MoeForCausalLM,
     "Qwen4ExpForConditionalGeneration": Qwen4ExpForCausalLM,
+    **ENCODER_CLASSES,  # encoders, served as embedders and rerankers (`models.bert`)
 }
 
 

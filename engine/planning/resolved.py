@@ -17,6 +17,8 @@ from pathlib import Path
 
 from dgpp.engine.checkpoint.config import ModelConfig
 from dgpp.engine.configuration.engine_config import EngineConfig
+from dgpp.engine.errors import ConfigError
+from dgpp.engine.models.bert import XLM_ROBERTA
 from dgpp.engine.models.registry import model_class
 from dgpp.engine.planning.memory_plan import DeviceMemory, size_kv_pool
 from dgpp.engine.quant.quant_schemes import check_quantization
@@ -51,7 +53,39 @@ def resolve(
     model = model if model is not None else ModelConfig.from_checkpoint(checkpoint)
     check_quantization(config.quantization, model.quant_method)
     model_class(model)  # refuse unknown architectures before any heavy loading
+    if model.is_encoder:
+        config = encoder_config(config, model)
     # Only this step sizes the pool: the ranks run its `kv_capacity`.
     engine = size_kv_pool(config, model, tp_size, memory)
     engine = replace(engine, max_model_len=engine.effective_max_model_len(model))
     return ResolvedConfig(engine, model, checkpoint, tp_size)
+
+
+def encoder_config(config: EngineConfig, model: ModelConfig) -> EngineConfig:
+    """`config` as an encoder serves (`models.bert`): the kind its class serves, each prompt in
+    one step (the prompt budget at least the context), no prefix cache (a later token changes
+    the earlier ones' states), and a pool of bookkeeping blocks only (it holds no bytes)."""
+    serves = "embed" if model.architecture in ("BertModel", "XLMRobertaModel") else "rerank"
+    if config.kind != serves:
+        raise ConfigError(
+            f"{model.architecture} is an encoder that serves engine.kind={serves}; "
+            f"this deployment asks for {config.kind}",
+            param="kind",
+        )
+    offset = int(model.raw.get("pad_token_id", 1)) + 1 if model.architecture in XLM_ROBERTA else 0
+    context = model.max_position_embeddings - offset
+    if config.max_model_len is not None and config.max_model_len > context:
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} exceeds this encoder's {context} positions",
+            param="max_model_len",
+        )
+    context = config.max_model_len or context
+    blocks = -(-context // config.block_size) * config.max_concurrency
+    return replace(
+        config,
+        max_model_len=context,
+        prefix_cache=False,
+        prefill_chunk_tokens=max(config.prefill_chunk_tokens, context),
+        memory_fraction=None,
+        kv_capacity=blocks * config.block_size,
+    )

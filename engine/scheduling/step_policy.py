@@ -108,6 +108,7 @@ class StepPolicy:
     step_target_ms: float = 0.0  # 0: STRETCH x the sensitive work; < 0: no step-time bound
     arrival_hold_s: float = 1.0  # long-only steps stay bounded this long after an arrival
     num_layers: int = 0  # the model's layers when chunks may be sliced by layer, else 0
+    whole_prompts: bool = False  # an encoder's: a prompt is computed in one step, or waits
 
     def bound(
         self,
@@ -125,7 +126,7 @@ class StepPolicy:
         the oldest long prompt's banked time from step to step. Where the oldest long prompt's
         chunk is computed in layer slices (`num_layers`), `slices` receives its layers this
         step by request id, and its amount is the chunk's tokens."""
-        if self.step_target_ms < 0 or not times.ready:
+        if self.step_target_ms < 0 or not times.ready or self.whole_prompts:
             return amounts
         planned = [r for r in self.order([], list(prompts)) if id(r) in amounts]
         longs = [r for r in planned if not self.is_short(r)]
@@ -254,6 +255,7 @@ class StepPolicy:
             long_prefill_share=config.long_prefill_share,
             step_target_ms=config.step_target_ms,
             arrival_hold_s=config.arrival_hold_ms / 1000.0,
+            whole_prompts=getattr(model, "whole_prompts", False),
         )
 
     def is_short(self, request: Request) -> bool:
@@ -275,6 +277,14 @@ class StepPolicy:
         best rank's prompts share it (`priority`: the others wait; aging lifts them)."""
         ordered = self.order(running, waiting)
         ordered = [r for r in ordered if r.rank == ordered[0].rank]
+        if self.whole_prompts:  # in order, each prompt whole while the budget holds it
+            whole: dict[int, int] = {}
+            for request in ordered:
+                if request.num_pending_tokens > budget:
+                    break
+                whole[id(request)] = request.num_pending_tokens
+                budget -= request.num_pending_tokens
+            return whole
         longs = [r for r in ordered if not self.is_short(r)]
         reserve = 0
         if longs and len(longs) < len(ordered):

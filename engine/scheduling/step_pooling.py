@@ -4,7 +4,10 @@ last position's row is the result, and no token is drawn:
 - an embedding model (`dgpp.engine.models.pooling`): the final hidden state, as float32;
 - a decoder reranker (Qwen3-Reranker): the probability of "yes" against "no" at the next token,
   `softmax(logits[no], logits[yes])[1]`, which is the sigmoid of their difference (the
-  sequence-classification head that the checkpoint's two rows make).
+  sequence-classification head that the checkpoint's two rows make);
+- an encoder cross-encoder (bge-reranker, `models.bert`): its classifier's logit through a
+  sigmoid (one label, sentence-transformers' CrossEncoder default), or the second label's
+  probability (two).
 """
 
 from __future__ import annotations
@@ -29,21 +32,29 @@ class Pooling:
 
     kind: str  # "embed" or "rerank"
     score_ids: tuple[int, int] | None = None  # a reranker's ("no", "yes") token ids
+    classifier: bool = False  # an encoder's classifier logits
 
     def value(self, row: torch.Tensor) -> tuple[float, ...]:
+        if self.classifier:
+            logits = row.float()
+            if logits.numel() == 1:
+                return (float(torch.sigmoid(logits[0])),)
+            return (float(torch.softmax(logits, dim=0)[-1]),)
         if self.score_ids is None:
             return tuple(row.float().tolist())
         pair = row[list(self.score_ids)].float()
         return (float(torch.softmax(pair, dim=0)[1]),)
 
 
-def pooling_for(kind: str, tokenizer: Any) -> Pooling | None:
-    """The pooling of an engine serving `kind`; None for a generating one. A reranker needs
-    single tokens for "no" and "yes" in its vocabulary."""
+def pooling_for(kind: str, tokenizer: Any, encoder: bool = False) -> Pooling | None:
+    """The pooling of an engine serving `kind`; None for a generating one. A decoder reranker
+    needs single tokens for "no" and "yes" in its vocabulary; an `encoder` one classifies."""
     if kind == "generate":
         return None
     if kind == "embed":
         return Pooling(kind)
+    if encoder:
+        return Pooling(kind, classifier=True)
     ids = []
     for word in SCORE_TOKENS:
         found = tokenizer.encode(word, add_special_tokens=False)

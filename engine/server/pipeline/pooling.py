@@ -101,9 +101,20 @@ def _input_prompt(state: ServerState, input_type: str | None) -> str:
 def rerank_prompts(
     state: ServerState, pairs: Sequence[tuple[str, str]], instruction: str | None
 ) -> list[list[int]]:
-    """The decoder reranker's prompt for each (query, document) pair."""
-    task = instruction or DEFAULT_INSTRUCTION
+    """Each (query, document) pair's prompt: a cross-encoder's pair encoding (its tokenizer's
+    own special tokens and separator; `instruction` does not apply), or the decoder reranker's
+    template."""
     prompts = []
+    if state.engine.engine.model_config.is_encoder:
+        if instruction:
+            raise InvalidRequestError(
+                "this reranker is a cross-encoder: it takes no instruction", param="instruction"
+            )
+        for number, (query, document) in enumerate(pairs):
+            ids = state.tokenizer(query, document).input_ids
+            prompts.append(_fits(state, list(ids), number, "documents"))
+        return prompts
+    task = instruction or DEFAULT_INSTRUCTION
     for number, (query, document) in enumerate(pairs):
         text = f"{RERANK_PREFIX}<Instruct>: {task}\n<Query>: {query}\n<Document>: {document}"
         ids = state.tokenizer(text + RERANK_SUFFIX, add_special_tokens=False).input_ids
@@ -114,7 +125,8 @@ def rerank_prompts(
 def _fits(state: ServerState, ids: list[int], number: int, param: str) -> list[int]:
     if not ids:
         raise InvalidRequestError(f"{param} {number} is empty", param=param)
-    if len(ids) >= state.max_model_len:
+    room = state.max_model_len + state.engine.engine.model_config.is_encoder  # draws no token
+    if len(ids) >= room:
         raise ContextLengthExceededError(
             f"{param} {number} has {len(ids)} tokens; this model's context is "
             f"{state.max_model_len} tokens",

@@ -96,7 +96,7 @@ def test_padded_static_buffers_decode_as_the_eager_engine(
     expected = [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
 
     monkeypatch.setattr(
-        "dgpp.engine.execution.model_runner.select_backend_for",
+        "dgpp.engine.execution.model_loading.select_backend_for",
         lambda model, *_: (
             TritonMLAAttention(CPU) if model.is_latent_attention else TritonPagedAttention(CPU)
         ),
@@ -133,7 +133,7 @@ def test_decode_rows_beside_a_layer_slice_replay_the_graphs(
     eager = LLM(str(checkpoint), step_target_ms=-1.0, **knobs)
     expected = [out.outputs[0].token_ids for out in eager.generate(prompts, params)]
     monkeypatch.setattr(
-        "dgpp.engine.execution.model_runner.select_backend_for",
+        "dgpp.engine.execution.model_loading.select_backend_for",
         lambda *_: TritonPagedAttention(CPU),
     )
     graphed = LLM(str(checkpoint), **knobs)

@@ -289,7 +289,7 @@ def test_engine_with_an_impossible_pool_fails_before_building_the_model(
 
     # The plan counts weights on a model built on the meta device; the runner's own build, the
     # one that allocates, must not happen.
-    monkeypatch.setattr("dgpp.engine.execution.model_runner.build_model", never)
+    monkeypatch.setattr("dgpp.engine.execution.model_loading.build_model", never)
     # 10**12 tokens are terabytes of KV for any model: no machine running this test has them.
     config = EngineConfig(model=str(checkpoint), kv_capacity=10**12, max_model_len=512)
     with pytest.raises(ConfigError, match="does not fit"):

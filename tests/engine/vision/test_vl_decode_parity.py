@@ -119,7 +119,7 @@ def _engine(reference: _Reference, path: str, chunk: int) -> LLM:
         return LLM(str(reference.checkpoint), prefix_min_tokens=8, **knobs)
     with pytest.MonkeyPatch.context() as patch:  # the GPU's decode path: Triton, graphs
         patch.setattr(
-            "dgpp.engine.execution.model_runner.select_backend_for",
+            "dgpp.engine.execution.model_loading.select_backend_for",
             lambda *_: TritonPagedAttention(CPU),
         )
         llm = LLM(str(reference.checkpoint), prefix_min_tokens=8, **knobs)
