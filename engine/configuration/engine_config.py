@@ -55,8 +55,10 @@ class EngineConfig(DeviceKnobs):
     kind: Kind = knob(
         "generate",
         "what the model serves: generate (chat, completions, responses), embed (/v1/embeddings: "
-        "the last token's final hidden state) or rerank (/v1/rerank, /v1/score: a decoder "
-        "reranker's yes/no logits, as Qwen3-Reranker's)",
+        "a decoder's last-token hidden state, an encoder's pooled as its sentence-transformers "
+        "files say) or rerank (/v1/rerank, /v1/score: a decoder reranker's yes/no logits, as "
+        "Qwen3-Reranker's, or a cross-encoder's classifier); an encoder (BERT, XLM-RoBERTa) "
+        "serves the one kind its class does",
         label="Model kind",
         group="api",
     )
