@@ -62,12 +62,15 @@ def _is_api(request: Request) -> bool:
 def _warm(console: Console) -> None:
     """Every Models row's memory plan, queued in the background at start (`warm_plans`)."""
     from dgpp.webui.models.catalogue import warm_plans
+    from dgpp.webui.plans import worker_pool
 
     try:
         rows = warm_plans(console.store.read_raw(), console.plans)
     except Exception:  # the page computes them on demand; this is an optimisation
         log.exception("queueing the memory plans of the Models page failed")
         return
+    finally:
+        worker_pool.release_early()  # every plan stored: the early workers are not needed
     log.info("computing the memory plans of %d models and templates in the background", rows)
 
 

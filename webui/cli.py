@@ -113,6 +113,10 @@ def run_webui(args: argparse.Namespace) -> int:
             "secure_cookie",
             config.host,
         )
+    if config.warm_plans:  # the plans' workers import beside the console's own imports
+        from dgpp.webui.plans import worker_pool
+
+        worker_pool.start_early()
     import uvicorn
 
     from dgpp.webui.app import create_app

@@ -88,12 +88,17 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, rope: RopeConfig) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq, scaling = inverse_frequencies(rope, head_dim)
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
-        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
-        self.register_buffer("cos", torch.cat((cos, cos), dim=-1), persistent=False)  # [P, D]
-        self.register_buffer("sin", torch.cat((-sin, sin), dim=-1), persistent=False)
+        # On the CPU whatever the default device: the tables are numbers, not weights (on the
+        # meta device, where the memory plan counts weights, their math would import torch's
+        # Python decompositions: seconds); the model moves them with itself.
+        with torch.device("cpu"):
+            inv_freq, scaling = inverse_frequencies(rope, head_dim)
+            positions = torch.arange(max_position, dtype=torch.float32)
+            freqs = torch.outer(positions, inv_freq)  # [P, D/2]
+            cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)  # [P, D]
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         axis = None
         if rope.mrope_section is not None:
             axis = mrope_axes(rope.mrope_section, head_dim // 2).repeat(2)

@@ -38,8 +38,11 @@ def packed_experts(
             config.weight_format([f"{name}.down_proj"], width),
         )
 
-    if COUNTING_ONLY.get() and all(stored(index) == stored(0) for index in range(1, count)):
-        return PackedExperts([DecoderMLP(config, parallel, f"{prefix}.experts.0", width)] * count)
+    if COUNTING_ONLY.get():
+        first = stored(0)
+        if all(stored(index) == first for index in range(1, count)):
+            alike = DecoderMLP(config, parallel, f"{prefix}.experts.0", width)
+            return PackedExperts([alike] * count)
     return PackedExperts(
         [DecoderMLP(config, parallel, f"{prefix}.experts.{index}", width) for index in range(count)]
     )

@@ -3,10 +3,12 @@ model's source and the memory it is planned against, and counting a large MoE's 
 seconds, so each is computed once — on request (a preview waits for it) or in the background
 (the Models page asks for every template's and shows them as they arrive).
 
-One background thread works through what the page asked for, in order; a preview that needs a
-plan not yet started computes it itself rather than wait in that queue, and a plan being computed
-is shared by whoever asks for it meanwhile. The console asks for every row's plan when it
-starts, so the page finds them known.
+Background threads (one per worker process: two where there are two cores) work through what
+the page asked for, in the page's order; a preview that needs a plan not yet started computes it
+itself rather than wait in that queue, and a plan being computed is shared by whoever asks for
+it meanwhile. The console asks for every row's plan when it starts; the first plan queued
+starts the worker processes, each importing the model families before its first plan, so the
+page finds them known or computing.
 
 Where the console gives it a `store` directory, each plan is also written there (a JSON file
 named by its key) and read back by a later console: a plan's key holds everything it depends on
@@ -38,13 +40,13 @@ from typing import Any
 from dgpp.appliance.deployments.deployment import Deployment, parse_deployment
 from dgpp.engine.errors import ModelLoadError
 from dgpp.engine.planning.memory_plan import GIB, DeviceMemory
+from dgpp.webui.plans import worker_pool
 from dgpp.webui.plans.memory_preview import MemoryPreview, budget_memory, gpu_memory, preview_memory
 from dgpp.webui.plans.store import PlanStore, code_stamp
 
 log = logging.getLogger(__name__)
 
 MAX_PLANS = 256
-BACKGROUND_NICENESS = 19
 WAIT_S = 0.5  # how often a background plan's wait looks whether the cache was closed
 
 
@@ -56,13 +58,6 @@ def _plan_dumped(raw: dict[str, Any], memory: DeviceMemory) -> MemoryPreview:
     """`preview_memory` in the worker process, of a deployment sent as its JSON dump (its
     section models are built at run time, so they do not pickle)."""
     return preview_memory(parse_deployment(raw, "the deployment", api_key_given=True), memory)
-
-
-def _lower_priority() -> None:
-    """The plan worker's initializer: below everything else on the machine (on a single node
-    the engine runs beside the console)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.nice(BACKGROUND_NICENESS)
 
 
 def _model_stamp(deployment: Deployment) -> str:
@@ -109,7 +104,7 @@ class PlanCache:
         self._running: dict[str, Future[MemoryPreview]] = {}
         self._queued: set[str] = set()
         self._queue: queue.Queue[tuple[str, Deployment, DeviceMemory] | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
         self._pool: multiprocessing.pool.Pool | None = None  # the background plans' process
         # The real planner runs in the worker process; a test's planner in the thread.
         self._in_process = plan is not preview_memory
@@ -199,21 +194,24 @@ class PlanCache:
             if self._closed or key in self._done or key in self._running or key in self._queued:
                 return
             self._queued.add(key)
-            if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._work, name="dgpp-webui-plans", daemon=True
-                )
-                self._worker.start()
+            while len(self._workers) < (1 if self._in_process else worker_pool.WORKERS):
+                name = f"dgpp-webui-plans-{len(self._workers)}"
+                self._workers.append(threading.Thread(target=self._work, name=name, daemon=True))
+                self._workers[-1].start()
+            self._start_pool()  # now: the workers import torch and the families (seconds)
         self._queue.put((key, deployment, memory))
+
+    def _start_pool(self) -> None:
+        if self._pool is None and not self._in_process and not self._closed:
+            self._pool = worker_pool.take_early() or worker_pool.new_pool()
 
     def _in_worker(self, deployment: Deployment, memory: DeviceMemory) -> MemoryPreview:
         """`self._plan` in the worker process; `ClosedError` once the cache closes."""
         with self._lock:
             if self._closed:
                 raise ClosedError
-            if self._pool is None:
-                context = multiprocessing.get_context("spawn")
-                self._pool = context.Pool(1, initializer=_lower_priority)
+            self._start_pool()
+            assert self._pool is not None
             dumped = deployment.model_dump(mode="json")
             pending = self._pool.apply_async(_plan_dumped, (dumped, memory))
         while True:
@@ -228,7 +226,7 @@ class PlanCache:
         abandoned); wait up to `timeout` for the thread that waited on it."""
         with self._lock:
             self._closed = True
-            worker, pool = self._worker, self._pool
+            workers, pool = list(self._workers), self._pool
             self._queued.clear()
         if pool is not None:
             pool.terminate()
@@ -237,14 +235,17 @@ class PlanCache:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        if worker is not None:
+        for _ in workers:
             self._queue.put(None)
+        for worker in workers:
             worker.join(timeout)
 
     def _work(self) -> None:
         if self._in_process:  # a test's planner: below everything else, as the worker process
             with contextlib.suppress(AttributeError, OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICENESS)
+                os.setpriority(
+                    os.PRIO_PROCESS, threading.get_native_id(), worker_pool.BACKGROUND_NICENESS
+                )
         while True:
             item = self._queue.get()
             if item is None:
