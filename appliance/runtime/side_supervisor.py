@@ -107,6 +107,15 @@ class SideModels:
                 entry.in_flight -= 1
                 entry.last_used = time.monotonic()
 
+    def peek(self, name: str) -> httpx.AsyncBaseTransport | None:
+        """A transport to side model `name` if it is loaded now; it is not loaded for this, nor
+        its idle time reset (the console's metrics polls must not keep it loaded)."""
+        with self._lock:
+            entry = self.entries.get(name)
+            if entry is None or entry.state != "loaded":
+                return None
+            return httpx.AsyncHTTPTransport(uds=str(entry.socket))
+
     def listing(self) -> list[dict[str, Any]]:
         with self._lock:
             return [entry.card() for entry in self.entries.values()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -45,9 +45,11 @@ class EngineApi(Protocol):
 
     async def health(self) -> Health: ...
 
-    async def metrics(self) -> dict[str, Any] | None: ...
+    async def metrics(self, model: str | None = None) -> dict[str, Any] | None:
+        """`GET /v1/metrics` (`model`: a loaded side model's own; None when not loaded)."""
+        ...
 
-    async def prometheus(self) -> str | None:
+    async def prometheus(self, model: str | None = None) -> str | None:
         """The Prometheus text of `GET /metrics`; None when it does not answer 200."""
         ...
 
@@ -108,11 +110,11 @@ class EngineClient:
             body = {}
         return Health(response.status_code, body)
 
-    async def metrics(self) -> dict[str, Any] | None:
-        return await self._json("GET", "/v1/metrics")
+    async def metrics(self, model: str | None = None) -> dict[str, Any] | None:
+        return await self._json("GET", "/v1/metrics" + _for(model))
 
-    async def prometheus(self) -> str | None:
-        response = await self._call("GET", "/metrics")
+    async def prometheus(self, model: str | None = None) -> str | None:
+        response = await self._call("GET", "/metrics" + _for(model))
         if isinstance(response, str) or response.status_code != 200:
             return None
         return response.text
@@ -169,3 +171,8 @@ class EngineClient:
         error = body.get("error")
         message = error.get("message") if isinstance(error, dict) else None
         return message or f"HTTP {response.status_code}"
+
+
+def _for(model: str | None) -> str:
+    """The query that asks for a side model's own metrics."""
+    return "" if model is None else "?" + urlencode({"model": model})

@@ -1,8 +1,9 @@
 """The metric history behind the console's charts: one row per sample in SQLite, so charts
-survive a console restart and a model switch. Rows older than the retention, and the oldest rows
-beyond `max_rows`, are deleted as new ones arrive. A history written by an older console gains
-the newer columns, empty; columns this one no longer writes (the engine's TTFT means since start)
-stay in the file, unread."""
+survive a console restart and a model switch. The main model's rows have the model "", a
+loaded side model's its name (`model`): the charts show one model at a time. Rows older than
+the retention, and the oldest rows beyond `max_rows`, are deleted as new ones arrive. A history
+written by an older console gains the newer columns, empty; columns this one no longer writes
+(the engine's TTFT means since start) stay in the file, unread."""
 
 from __future__ import annotations
 
@@ -82,23 +83,29 @@ class HistoryStore:
         columns = ", ".join(
             f"{name} REAL" if name != "ts" else "ts REAL NOT NULL" for name in COLUMNS
         )
-        self._db.execute(f"CREATE TABLE IF NOT EXISTS samples ({columns})")
-        # A history written by an older console lacks the newer columns: add them (empty).
+        self._db.execute(f"CREATE TABLE IF NOT EXISTS samples ({columns}, model TEXT)")
+        # A history written by an older console lacks the newer columns: add them (empty; an
+        # older row's model is the main one).
         present = {row[1] for row in self._db.execute("PRAGMA table_info(samples)")}
         for name in COLUMNS:
             if name not in present:
                 self._db.execute(f"ALTER TABLE samples ADD COLUMN {name} REAL")
+        if "model" not in present:
+            self._db.execute("ALTER TABLE samples ADD COLUMN model TEXT")
         self._db.execute("CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS samples_model ON samples (model, ts)")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def add(self, sample: Sample) -> None:
-        marks = ", ".join("?" for _ in COLUMNS)
+    def add(self, sample: Sample, model: str = "") -> None:
+        """Store `sample` of `model` ("": the main model; else a side model's name)."""
+        marks = ", ".join("?" for _ in (*COLUMNS, model))
         with self._lock:
             self._db.execute(
-                f"INSERT INTO samples ({', '.join(COLUMNS)}) VALUES ({marks})", astuple(sample)
+                f"INSERT INTO samples ({', '.join(COLUMNS)}, model) VALUES ({marks})",
+                (*astuple(sample), model),
             )
             self._db.execute("DELETE FROM samples WHERE ts < ?", (sample.ts - self.retention_s,))
             self._inserts += 1
@@ -113,26 +120,38 @@ class HistoryStore:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM samples").fetchone()[0])
 
-    def series(self, window_s: float, now: float | None = None) -> dict[str, list[Any]]:
-        """Columns (uPlot's data layout) of the last `window_s` seconds, at most `MAX_POINTS`
-        rows: longer windows are averaged over equal time buckets."""
+    def models(self) -> list[str]:
+        """The side models with rows (the main model's, "", is always charted)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT model FROM samples WHERE model IS NOT NULL AND model != '' "
+                "ORDER BY model"
+            ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    def series(
+        self, window_s: float, now: float | None = None, model: str = ""
+    ) -> dict[str, list[Any]]:
+        """Columns (uPlot's data layout) of `model`'s last `window_s` seconds, at most
+        `MAX_POINTS` rows: longer windows are averaged over equal time buckets."""
         now = time.time() if now is None else now
         since = now - window_s
         bucket = window_s / MAX_POINTS
+        which = "ts >= ? AND COALESCE(model, '') = ?"
         with self._lock:
             count = self._db.execute(
-                "SELECT COUNT(*) FROM samples WHERE ts >= ?", (since,)
+                f"SELECT COUNT(*) FROM samples WHERE {which}", (since, model)
             ).fetchone()[0]
             if count <= MAX_POINTS:
                 rows = self._db.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM samples WHERE ts >= ? ORDER BY ts",
-                    (since,),
+                    f"SELECT {', '.join(COLUMNS)} FROM samples WHERE {which} ORDER BY ts",
+                    (since, model),
                 ).fetchall()
             else:
                 averages = ", ".join(f"AVG({name})" for name in COLUMNS)
                 rows = self._db.execute(
-                    f"SELECT {averages} FROM samples WHERE ts >= ? "
+                    f"SELECT {averages} FROM samples WHERE {which} "
                     "GROUP BY CAST((ts - ?) / ? AS INTEGER) ORDER BY 1",
-                    (since, since, bucket),
+                    (since, model, since, bucket),
                 ).fetchall()
         return {name: [row[index] for row in rows] for index, name in enumerate(COLUMNS)}

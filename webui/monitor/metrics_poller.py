@@ -242,6 +242,7 @@ class MetricsPoller:
         self.interval_s = interval_s
         self.clock = clock
         self._previous: Snapshot | None = None
+        self._sides: dict[str, Snapshot] = {}  # each loaded side model's last snapshot
 
     async def tick(self) -> Sample:
         engine = self.engine()
@@ -250,11 +251,30 @@ class MetricsPoller:
         if health.is_serving:
             metrics = await engine.metrics()
             exposition = await engine.prometheus() if metrics is not None else None
+        now = self.clock()
         sample, self._previous = sample_of(
-            self.clock(), metrics, health.is_serving, self._previous, exposition
+            now, metrics, health.is_serving, self._previous, exposition
         )
         await asyncio.to_thread(self.history.add, sample)
+        await self._side_ticks(engine, now, (metrics or {}).get("side_models") or [])
         return sample
+
+    async def _side_ticks(self, engine: EngineApi, now: float, cards: list[Any]) -> None:
+        """A sample of each loaded side model, from its own metrics through rank 0 (asking
+        never loads it); an unloaded one's next sample starts afresh."""
+        loaded = [c["id"] for c in cards if isinstance(c, dict) and c.get("state") == "loaded"]
+        for name in set(self._sides) - set(loaded):
+            del self._sides[name]
+        for name in loaded:
+            metrics = await engine.metrics(name)
+            if metrics is None:  # it stopped since the listing
+                self._sides.pop(name, None)
+                continue
+            exposition = await engine.prometheus(name)
+            sample, self._sides[name] = sample_of(
+                now, metrics, True, self._sides.get(name), exposition
+            )
+            await asyncio.to_thread(self.history.add, sample, name)
 
     async def run(self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         last_error = ""

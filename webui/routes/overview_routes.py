@@ -189,11 +189,18 @@ async def overview_json(
 
 @router.get("/api/history")
 async def history(
-    console: ConsoleDep, window_s: Annotated[float, Query(gt=0, le=30 * 86400)] = 3600.0
+    console: ConsoleDep,
+    window_s: Annotated[float, Query(gt=0, le=30 * 86400)] = 3600.0,
+    model: Annotated[str, Query(max_length=200)] = "",
 ) -> dict[str, Any]:
-    """Columns of the last `window_s` seconds up to `now` (the charts' x range), and the
-    switches that ended in it (`events`, drawn as markers)."""
+    """Columns of `model`'s last `window_s` seconds up to `now` (the charts' x range; "" the
+    main model, else a side model's name), the switches that ended in it (`events`, drawn as
+    markers), and the side models the history holds (`models`: the page's choice)."""
     now = time.time()
-    series = await asyncio.to_thread(console.history.series, window_s, now)
+    series = await asyncio.to_thread(console.history.series, window_s, now, model)
     events = switch_events(list(console.switcher.history), now - window_s)
-    return {"window_s": window_s, "now": now, "series": series, "events": events}
+    models = await asyncio.to_thread(console.history.models)
+    return {
+        "window_s": window_s, "now": now, "model": model, "models": models,
+        "series": series, "events": events,
+    }  # fmt: skip

@@ -7,12 +7,29 @@
   const windowSelect = document.getElementById("window");
   const charts = window.DgppCharts.all();
 
+  const modelSelect = document.getElementById("chart-model");
+
+  // The side models the history holds, as choices beside the main model (the chosen one kept).
+  function offerModels(models) {
+    const known = Array.from(modelSelect.options).map(function (option) { return option.value; });
+    (models || []).forEach(function (name) {
+      if (known.indexOf(name) < 0) {
+        const option = document.createElement("option");
+        option.value = name;
+        option.textContent = "side model " + name;
+        modelSelect.appendChild(option);
+      }
+    });
+  }
+
   async function refreshHistory() {
     try {
-      const response = await fetch("/api/history?window_s=" + windowSelect.value, { credentials: "same-origin" });
+      const query = "window_s=" + windowSelect.value + "&model=" + encodeURIComponent(modelSelect.value);
+      const response = await fetch("/api/history?" + query, { credentials: "same-origin" });
       if (response.status === 401) { window.location.assign("/login?next=%2F"); return; }
       if (response.ok) {
         const history = await response.json();
+        offerModels(history.models);
         charts.forEach(function (chart) { chart.draw(history); });
       }
     } catch (err) { /* the next refresh tries again */ }
@@ -200,6 +217,7 @@
   }
 
   windowSelect.addEventListener("change", refreshHistory);
+  modelSelect.addEventListener("change", refreshHistory);
   document.getElementById("node-health-refresh").addEventListener("click", function () { refreshHealth(true); });
   refreshHealth(false);
   setInterval(function () { refreshHealth(false); }, 60000);

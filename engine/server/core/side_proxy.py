@@ -60,6 +60,11 @@ class SideRouter(Protocol):
         """The side models as /v1/models lists them (with their state)."""
         ...
 
+    def peek(self, name: str) -> httpx.AsyncBaseTransport | None:
+        """A transport to side model `name` if it is loaded (never loads it, nor counts as a
+        use); None otherwise."""
+        ...
+
     async def load(self, name: str) -> None:
         """Load side model `name` now and wait for it (`lease`'s errors)."""
         ...
@@ -179,3 +184,19 @@ async def _relay(client: httpx.AsyncClient, request: httpx.Request, send: Send) 
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def side_get(router: SideRouter, requested: str, path: str) -> httpx.Response | None:
+    """GET `path` from the side model `requested` names, if it is loaded now; None when it is
+    not loaded. `APIError` 404 for a name that is no side model."""
+    name = router.side_for(requested)
+    if name is None:
+        raise APIError(404, f"{requested!r} is not a side model", param="model", code="not_found")
+    transport = router.peek(name)
+    if transport is None:
+        return None
+    async with httpx.AsyncClient(transport=transport, base_url="http://side", timeout=10) as up:
+        try:
+            return await up.get(path)
+        except httpx.TransportError:
+            return None  # it stopped meanwhile

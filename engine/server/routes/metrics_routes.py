@@ -11,7 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from dgpp.engine.scheduling.stats import ClassLatency, EngineStats
+from dgpp.engine.server.core.errors import APIError
 from dgpp.engine.server.core.sessions import redacted
+from dgpp.engine.server.core.side_proxy import side_get
 from dgpp.engine.server.metrics import prometheus
 from dgpp.engine.server.metrics.process_memory import MemoryReading, read_memory
 from dgpp.engine.server.metrics.service import ServiceCounters, ServiceMetrics
@@ -21,8 +23,15 @@ router = APIRouter()
 SHOWN = 20  # sessions in /v1/metrics
 
 
-@router.get("/v1/metrics")
-async def metrics_json(request: Request, state: State) -> dict[str, Any]:
+@router.get("/v1/metrics", response_model=None)
+async def metrics_json(
+    request: Request, state: State, model: str | None = None
+) -> dict[str, Any] | Response:
+    """This server's metrics; with `model` naming a side model, that model's own (409 while it
+    is not loaded: asking never loads it)."""
+    if (side := await _side_metrics(request, model, "/v1/metrics")) is not None:
+        return side
+    state.check_model(model)
     metrics: ServiceMetrics = request.app.state.dgpp_metrics
     body = metrics_body(state.engine.stats(), metrics.counters())
     sides = request.app.state.dgpp_sides
@@ -30,9 +39,23 @@ async def metrics_json(request: Request, state: State) -> dict[str, Any]:
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics_prometheus(request: Request) -> Response:
+async def metrics_prometheus(request: Request, model: str | None = None) -> Response:
+    if (side := await _side_metrics(request, model, "/metrics")) is not None:
+        return side
     body = prometheus.render(request.app.state.dgpp_prometheus)
     return Response(body, media_type=prometheus.CONTENT_TYPE)
+
+
+async def _side_metrics(request: Request, model: str | None, path: str) -> Response | None:
+    """A side model's own answer at `path`, when `model` names one; None for this server's."""
+    sides = request.app.state.dgpp_sides
+    if model is None or sides is None or sides.side_for(model) is None:
+        return None
+    answer = await side_get(sides, model, path)
+    if answer is None:
+        raise APIError(409, f"side model {model!r} is not loaded", code="model_not_loaded")
+    kind = answer.headers.get("content-type", "application/json")
+    return Response(answer.content, status_code=answer.status_code, media_type=kind)
 
 
 def _average(total: float, count: int) -> float | None:

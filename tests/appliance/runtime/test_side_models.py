@@ -168,6 +168,15 @@ def test_side_models_route_load_unload_and_survive_crashes(
         text = httpx.get(f"{url}/metrics").text
         assert 'dgpp:side_model_state{model_name="rr",state="loaded"} 1.0' in text
         assert 'dgpp:side_model_crashes_total{model_name="emb"} 1.0' in text
+        # A side model's own metrics through the front (the console's history by model): a
+        # loaded one's engine counters; an unloaded one a 409, and asking does not load it.
+        own = httpx.get(f"{url}/v1/metrics", params={"model": "rr"}).json()
+        assert own["scheduler"]["prompt_tokens_total"] > 0 and "side_models" in own
+        assert "dgpp:" in httpx.get(f"{url}/metrics", params={"model": "rr"}).text
+        idle = httpx.get(f"{url}/v1/metrics", params={"model": "emb"})
+        assert idle.status_code == 409 and idle.json()["error"]["code"] == "model_not_loaded"
+        assert _cards(url)["emb"]["state"] == "unloaded"
+        assert httpx.get(f"{url}/v1/metrics", params={"model": "x"}).status_code == 404
         # The console's buttons: unload and load (admin routes; loopback without an admin key).
         stopped = httpx.post(f"{url}/admin/models/rr/unload", timeout=60).json()
         assert stopped["state"] == "unloaded" and stopped["pid"] is None

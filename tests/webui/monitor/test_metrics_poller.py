@@ -183,3 +183,43 @@ def test_the_sampler_reads_both_metrics_of_the_engine(tmp_path: Path) -> None:
     assert series["succeeded_rps"] == [None, 1.0, 1.0]
     # One observation per interval, in (0.25, 0.5]: its middle is the median.
     assert series["ttft_p50_s"] == [None, pytest.approx(0.375), pytest.approx(0.375)]
+
+
+class _WithSides(_Engine):
+    """The main engine beside a loaded side model "emb" (2 tokens a read) and an unloaded "rr";
+    "emb" stops answering at its third read (unloaded meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.side_reads = 0
+        self.asked: list[str | None] = []
+
+    async def metrics(self, model: str | None = None) -> dict[str, Any] | None:
+        self.asked.append(model)
+        if model is None:
+            main = await super().metrics()
+            cards = [{"id": "emb", "state": "loaded"}, {"id": "rr", "state": "unloaded"}]
+            return {**main, "side_models": cards}
+        self.side_reads += 1
+        if self.side_reads > 2:
+            return None
+        return {"scheduler": {"tokens_generated": 2 * self.side_reads}}
+
+    async def prometheus(self, model: str | None = None) -> str:
+        return await super().prometheus() if model is None else ""
+
+
+def test_each_loaded_side_model_has_its_own_history(tmp_path: Path) -> None:
+    store = HistoryStore(tmp_path / "history.sqlite", retention_s=3600, max_rows=100)
+    times = iter([1000.0, 1001.0, 1002.0])
+    engine = _WithSides()
+    sampler = MetricsPoller(store, lambda: engine, 1.0, clock=lambda: next(times))  # type: ignore[arg-type, return-value]
+    for _ in range(3):
+        asyncio.run(sampler.tick())
+    main = store.series(window_s=60, now=1003.0)
+    side = store.series(window_s=60, now=1003.0, model="emb")
+    assert store.models() == ["emb"]
+    store.close()
+    assert main["succeeded_rps"] == [None, 1.0, 1.0]  # the main model's rows only
+    assert side["ts"] == [1000.0, 1001.0] and side["gen_tps"] == [None, 2.0]
+    assert "rr" not in engine.asked  # an unloaded side model is never asked (nor loaded)

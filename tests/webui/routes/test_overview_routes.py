@@ -235,3 +235,21 @@ def test_the_kernels_panel_shows_a_fallback_and_its_reason(logged_in: Console) -
     assert 'class="kernel-fallback"' in panel and "103.2 Gb/s" in panel
     logged_in.world.self_check = {"kernels": {}, "kernel_checks": [], "allreduce": []}
     assert CPU_NOTE in logged_in.client.get("/").text
+
+
+def test_history_by_model(logged_in: Console) -> None:
+    """The charts show one model at a time: the main model's rows by default, a side model's
+    by its name; the body lists the side models the history holds (the page's choice)."""
+    from dgpp.webui.monitor.history import Sample
+
+    store = logged_in.app.state.console.history
+    now = time.time()
+    store.add(Sample(now - 2, 1, gen_tps=7.0), "emb")
+    store.add(Sample(now - 1, 1, gen_tps=9.0), "emb")
+    side = logged_in.client.get("/api/history", params={"window_s": 60, "model": "emb"}).json()
+    assert side["model"] == "emb" and side["series"]["gen_tps"] == [7.0, 9.0]
+    assert side["models"] == ["emb"]
+    main = logged_in.client.get("/api/history", params={"window_s": 60}).json()
+    assert 7.0 not in main["series"]["gen_tps"] and main["models"] == ["emb"]
+    other = logged_in.client.get("/api/history", params={"window_s": 60, "model": "x"}).json()
+    assert other["series"]["ts"] == []
