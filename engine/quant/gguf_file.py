@@ -1,7 +1,8 @@
 """Reads a GGUF file (its header with `gguf_header`, memory-mapped): the Hugging Face config its
 header describes, and its tensors under Hugging Face names, as raw blocks.
 
-Supported architectures are the decoder families the engine runs (`llama`, `qwen2`, `qwen3`);
+Supported architectures are the decoder families the engine runs (`llama`, `qwen2`, `qwen3`)
+and BERT embedding files (`bert`, `gguf_bert`);
 tensor types are the GGML block formats of `ggml_blocks`. Anything else is refused before a
 weight is read, with the supported list. llama.cpp's converter permutes the rows of Llama's
 q/k projections (for its rotary layout); `GgufTensor.rows` undoes it, on whole rows, so
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from dgpp.engine.errors import ModelLoadError, UnsupportedModelError
+from dgpp.engine.quant.gguf_bert import bert_config, bert_name
 from dgpp.engine.quant.gguf_header import GgufHeader
 from dgpp.kernels.ggml_blocks import BY_TYPE, FORMATS, BlockFormat, dequantize
 
@@ -28,6 +30,7 @@ ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "bert": "BertModel",  # embedding files (`gguf_bert`)
 }
 LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -55,8 +58,13 @@ _BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
 _SKIPPED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def hf_name(name: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor; None for one the engine does not use."""
+def hf_name(name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of `arch`; None for one the engine does not use."""
+    if arch == "bert":
+        stem, _, suffix = name.rpartition(".")
+        match = _BLOCK.fullmatch(stem)
+        found = bert_name(match.group(2), match.group(1)) if match else bert_name(stem, None)
+        return None if found is None else f"{found}.{suffix}"
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     match = _BLOCK.fullmatch(name)
@@ -122,6 +130,8 @@ class GgufFile:
 
     def hf_config(self) -> dict[str, Any]:
         """config.json for this file, as transformers would write it."""
+        if self.arch == "bert":
+            return bert_config(self)
         heads = int(self.arch_field("attention.head_count"))
         hidden = int(self.arch_field("embedding_length"))
         names = {tensor.name for tensor in self.reader.tensors}
@@ -162,7 +172,7 @@ class GgufFile:
         heads = int(self.arch_field("attention.head_count"))
         kv_heads = int(self.arch_field("attention.head_count_kv", heads))
         for tensor in self.reader.tensors:
-            name = hf_name(tensor.name)
+            name = hf_name(tensor.name, self.arch)
             if name is None:
                 if tensor.name in _SKIPPED:
                     continue

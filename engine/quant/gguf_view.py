@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dgpp.engine.errors import ModelLoadError
+from dgpp.engine.quant.gguf_bert import bert_tokenizer, write_bert_pooling
 from dgpp.engine.quant.gguf_file import GgufFile
 from dgpp.kernels.cache_dir import dgpp_cache_dir
 
@@ -107,6 +108,8 @@ def write_header_files(
     config = source.hf_config()
     template = source.field("tokenizer.chat_template")
     _write_tokenizer(source, out_dir, tokenizer_cache)
+    if source.arch == "bert":
+        write_bert_pooling(source, out_dir)
     eos = [config["eos_token_id"]] if "eos_token_id" in config else []
     eot = source.field("tokenizer.ggml.eot_token_id")
     if eot is not None and int(eot) not in eos:
@@ -129,6 +132,9 @@ def write_header_files(
 def _write_tokenizer(source: GgufFile, out_dir: Path, cache_dir: Path | None) -> None:
     """The tokenizer files transformers builds from the file's vocabulary (seconds for a large
     one), kept per vocabulary in `cache_dir`: quantizations of one model share it."""
+    if source.arch == "bert":  # WordPiece, rebuilt here (transformers converts no BERT GGUF)
+        bert_tokenizer(source).save_pretrained(str(out_dir))
+        return
     if cache_dir is None:
         _tokenizer(source.path).save_pretrained(str(out_dir))
         return

@@ -76,3 +76,71 @@ def tiny_encoder(
         ]  # fmt: skip
         (out / "modules.json").write_text(json.dumps(modules))
     return model
+
+
+# Hugging Face's BertModel names -> llama.cpp's (its converter's `bert` mapping)
+_GGUF_NAMES = (
+    ("embeddings.word_embeddings", "token_embd"),
+    ("embeddings.position_embeddings", "position_embd"),
+    ("embeddings.token_type_embeddings", "token_types"),
+    ("embeddings.LayerNorm", "token_embd_norm"),
+    ("attention.self.query", "attn_q"),
+    ("attention.self.key", "attn_k"),
+    ("attention.self.value", "attn_v"),
+    ("attention.output.dense", "attn_output"),
+    ("attention.output.LayerNorm", "attn_output_norm"),
+    ("intermediate.dense", "ffn_up"),
+    ("output.dense", "ffn_down"),
+    ("output.LayerNorm", "layer_output_norm"),
+)
+
+
+def write_bert_gguf(model: torch.nn.Module, vocab: dict[str, int], out: Path, pooling: int) -> Path:
+    """`model` (a transformers BertModel) as llama.cpp's converter writes a BERT embedding GGUF:
+    its `bert.*` keys, the WordPiece vocabulary with "▁" marking a word's first piece, [CLS] as
+    BOS and [SEP] as the separator, `bert.pooling_type` (1 mean, 2 CLS), weights in F16, norms,
+    biases and embeddings in F32."""
+    import numpy as np
+    from gguf import GGUFWriter, PoolingType
+
+    config = model.config
+    writer = GGUFWriter(str(out), "bert")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_layer_norm_eps(config.layer_norm_eps)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(PoolingType(pooling))
+    writer.add_token_type_count(config.type_vocab_size)
+    writer.add_file_type(1)
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    tokens += [f"[unused{n}]" for n in range(config.vocab_size - len(tokens))]  # the model's rows
+    converted = [t if t.startswith("[") else t[2:] if t.startswith("##") else "\u2581" + t
+                 for t in tokens]  # fmt: skip
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(converted)
+    writer.add_token_types([3 if t.startswith("[") else 1 for t in tokens])
+    writer.add_bos_token_id(vocab["[CLS]"])
+    writer.add_sep_token_id(vocab["[SEP]"])
+    writer.add_unk_token_id(vocab["[UNK]"])
+    writer.add_pad_token_id(vocab["[PAD]"])
+    for name, param in model.state_dict().items():
+        if name.startswith("pooler.") or name.endswith("position_ids"):
+            continue
+        stem, _, suffix = name.rpartition(".")
+        layer = None
+        if stem.startswith("encoder.layer."):
+            layer, _, stem = stem.removeprefix("encoder.layer.").partition(".")
+        target = dict(_GGUF_NAMES)[stem]
+        target = f"blk.{layer}.{target}.{suffix}" if layer is not None else f"{target}.{suffix}"
+        values = param.detach().float().numpy()
+        if values.ndim == 2 and not stem.startswith("embeddings."):
+            values = values.astype(np.float16)
+        writer.add_tensor(target, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -20,7 +20,12 @@ import torch
 from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.configuration.engine_config import EngineConfig
 from dgpp.engine.errors import ConfigError
-from tests.engine.models.encoder_build import TEXT, tiny_encoder
+from tests.engine.models.encoder_build import (
+    TEXT,
+    tiny_encoder,
+    wordpiece_tokenizer,
+    write_bert_gguf,
+)
 
 TOLERANCE = 2e-5
 KNOBS = {"dtype": "float32", "prefill_chunk_tokens": 16, "block_size": 8}
@@ -162,3 +167,31 @@ def test_what_an_encoder_cannot_serve_is_refused(tmp_path: Path) -> None:
     pooling.write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(ConfigError, match="pools by pooling_mode_max_tokens"):
         LLM(str(tmp_path / "max"), kind="embed", **KNOBS)
+
+
+@pytest.mark.parametrize(("pooling", "mode"), [(1, "mean"), (2, "cls")])
+def test_a_bert_gguf_as_llama_cpp_writes_it_equals_transformers(
+    pooling: int, mode: str, tmp_path: Path
+) -> None:
+    """llama.cpp's BERT embedding file (its names, its "▁" vocabulary, F16 weights, its pooling
+    type) serves the embeddings transformers gives for the same weights and text."""
+    from transformers import AutoTokenizer
+
+    model = tiny_encoder(tmp_path / "hf", "BertModel", seed=9)
+    vocab = wordpiece_tokenizer(tmp_path / "hf")
+    gguf = write_bert_gguf(model, vocab, tmp_path / "tiny-bert.gguf", pooling)
+    llm = LLM(str(gguf), kind="embed", **KNOBS)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    texts = ["what is the python function for a file", "Code, code!", TEXT]
+    served = llm.engine.tokenizer
+    for text in texts:
+        assert served(text).input_ids == tokenizer(text).input_ids
+    for name, param in model.named_parameters():  # the file's F16 weights, as the reference's
+        if param.ndim == 2 and not name.startswith("embeddings."):
+            param.data = param.data.half().float()
+    got = llm.embed([tokenizer(t).input_ids for t in texts])
+    for text, values in zip(texts, got, strict=True):
+        ids = tokenizer(text).input_ids
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids])).last_hidden_state[0]
+        assert torch.allclose(torch.tensor(values), _pooled(hidden, mode), atol=TOLERANCE)
