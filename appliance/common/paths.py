@@ -65,3 +65,17 @@ def log_root() -> Path:
 def deployment_log_dir(deployment_id: str) -> Path:
     """One deployment's folder: its resolved configuration and every rank's log."""
     return log_root() / "deployments" / deployment_id
+
+
+def expanded(text: str, param: str = "model") -> Path:
+    """`text` as a path with a leading `~` or `~user` expanded; a `~user` of no such user is a
+    `ModelLoadError` naming `param` (pathlib raises a bare RuntimeError for it)."""
+    from dgpp.engine.errors import ModelLoadError
+
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        raise ModelLoadError(
+            f"{text!r} names the home directory of a user this machine does not have",
+            param=param,
+        ) from None

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from dgpp.appliance.common.paths import expanded
 from dgpp.appliance.deployments.http_keys import check_key, read_key_file
 from dgpp.appliance.deployments.knob_schema import Section, knob_values, section_model
 from dgpp.appliance.deployments.side_models import SideModel, check_side_models
@@ -250,7 +251,8 @@ def checkpoint_of(deployment: Deployment) -> Path:
     from dgpp.appliance.models.store import resolve_model
 
     if deployment.paths.models_dir is not None and deployment.model != "default":
-        local = Path(deployment.paths.models_dir).expanduser() / Path(deployment.model).name
+        local = expanded(deployment.paths.models_dir, "paths.models_dir")
+        local = local / Path(deployment.model).name
         if local.is_dir():
             return local
     return resolve_model(deployment.model)

@@ -24,7 +24,7 @@ from huggingface_hub.errors import (
 )
 from tqdm import tqdm
 
-from dgpp.appliance.common.paths import hf_hub_cache_dir, models_dir
+from dgpp.appliance.common.paths import expanded, hf_hub_cache_dir, models_dir
 from dgpp.appliance.models.default import (
     DEFAULT_FORM,
     DEFAULT_MODEL_NAME,
@@ -247,7 +247,7 @@ def resolve_model(reference: str) -> Path:
     """The checkpoint directory that `reference` names, looking only on this machine."""
     if reference == DEFAULT_REFERENCE or reference.startswith(f"{DEFAULT_REFERENCE}:"):
         return _resolve_default(reference.partition(":")[2] or DEFAULT_FORM)
-    local = Path(reference).expanduser()
+    local = expanded(reference)
     view = view_for(local)  # a GGUF file, or a directory holding one: served through a view
     if view is not None:
         return view

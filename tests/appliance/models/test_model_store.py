@@ -323,3 +323,11 @@ def test_gguf_repos_resolve_one_file_by_its_quantization_tag(env, monkeypatch):
         pull("org/tiny-GGUF")
     with pytest.raises(ModelLoadError, match=r"not downloaded; run `dgpp model pull org/x:Q4_1`"):
         resolve_model("org/x:Q4_1")
+
+
+def test_a_home_directory_of_no_such_user_is_a_clear_error() -> None:
+    """pathlib raises a bare RuntimeError for `~user` of no such user (the console's fuzzing
+    found `~0` answered 500): the model is refused by name instead."""
+    with pytest.raises(ModelLoadError, match="home directory of a user") as err:
+        resolve_model("~no-such-user-dgpp/model")
+    assert err.value.param == "model"
