@@ -38,15 +38,35 @@ class NoCacheSpec:
         return torch.empty((num_layers, 0), dtype=dtype, device=device)
 
 
+# Query-key pairs (per head) one padded attention call may score: the scores are materialized
+# where a mask is needed (CPU), B x H x L^2 floats. A prompt longer than its square root is
+# attended alone, unpadded and unmasked, where SDPA's flash kernels keep memory linear.
+PAIRS = 1 << 22
+
+
+@dataclass(frozen=True)
+class EncoderGroup:
+    """Tokens `begin .. end` of the step: consecutive prompts attended in one padded call (token
+    t of the group is row `rows[t]`, position `columns[t]`; `lengths` [b]), or one long prompt
+    alone (`rows` None)."""
+
+    begin: int
+    end: int
+    rows: torch.Tensor | None
+    columns: torch.Tensor | None
+    lengths: torch.Tensor | None
+    longest: int
+    ragged: bool  # lengths differ: padding is masked
+
+
 @dataclass(frozen=True)
 class EncoderRows:
-    """A step's prompts as rows of a padded batch: token t of the step is row `rows[t]`,
-    position `columns[t]` of it; `lengths` [B] each prompt's tokens."""
+    """A step's prompts: token t of the step belongs to prompt `rows[t]`; `lengths` [B] each
+    prompt's tokens; `groups` how attention takes them."""
 
     rows: torch.Tensor  # [T] long
-    columns: torch.Tensor  # [T] long
     lengths: torch.Tensor  # [B] long
-    longest: int
+    groups: tuple[EncoderGroup, ...]
 
     @property
     def starts(self) -> torch.Tensor:
@@ -59,8 +79,45 @@ class EncoderRows:
         return torch.cumsum(self.lengths, 0) - 1
 
 
+def _groups(lengths: list[int], device: torch.device) -> tuple[EncoderGroup, ...]:
+    """Consecutive prompts in padded calls of at most `PAIRS` query-key pairs a head; a prompt
+    past that alone."""
+    found = []
+    index = token = 0
+    while index < len(lengths):
+        size = lengths[index]
+        if size * size > PAIRS:
+            found.append(EncoderGroup(token, token + size, None, None, None, size, False))
+            index, token = index + 1, token + size
+            continue
+        stop, longest = index, 0
+        while stop < len(lengths) and lengths[stop] ** 2 <= PAIRS:
+            widest = max(longest, lengths[stop])
+            if (stop - index + 1) * widest * widest > PAIRS:
+                break
+            longest, stop = widest, stop + 1
+        sizes = lengths[index:stop]
+        count = torch.tensor(sizes, dtype=torch.long)
+        rows = torch.repeat_interleave(torch.arange(len(sizes)), count)
+        columns = torch.cat([torch.arange(n) for n in sizes])
+        found.append(
+            EncoderGroup(
+                token,
+                token + sum(sizes),
+                rows.to(device),
+                columns.to(device),
+                count.to(device),
+                longest,
+                len(set(sizes)) > 1,
+            )
+        )
+        index, token = stop, token + sum(sizes)
+    return tuple(found)
+
+
 class EncoderAttentionBackend:
-    """Bidirectional attention within each prompt of the step, one padded SDPA call."""
+    """Bidirectional attention within each prompt of the step: consecutive prompts in one padded
+    SDPA call, a long one alone (`PAIRS`)."""
 
     name = "encoder"
 
@@ -78,24 +135,34 @@ class EncoderAttentionBackend:
             lengths.append(row.num_tokens)
         sizes = torch.tensor(lengths, dtype=torch.long)
         rows = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
-        columns = torch.cat([torch.arange(n) for n in lengths]) if lengths else rows
         device = self.device
-        return EncoderRows(
-            rows.to(device), columns.to(device), sizes.to(device), max(lengths, default=0)
-        )
+        return EncoderRows(rows.to(device), sizes.to(device), _groups(lengths, device))
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, rows: EncoderRows,
         scale: float,
     ) -> torch.Tensor:  # fmt: skip
         """query/key/value [T, H, D] -> [T, H, D], each token over its own prompt's tokens."""
-        batch, heads, dim = rows.lengths.shape[0], query.shape[1], query.shape[2]
-        padded = []
-        for x in (query, key, value):
-            out = x.new_zeros(batch, rows.longest, heads, dim)
-            out[rows.rows, rows.columns] = x
-            padded.append(out.transpose(1, 2))  # [B, H, L, D]
-        positions = torch.arange(rows.longest, device=query.device)
-        visible = (positions[None, :] < rows.lengths[:, None])[:, None, None, :]  # [B, 1, 1, L]
-        out = F.scaled_dot_product_attention(*padded, attn_mask=visible, scale=scale)
-        return out.transpose(1, 2)[rows.rows, rows.columns]
+        out = torch.empty_like(query)
+        for group in rows.groups:
+            part = slice(group.begin, group.end)
+            q, k, v = query[part], key[part], value[part]
+            if group.rows is None or group.columns is None or group.lengths is None:
+                heads_first = [x.transpose(0, 1) for x in (q, k, v)]  # [H, L, D]
+                out[part] = F.scaled_dot_product_attention(*heads_first, scale=scale).transpose(
+                    0, 1
+                )
+                continue
+            batch, heads, dim = group.lengths.shape[0], q.shape[1], q.shape[2]
+            padded = []
+            for x in (q, k, v):
+                grid = x.new_zeros(batch, group.longest, heads, dim)
+                grid[group.rows, group.columns] = x
+                padded.append(grid.transpose(1, 2))  # [b, H, L, D]
+            mask = None
+            if group.ragged:
+                positions = torch.arange(group.longest, device=q.device)
+                mask = (positions[None, :] < group.lengths[:, None])[:, None, None, :]
+            attended = F.scaled_dot_product_attention(*padded, attn_mask=mask, scale=scale)
+            out[part] = attended.transpose(1, 2)[group.rows, group.columns]
+        return out
