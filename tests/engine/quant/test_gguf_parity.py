@@ -118,7 +118,7 @@ def test_unsupported_architecture_and_tensor_type_are_refused_by_name(
     writer.close()
     with pytest.raises(
         UnsupportedModelError,
-        match="GGUF architecture 'mamba' is not supported; supported: llama, qwen2, qwen3",
+        match="GGUF architecture 'mamba' is not supported; supported: bert, llama, qwen2, qwen3",
     ):
         checkpoint_directory(str(path))
 
