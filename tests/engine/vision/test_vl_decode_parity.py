@@ -29,6 +29,7 @@ from dgpp.engine.evaluation.teacher_force import teacher_forced_logits
 from dgpp.engine.scheduling.request import PromptIds
 from tests.conftest import tiny_model
 from tests.engine.vision.vl_helpers import (
+    QWEN3_VL,
     hf_vl_greedy,
     hf_vl_logits,
     vl_prompt,
@@ -37,16 +38,6 @@ from tests.engine.vision.vl_helpers import (
 NEW = 16
 TOLERANCE = 1e-3
 CPU = torch.device("cpu")
-# Qwen3-VL as the issue built it: interleaved M-RoPE in sections of 4/6/6 frequencies.
-QWEN3_VL = {
-    "head_dim": 32,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10000.0,
-        "mrope_section": [4, 6, 6],
-        "mrope_interleaved": True,
-    },
-}
 FAMILIES = {
     "qwen3-vl": ("Qwen3VLForConditionalGeneration", QWEN3_VL),
     "qwen3.5": ("Qwen3_5ForConditionalGeneration", {}),

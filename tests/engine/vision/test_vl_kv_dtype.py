@@ -17,19 +17,9 @@ from dgpp.engine import LLM, SamplingParams
 from dgpp.engine.evaluation.teacher_force import teacher_forced_logits
 from dgpp.engine.scheduling.request import PromptIds
 from tests.conftest import tiny_model
-from tests.engine.vision.vl_helpers import vl_prompt
+from tests.engine.vision.vl_helpers import QWEN3_VL, vl_prompt
 
 NEW = 16
-# Qwen3-VL: interleaved M-RoPE in sections of 4/6/6 frequencies (test_vl_decode_parity's).
-QWEN3_VL = {
-    "head_dim": 32,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10000.0,
-        "mrope_section": [4, 6, 6],
-        "mrope_interleaved": True,
-    },
-}
 BOUND = {"int8": 0.08, "fp8_e4m3": 0.25}  # mean over steps of the worst |Δ logprob|
 
 

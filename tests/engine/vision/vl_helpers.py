@@ -19,6 +19,18 @@ IMAGE, START, END = 49100, 49102, 49103
 Part = list[int] | tuple[tuple[int, int, int], int]  # text ids, or (grid in patches, seed)
 
 
+# Qwen3-VL as the issue built it: interleaved M-RoPE in sections of 4/6/6 frequencies.
+QWEN3_VL = {
+    "head_dim": 32,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "mrope_section": [4, 6, 6],
+        "mrope_interleaved": True,
+    },
+}
+
+
 def pixels(grid: tuple[int, int, int], seed: int) -> torch.Tensor:
     """A random image's processor rows for `grid` (t, h, w in patches)."""
     t, h, w = grid
